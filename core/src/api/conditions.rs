@@ -1,0 +1,116 @@
+//! Condition bookkeeping shared by both runtimes: a condition's `lastTransitionTime` moves only
+//! when its status really flips, so watchers can trust it.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+/// The condition types murmur sets on a job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ConditionType {
+    Created,
+    Running,
+    Degraded,
+    Suspended,
+    Succeeded,
+    Failed,
+    InvalidSpec,
+}
+
+impl ConditionType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConditionType::Created => "Created",
+            ConditionType::Running => "Running",
+            ConditionType::Degraded => "Degraded",
+            ConditionType::Suspended => "Suspended",
+            ConditionType::Succeeded => "Succeeded",
+            ConditionType::Failed => "Failed",
+            ConditionType::InvalidSpec => "InvalidSpec",
+        }
+    }
+}
+
+/// Insert or update one condition. Returns true when anything changed (so callers can skip a
+/// write). `now` is passed in: this module never reads a clock.
+pub fn set_condition(
+    conditions: &mut Vec<Condition>,
+    kind: ConditionType,
+    status: bool,
+    reason: &str,
+    message: &str,
+    observed_generation: Option<i64>,
+    now: Time,
+) -> bool {
+    let status = if status { "True" } else { "False" }.to_string();
+    match conditions.iter_mut().find(|c| c.type_ == kind.as_str()) {
+        Some(existing) => {
+            let flipped = existing.status != status;
+            let changed = flipped
+                || existing.reason != reason
+                || existing.message != message
+                || existing.observed_generation != observed_generation;
+            if flipped {
+                existing.last_transition_time = now;
+            }
+            existing.status = status;
+            existing.reason = reason.to_string();
+            existing.message = message.to_string();
+            existing.observed_generation = observed_generation;
+            changed
+        }
+        None => {
+            conditions.push(Condition {
+                type_: kind.as_str().to_string(),
+                status,
+                reason: reason.to_string(),
+                message: message.to_string(),
+                observed_generation,
+                last_transition_time: now,
+            });
+            true
+        }
+    }
+}
+
+pub fn condition_is_true(conditions: &[Condition], kind: ConditionType) -> bool {
+    conditions
+        .iter()
+        .any(|c| c.type_ == kind.as_str() && c.status == "True")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::jiff::Timestamp;
+
+    fn at(secs: i64) -> Time {
+        Time(Timestamp::from_second(secs).unwrap())
+    }
+
+    #[test]
+    fn transition_time_moves_only_when_status_flips() {
+        let mut c = Vec::new();
+        assert!(set_condition(&mut c, ConditionType::Running, true, "Started", "4/4 members", None, at(10)));
+        // Same status, new message: updated, but the transition time stays.
+        assert!(set_condition(&mut c, ConditionType::Running, true, "Started", "3/4 members", None, at(20)));
+        assert_eq!(c[0].last_transition_time, at(10));
+        assert_eq!(c[0].message, "3/4 members");
+        // Nothing new: reported as unchanged so no write is made.
+        assert!(!set_condition(&mut c, ConditionType::Running, true, "Started", "3/4 members", None, at(30)));
+        assert_eq!(c[0].last_transition_time, at(10));
+        // A flip moves it.
+        assert!(set_condition(&mut c, ConditionType::Running, false, "Suspended", "suspended", None, at(40)));
+        assert_eq!(c[0].last_transition_time, at(40));
+        assert_eq!(c.len(), 1);
+        assert!(!condition_is_true(&c, ConditionType::Running));
+    }
+
+    #[test]
+    fn conditions_are_keyed_by_type() {
+        let mut c = Vec::new();
+        set_condition(&mut c, ConditionType::Created, true, "Created", "", None, at(1));
+        set_condition(&mut c, ConditionType::Degraded, true, "MemberLost", "3/4", None, at(2));
+        set_condition(&mut c, ConditionType::Created, true, "Created", "", None, at(3));
+        assert_eq!(c.len(), 2);
+        assert!(condition_is_true(&c, ConditionType::Degraded));
+    }
+}

@@ -1,0 +1,216 @@
+//! Loading a job manifest outside a cluster (`murmur run`, `murmur validate`): the same types and
+//! the same CEL rules the apiserver applies, plus a check for unknown fields that the apiserver
+//! would silently prune. Every error names the file and the field.
+
+use std::fmt;
+use std::path::Path;
+
+use kube::core::CustomResourceExt;
+
+use super::spec::DecentralizedTrainingJob;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error("{file}: cannot read: {source}")]
+    Read {
+        file: String,
+        source: std::io::Error,
+    },
+    #[error("{file}: not valid YAML: {message}")]
+    Yaml { file: String, message: String },
+    #[error("{file}: expected apiVersion {expected_api_version} and kind {expected_kind}, found {found}")]
+    WrongKind {
+        file: String,
+        expected_api_version: String,
+        expected_kind: String,
+        found: String,
+    },
+    #[error("{file}: {field}: {message}")]
+    Field {
+        file: String,
+        field: String,
+        message: String,
+    },
+    #[error("{file}: unknown field {}", fields.join(", "))]
+    UnknownFields { file: String, fields: Vec<String> },
+    #[error("{file}: invalid manifest:\n{}", Violations(violations))]
+    Invalid {
+        file: String,
+        violations: Vec<Violation>,
+    },
+}
+
+/// One broken rule, with the field it is about.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    pub field: String,
+    pub message: String,
+}
+
+struct Violations<'a>(&'a [Violation]);
+
+impl fmt::Display for Violations<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, v) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "  - {}: {}", v.field, v.message)?;
+        }
+        Ok(())
+    }
+}
+
+impl ManifestError {
+    /// Every field this error is about (empty for read and syntax errors).
+    pub fn fields(&self) -> Vec<&str> {
+        match self {
+            ManifestError::Field { field, .. } => vec![field],
+            ManifestError::UnknownFields { fields, .. } => fields.iter().map(String::as_str).collect(),
+            ManifestError::Invalid { violations, .. } => {
+                violations.iter().map(|v| v.field.as_str()).collect()
+            }
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// Read and validate a manifest file.
+pub fn load_manifest(path: &Path) -> Result<DecentralizedTrainingJob, ManifestError> {
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| ManifestError::Read {
+        file: file.clone(),
+        source,
+    })?;
+    parse_manifest(&text, &file)
+}
+
+/// Parse and validate manifest text; `file` names its origin in errors.
+pub fn parse_manifest(text: &str, file: &str) -> Result<DecentralizedTrainingJob, ManifestError> {
+    let value: serde_json::Value =
+        serde_saphyr::from_str(text).map_err(|e| ManifestError::Yaml {
+            file: file.to_string(),
+            message: e.to_string(),
+        })?;
+    check_kind(&value, file)?;
+
+    let mut unknown = Vec::new();
+    let mut note_unknown = |path: serde_ignored::Path<'_>| unknown.push(path.to_string());
+    let ignoring = serde_ignored::Deserializer::new(&value, &mut note_unknown);
+    let job: DecentralizedTrainingJob =
+        serde_path_to_error::deserialize(ignoring).map_err(|e| ManifestError::Field {
+            file: file.to_string(),
+            field: e.path().to_string(),
+            message: e.into_inner().to_string(),
+        })?;
+    // apiVersion and kind were checked above and `status` is the control plane's; anything else
+    // unknown is a typo the apiserver would silently prune, so say so.
+    unknown.retain(|p| !(p == "apiVersion" || p == "kind" || p.starts_with("status")));
+    if !unknown.is_empty() {
+        return Err(ManifestError::UnknownFields {
+            file: file.to_string(),
+            fields: unknown,
+        });
+    }
+    validate(&job).map_err(|violations| ManifestError::Invalid {
+        file: file.to_string(),
+        violations,
+    })?;
+    Ok(job)
+}
+
+/// The CRD's CEL rules plus the metadata rules the apiserver enforces itself.
+pub fn validate(job: &DecentralizedTrainingJob) -> Result<(), Vec<Violation>> {
+    let mut violations = Vec::new();
+    match job.metadata.name.as_deref() {
+        None | Some("") => violations.push(Violation {
+            field: "metadata.name".into(),
+            message: "is required".into(),
+        }),
+        Some(name) => {
+            if let Err(message) = check_job_name(name) {
+                violations.push(Violation {
+                    field: "metadata.name".into(),
+                    message,
+                });
+            }
+        }
+    }
+    if let Err(errors) = job.validate_cel() {
+        violations.extend(errors.iter().map(|e| Violation {
+            field: e.field_path.clone(),
+            message: e.message.clone(),
+        }));
+    }
+    if violations.is_empty() {
+        Ok(())
+    } else {
+        Err(violations)
+    }
+}
+
+/// Transition rules (immutable fields) between a running job and its edited manifest.
+pub fn validate_update(
+    new: &DecentralizedTrainingJob,
+    old: &DecentralizedTrainingJob,
+) -> Result<(), Vec<Violation>> {
+    new.validate_cel_update(old).map_err(|errors| {
+        errors
+            .iter()
+            .map(|e| Violation {
+                field: e.field_path.clone(),
+                message: e.message.clone(),
+            })
+            .collect()
+    })
+}
+
+/// Longest job name: member pods are `<job>-<id>` and must stay valid DNS labels (63 chars).
+pub const MAX_JOB_NAME: usize = 52;
+
+fn check_job_name(name: &str) -> Result<(), String> {
+    if name.len() > MAX_JOB_NAME {
+        return Err(format!(
+            "{name:?} is {} characters; at most {MAX_JOB_NAME} so member pod names stay valid DNS labels",
+            name.len()
+        ));
+    }
+    let ok_chars = name
+        .chars()
+        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+    let ok_ends = name.starts_with(|c: char| c.is_ascii_lowercase())
+        && name.ends_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit());
+    if ok_chars && ok_ends {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name:?} must be a DNS label: lowercase letters, digits and '-', starting with a letter"
+        ))
+    }
+}
+
+fn check_kind(value: &serde_json::Value, file: &str) -> Result<(), ManifestError> {
+    let api_resource = DecentralizedTrainingJob::api_resource();
+    let api_version = value.get("apiVersion").and_then(|v| v.as_str());
+    let kind = value.get("kind").and_then(|v| v.as_str());
+    if api_version == Some(api_resource.api_version.as_str())
+        && kind == Some(api_resource.kind.as_str())
+    {
+        return Ok(());
+    }
+    let found = if value.is_object() {
+        format!(
+            "apiVersion {} and kind {}",
+            api_version.unwrap_or("<missing>"),
+            kind.unwrap_or("<missing>")
+        )
+    } else {
+        "a document that is not a mapping".to_string()
+    };
+    Err(ManifestError::WrongKind {
+        file: file.to_string(),
+        expected_api_version: api_resource.api_version,
+        expected_kind: api_resource.kind,
+        found,
+    })
+}

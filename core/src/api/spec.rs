@@ -1,0 +1,494 @@
+//! `DecentralizedTrainingJob` (`murmur.dev/v1alpha1`): what a user asks for.
+//!
+//! Variants that carry parameters are flat objects (`{kind: dirichlet, alpha: 0.1}`) rather than
+//! Rust enums with data: Kubernetes structural schemas cannot mix unit and struct variants, and a
+//! flat object lets every CEL rule name the exact field it checks.
+//!
+//! Every rule here is emitted into the CRD as `x-kubernetes-validations` and evaluated by the very
+//! same CEL engine when a manifest is loaded outside a cluster (`api::manifest`).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Affinity, EnvVar, Toleration};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::duration::Duration;
+use super::status::DecentralizedTrainingJobStatus;
+
+pub const GROUP: &str = "murmur.dev";
+pub const VERSION: &str = "v1alpha1";
+
+/// Spec of a decentralized training job: elastic members that average parameters only with
+/// their neighbours in a communication graph, scheduled on spot capacity.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "murmur.dev",
+    version = "v1alpha1",
+    kind = "DecentralizedTrainingJob",
+    plural = "decentralizedtrainingjobs",
+    shortname = "dtj",
+    category = "murmur",
+    namespaced,
+    status = "DecentralizedTrainingJobStatus",
+    derive = "PartialEq",
+    doc = "A decentralized (parameter-server-free) training job on spot capacity.",
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "Members", type_ = "string", json_path = ".status.memberSummary", description = "ready/target members"),
+    printcolumn(name = "Topology", type_ = "string", json_path = ".spec.topology.kind"),
+    printcolumn(name = "Step", type_ = "integer", json_path = ".status.progress.step"),
+    printcolumn(name = "Preemptions", type_ = "integer", json_path = ".status.preemptions"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    cel
+)]
+#[x_kube(
+    validation = Rule::new("self.algorithm.kind != 'cliqueAveraging' || self.topology.kind in ['dCliques', 'proxyClumps']").message("algorithm.kind cliqueAveraging needs topology.kind dCliques or proxyClumps").field_path(".algorithm.kind"),
+    validation = Rule::new("self.trainer.backend != 'cuda' || (has(self.trainer.resources) && has(self.trainer.resources.gpus) && self.trainer.resources.gpus >= 1)").message("trainer.backend cuda needs trainer.resources.gpus >= 1").field_path(".trainer.backend"),
+    validation = Rule::new("!has(self.topology.cliqueSize) || self.topology.cliqueSize <= self.replicas.max").message("topology.cliqueSize must not exceed replicas.max").field_path(".topology.cliqueSize"),
+)]
+#[serde(rename_all = "camelCase")]
+pub struct DecentralizedTrainingJobSpec {
+    /// Elastic membership: training runs while at least `min` members are live.
+    pub replicas: Replicas,
+    /// Communication graph between members.
+    #[serde(default)]
+    pub topology: TopologySpec,
+    /// How members average with their neighbours.
+    #[serde(default)]
+    pub algorithm: AlgorithmSpec,
+    /// Model, data, partitioning, optimizer and stopping target.
+    pub training: TrainingSpec,
+    /// The trainer container.
+    #[serde(default)]
+    pub trainer: TrainerSpec,
+    /// Where members run (spot, on-demand) and scheduler hints.
+    #[serde(default)]
+    pub scheduling: SchedulingSpec,
+    /// Crash handling; preemptions never count here.
+    #[serde(default)]
+    pub recovery: RecoverySpec,
+    /// Periodic checkpoints, used when every member is lost at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<CheckpointSpec>,
+    /// Remove all members and keep the status; resuming restarts from peers or the checkpoint.
+    #[serde(default)]
+    pub suspend: bool,
+    /// Delete the job this long after it finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 0").message("ttlSecondsAfterFinished must be >= 0"))]
+    pub ttl_seconds_after_finished: Option<i64>,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(
+    validation = Rule::new("self.min >= 1").message("replicas.min must be >= 1").field_path(".min"),
+    validation = Rule::new("self.min <= self.target && self.target <= self.max").message("replicas must satisfy min <= target <= max").field_path(".target"),
+    validation = Rule::new("self.max <= 10000").message("replicas.max must be <= 10000").field_path(".max"),
+)]
+pub struct Replicas {
+    pub min: u32,
+    pub target: u32,
+    pub max: u32,
+}
+
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[serde(rename_all = "camelCase")]
+pub enum TopologyKind {
+    #[default]
+    Ring,
+    FullyConnected,
+    Exponential,
+    DCliques,
+    ProxyClumps,
+}
+
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[serde(rename_all = "camelCase")]
+pub enum InterClique {
+    Ring,
+    #[default]
+    SmallWorld,
+    Fractal,
+    FullyConnected,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("!has(self.cliqueSize) || self.cliqueSize >= 2").message("topology.cliqueSize must be >= 2").field_path(".cliqueSize"),
+    validation = Rule::new("!has(self.clumps) || self.clumps >= 1").message("topology.clumps must be >= 1").field_path(".clumps"),
+    validation = Rule::new("self.kind == 'dCliques' || (!has(self.cliqueSize) && !has(self.interClique))").message("topology.cliqueSize and topology.interClique apply only to kind dCliques").field_path(".kind"),
+    validation = Rule::new("self.kind == 'proxyClumps' || !has(self.clumps)").message("topology.clumps applies only to kind proxyClumps").field_path(".kind"),
+)]
+pub struct TopologySpec {
+    /// Graph family.
+    #[x_kube(validation = Rule::new("self == oldSelf").message("topology.kind is immutable"))]
+    pub kind: TopologyKind,
+    /// dCliques: members per clique (default 10).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clique_size: Option<u32>,
+    /// dCliques: how cliques are linked (default smallWorld).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inter_clique: Option<InterClique>,
+    /// proxyClumps: number of clumps (default ceil(log2 n)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clumps: Option<u32>,
+}
+
+impl TopologySpec {
+    pub const DEFAULT_CLIQUE_SIZE: u32 = 10;
+}
+
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[serde(rename_all = "camelCase")]
+pub enum AlgorithmKind {
+    #[default]
+    Dpsgd,
+    Gossip,
+    CliqueAveraging,
+    Moshpit,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("self.averageEvery >= 1").message("algorithm.averageEvery must be >= 1").field_path(".averageEvery"),
+    validation = Rule::new("!has(self.groupSize) || self.groupSize >= 2").message("algorithm.groupSize must be >= 2").field_path(".groupSize"),
+    validation = Rule::new("self.kind == 'moshpit' || !has(self.groupSize)").message("algorithm.groupSize applies only to kind moshpit").field_path(".groupSize"),
+)]
+pub struct AlgorithmSpec {
+    #[x_kube(validation = Rule::new("self == oldSelf").message("algorithm.kind is immutable"))]
+    pub kind: AlgorithmKind,
+    /// Local steps between averaging rounds.
+    #[serde(default = "default_average_every")]
+    pub average_every: u32,
+    /// What is sent to neighbours.
+    #[serde(default)]
+    pub compression: CompressionSpec,
+    /// A neighbour silent for this long is dropped for the round.
+    #[serde(default = "default_round_timeout")]
+    pub round_timeout: Duration,
+    /// moshpit: members per averaging group (grid side).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group_size: Option<u32>,
+}
+
+fn default_average_every() -> u32 {
+    1
+}
+fn default_round_timeout() -> Duration {
+    Duration::from_secs(5)
+}
+
+impl Default for AlgorithmSpec {
+    fn default() -> Self {
+        Self {
+            kind: AlgorithmKind::default(),
+            average_every: default_average_every(),
+            compression: CompressionSpec::default(),
+            round_timeout: default_round_timeout(),
+            group_size: None,
+        }
+    }
+}
+
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[serde(rename_all = "camelCase")]
+pub enum CompressionKind {
+    #[default]
+    None,
+    Fp16,
+    Int8,
+    TopK,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[x_kube(
+    validation = Rule::new("self.kind != 'topK' || has(self.ratio)").message("compression.ratio is required for kind topK").field_path(".ratio"),
+    validation = Rule::new("self.kind == 'topK' || !has(self.ratio)").message("compression.ratio applies only to kind topK").field_path(".ratio"),
+    validation = Rule::new("!has(self.ratio) || (self.ratio > 0.0 && self.ratio <= 1.0)").message("compression.ratio must be in (0, 1]").field_path(".ratio"),
+)]
+pub struct CompressionSpec {
+    pub kind: CompressionKind,
+    /// topK: fraction of coordinates sent each round, in (0, 1].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ratio: Option<f64>,
+}
+
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[serde(rename_all = "camelCase")]
+pub enum ModelKind {
+    LogisticRegression,
+    Mlp,
+    GnLenet,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("has(self.steps) != has(self.epochs)").message("set exactly one of training.steps or training.epochs").field_path(".steps"),
+    validation = Rule::new("!has(self.steps) || self.steps >= 1").message("training.steps must be >= 1").field_path(".steps"),
+    validation = Rule::new("!has(self.epochs) || self.epochs >= 1").message("training.epochs must be >= 1").field_path(".epochs"),
+    validation = Rule::new("self.batchSize >= 1 && self.batchSize <= 65536").message("training.batchSize must be in [1, 65536]").field_path(".batchSize"),
+    validation = Rule::new("self.learningRate > 0.0 && self.learningRate <= 10.0").message("training.learningRate must be in (0, 10]").field_path(".learningRate"),
+)]
+pub struct TrainingSpec {
+    #[x_kube(validation = Rule::new("self == oldSelf").message("training.model is immutable"))]
+    pub model: ModelKind,
+    #[serde(default)]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("training.dataset is immutable"))]
+    pub dataset: DatasetSpec,
+    #[serde(default)]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("training.partition is immutable"))]
+    pub partition: PartitionSpec,
+    /// Seeds partitioning, initialisation and sampling, so members never move data.
+    #[serde(default)]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("training.seed is immutable"))]
+    pub seed: u64,
+    #[serde(default = "default_batch_size")]
+    pub batch_size: u32,
+    #[serde(default)]
+    pub optimizer: OptimizerSpec,
+    #[serde(default = "default_learning_rate")]
+    pub learning_rate: f64,
+    /// Stop after this many local steps per member...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steps: Option<u64>,
+    /// ...or after this many passes over each member's shard.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epochs: Option<u32>,
+}
+
+fn default_batch_size() -> u32 {
+    32
+}
+fn default_learning_rate() -> f64 {
+    0.05
+}
+
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[serde(rename_all = "camelCase")]
+pub enum DatasetSource {
+    /// The MNIST sample compiled into the trainer (5 000 images).
+    #[default]
+    Embedded,
+    /// MNIST-format IDX files (plain or gzip) in `path`.
+    Idx,
+    /// CSV files (label first, then pixels) in `path`.
+    Csv,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[x_kube(
+    validation = Rule::new("self.source == 'embedded' || (has(self.path) && self.path != '')").message("training.dataset.path is required unless source is embedded").field_path(".path"),
+    validation = Rule::new("self.source != 'embedded' || !has(self.path)").message("training.dataset.path does not apply to the embedded dataset").field_path(".path"),
+)]
+pub struct DatasetSpec {
+    pub source: DatasetSource,
+    /// Directory on a mounted volume holding the files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+}
+
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[serde(rename_all = "camelCase")]
+pub enum PartitionKind {
+    #[default]
+    Iid,
+    Shards,
+    Dirichlet,
+    ClassesPerMember,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("self.kind != 'shards' || (has(self.perMember) && self.perMember >= 1)").message("partition.perMember >= 1 is required for kind shards").field_path(".perMember"),
+    validation = Rule::new("self.kind != 'dirichlet' || (has(self.alpha) && self.alpha > 0.0)").message("partition.alpha > 0 is required for kind dirichlet").field_path(".alpha"),
+    validation = Rule::new("self.kind != 'classesPerMember' || (has(self.k) && self.k >= 1)").message("partition.k >= 1 is required for kind classesPerMember").field_path(".k"),
+    validation = Rule::new("(self.kind == 'shards') == has(self.perMember) && (self.kind == 'dirichlet') == has(self.alpha) && (self.kind == 'classesPerMember') == has(self.k)").message("partition fields must match partition.kind (shards: perMember, dirichlet: alpha, classesPerMember: k)").field_path(".kind"),
+)]
+pub struct PartitionSpec {
+    pub kind: PartitionKind,
+    /// shards: shards of sorted data per member.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_member: Option<u32>,
+    /// dirichlet: concentration; smaller is more skewed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alpha: Option<f64>,
+    /// classesPerMember: distinct classes per member (1 is the D-Cliques setting).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub k: Option<u32>,
+}
+
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[serde(rename_all = "camelCase")]
+pub enum OptimizerKind {
+    #[default]
+    Sgd,
+    Adam,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[x_kube(
+    validation = Rule::new("!has(self.momentum) || (self.momentum >= 0.0 && self.momentum < 1.0)").message("optimizer.momentum must be in [0, 1)").field_path(".momentum"),
+    validation = Rule::new("self.kind == 'sgd' || !has(self.momentum)").message("optimizer.momentum applies only to kind sgd").field_path(".momentum"),
+)]
+pub struct OptimizerSpec {
+    pub kind: OptimizerKind,
+    /// sgd: momentum coefficient (default 0.9).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub momentum: Option<f64>,
+}
+
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[serde(rename_all = "camelCase")]
+pub enum Backend {
+    #[default]
+    Cpu,
+    Cuda,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TrainerSpec {
+    #[serde(default = "default_trainer_image")]
+    pub image: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<TrainerResources>,
+    /// Extra environment for the trainer container.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+    #[serde(default)]
+    pub backend: Backend,
+}
+
+/// Default trainer image; the chart and the docs build and push it under this name.
+pub const DEFAULT_TRAINER_IMAGE: &str = "ghcr.io/murmur-dev/murmur-trainer:0.1.0";
+
+fn default_trainer_image() -> String {
+    DEFAULT_TRAINER_IMAGE.to_string()
+}
+
+impl Default for TrainerSpec {
+    fn default() -> Self {
+        Self {
+            image: DEFAULT_TRAINER_IMAGE.to_string(),
+            resources: None,
+            env: Vec::new(),
+            backend: Backend::Cpu,
+        }
+    }
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[x_kube(validation = Rule::new("!has(self.gpus) || self.gpus <= 16").message("trainer.resources.gpus must be <= 16").field_path(".gpus"))]
+pub struct TrainerResources {
+    /// CPU request and limit, e.g. "2" or "500m".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<Quantity>,
+    /// Memory request and limit, e.g. "2Gi".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<Quantity>,
+    /// GPUs per member, requested as `nvidia.com/gpu`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpus: Option<u32>,
+}
+
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[serde(rename_all = "camelCase")]
+pub enum Capacity {
+    /// Spot nodes only (required node affinity).
+    Spot,
+    /// Spot nodes when available (preferred node affinity).
+    #[default]
+    PreferSpot,
+    /// No spot affinity.
+    OnDemand,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.capacity != 'onDemand' || !has(self.fallbackToOnDemandAfter)").message("scheduling.fallbackToOnDemandAfter needs capacity spot or preferSpot").field_path(".fallbackToOnDemandAfter"))]
+pub struct SchedulingSpec {
+    pub capacity: Capacity,
+    /// A member Pending longer than this is recreated without the spot requirement.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback_to_on_demand_after: Option<Duration>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduler_name: Option<String>,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.maxRestarts >= 0").message("recovery.maxRestarts must be >= 0").field_path(".maxRestarts"))]
+pub struct RecoverySpec {
+    /// Crash restarts allowed across the job. Preemptions never count.
+    #[serde(default = "default_max_restarts")]
+    pub max_restarts: i32,
+    /// First crash-restart delay; doubles per crash of the same member.
+    #[serde(default = "default_backoff")]
+    pub backoff: Duration,
+    /// A member Pending longer than this is reported (and may fall back to on-demand).
+    #[serde(default = "default_pending_timeout")]
+    pub pending_timeout: Duration,
+}
+
+fn default_max_restarts() -> i32 {
+    3
+}
+fn default_backoff() -> Duration {
+    Duration::from_secs(10)
+}
+fn default_pending_timeout() -> Duration {
+    Duration::from_secs(600)
+}
+
+impl Default for RecoverySpec {
+    fn default() -> Self {
+        Self {
+            max_restarts: default_max_restarts(),
+            backoff: default_backoff(),
+            pending_timeout: default_pending_timeout(),
+        }
+    }
+}
+
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[serde(rename_all = "camelCase")]
+pub enum CheckpointVolumeKind {
+    #[default]
+    EmptyDir,
+    PersistentVolumeClaim,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.everySteps >= 1").message("checkpoint.everySteps must be >= 1").field_path(".everySteps"))]
+pub struct CheckpointSpec {
+    #[serde(default)]
+    pub volume: CheckpointVolume,
+    pub every_steps: u64,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("self.kind != 'persistentVolumeClaim' || (has(self.claimName) && self.claimName != '')").message("checkpoint.volume.claimName is required for kind persistentVolumeClaim").field_path(".claimName"),
+    validation = Rule::new("self.kind == 'persistentVolumeClaim' || !has(self.claimName)").message("checkpoint.volume.claimName applies only to kind persistentVolumeClaim").field_path(".claimName"),
+)]
+pub struct CheckpointVolume {
+    pub kind: CheckpointVolumeKind,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim_name: Option<String>,
+}

@@ -1,0 +1,110 @@
+//! What the control plane observed: written only through the status subresource.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum JobPhase {
+    #[default]
+    Pending,
+    Running,
+    /// Training continues with fewer than `replicas.target` members, or waits below `min`.
+    Degraded,
+    Suspended,
+    Succeeded,
+    Failed,
+}
+
+impl JobPhase {
+    pub fn is_finished(self) -> bool {
+        matches!(self, JobPhase::Succeeded | JobPhase::Failed)
+    }
+}
+
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[serde(rename_all = "camelCase")]
+pub enum MemberCapacity {
+    Spot,
+    OnDemand,
+}
+
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum MemberPhase {
+    #[default]
+    Pending,
+    Joining,
+    Training,
+    Paused,
+    Leaving,
+    Done,
+    Preempted,
+    Failed,
+}
+
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct MemberStatus {
+    /// Stable member id (its place in the topology).
+    pub id: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<MemberCapacity>,
+    pub phase: MemberPhase,
+    #[serde(default)]
+    pub step: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub joined_at: Option<Time>,
+    /// A note for a person, e.g. why this member fell back to on-demand.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Progress {
+    pub step: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accuracy: Option<f64>,
+    /// Mean distance of members' parameters to their average.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consensus_distance: Option<f64>,
+}
+
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct DecentralizedTrainingJobStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<JobPhase>,
+    /// Standard conditions; `lastTransitionTime` moves only when a condition's status flips.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["id"]))]
+    pub members: Vec<MemberStatus>,
+    /// "ready/target", for `kubectl get dtj`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub member_summary: Option<String>,
+    #[serde(default)]
+    pub topology_version: u64,
+    /// Members lost to spot reclaim, eviction or node loss. Never counted as restarts.
+    #[serde(default)]
+    pub preemptions: u32,
+    /// Crash restarts, counted against `recovery.maxRestarts`.
+    #[serde(default)]
+    pub restarts: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<Progress>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_time: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}

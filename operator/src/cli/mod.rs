@@ -1,0 +1,75 @@
+//! Command-line surface. Each subcommand parses its flags, calls pure code, and prints.
+
+mod topology;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+use murmur_core::api::{self, ManifestError};
+
+#[derive(Parser, Debug)]
+#[command(name = "murmur", version, about = "Decentralized training on spot nodes")]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Build a communication graph and print it with its measures.
+    Topology(topology::TopologyArgs),
+    /// Print the DecentralizedTrainingJob CustomResourceDefinition (what `crds/` holds).
+    Crd,
+    /// Check a job manifest with the same rules the cluster applies.
+    Validate {
+        /// Path to a DecentralizedTrainingJob manifest.
+        manifest: PathBuf,
+    },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error(transparent)]
+    Manifest(#[from] ManifestError),
+    #[error(transparent)]
+    Topology(#[from] topology::TopologyCliError),
+    #[error("cannot write output: {0}")]
+    Output(#[from] std::io::Error),
+}
+
+impl CliError {
+    /// 2 for bad input (flags, files, manifests), 1 for anything else.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CliError::Manifest(_) | CliError::Topology(_) => 2,
+            CliError::Output(_) => 1,
+        }
+    }
+}
+
+pub fn run(cli: Cli) -> Result<(), CliError> {
+    let mut out = std::io::stdout().lock();
+    match cli.command {
+        Command::Topology(args) => topology::run(args, &mut out),
+        Command::Crd => {
+            use std::io::Write;
+            out.write_all(api::crd_yaml().as_bytes())?;
+            Ok(())
+        }
+        Command::Validate { manifest } => {
+            use std::io::Write;
+            let job = api::load_manifest(&manifest)?;
+            writeln!(
+                out,
+                "{}: valid {} {:?} job, {} members (min {}, max {})",
+                manifest.display(),
+                job.metadata.name.as_deref().unwrap_or_default(),
+                job.spec.topology.kind,
+                job.spec.replicas.target,
+                job.spec.replicas.min,
+                job.spec.replicas.max,
+            )?;
+            Ok(())
+        }
+    }
+}
