@@ -1,1 +1,254 @@
+//! The topology engine: pure graph builders, Metropolis–Hastings weights, elastic repair and graph
+//! measures. Used by the planner, the `murmur topology` CLI and the trainer's simulator. No I/O.
 
+mod cliques;
+pub mod dcliques;
+pub mod graph;
+pub mod measures;
+pub mod moshpit;
+pub mod proxy_clumps;
+pub mod render;
+mod repair;
+mod simple;
+pub mod skew;
+pub mod weights;
+
+use std::collections::BTreeMap;
+
+use crate::api::{InterClique, TopologyKind};
+use crate::contract::{DocumentEdge, DocumentMember, TopologyDocument};
+
+pub use cliques::{Bridge, CliqueLayout, CliqueFlavour};
+pub use graph::{Graph, MemberId};
+pub use measures::{Measures, measure};
+pub use moshpit::MoshpitGrid;
+pub use weights::{MixingWeights, metropolis_hastings};
+
+/// What the control plane knows about a member's data: summaries from its join report, never the
+/// data itself.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct MemberProfile {
+    pub id: MemberId,
+    /// Examples per class in the member's shard.
+    pub histogram: Option<Vec<f64>>,
+    /// Mean softmax on the shared proxy batch.
+    pub proxy: Option<Vec<f64>>,
+}
+
+impl MemberProfile {
+    pub fn bare(id: MemberId) -> Self {
+        Self { id, ..Self::default() }
+    }
+}
+
+/// How to build a graph: the job's topology spec with defaults resolved, plus a seed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BuildSpec {
+    pub kind: TopologyKind,
+    pub clique_size: usize,
+    pub inter_clique: InterClique,
+    /// proxyClumps: number of clumps; None means ceil(log2 n).
+    pub clumps: Option<usize>,
+    pub seed: u64,
+    /// dCliques: Greedy Swap iterations.
+    pub swap_steps: usize,
+}
+
+impl BuildSpec {
+    pub fn new(kind: TopologyKind) -> Self {
+        Self {
+            kind,
+            clique_size: crate::api::TopologySpec::DEFAULT_CLIQUE_SIZE as usize,
+            inter_clique: InterClique::default(),
+            clumps: None,
+            seed: 0,
+            swap_steps: dcliques::DEFAULT_SWAP_STEPS,
+        }
+    }
+
+    /// Resolve a job's topology spec (defaults filled in).
+    pub fn from_spec(spec: &crate::api::TopologySpec, seed: u64) -> Self {
+        Self {
+            kind: spec.kind,
+            clique_size: spec.clique_size.unwrap_or(crate::api::TopologySpec::DEFAULT_CLIQUE_SIZE) as usize,
+            inter_clique: spec.inter_clique.unwrap_or_default(),
+            clumps: spec.clumps.map(|c| c as usize),
+            seed,
+            swap_steps: dcliques::DEFAULT_SWAP_STEPS,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TopologyError {
+    #[error("a topology needs at least one member")]
+    NoMembers,
+    #[error("member {0} appears more than once")]
+    DuplicateMember(MemberId),
+    #[error("member {0} is not in the topology")]
+    UnknownMember(MemberId),
+    #[error("member {member} has no {what}; {kind} topologies are built from members' {what}s")]
+    MissingProfile {
+        member: MemberId,
+        what: &'static str,
+        kind: &'static str,
+    },
+    #[error("member {member}'s {what} has {found} entries, other members' have {expected}")]
+    ProfileLength {
+        member: MemberId,
+        what: &'static str,
+        expected: usize,
+        found: usize,
+    },
+    #[error("{what} must be at least {min}, got {got}")]
+    TooSmall {
+        what: &'static str,
+        min: usize,
+        got: usize,
+    },
+}
+
+/// The structure a graph was built with; repair keeps it (a ring stays a ring).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Shape {
+    Ring { order: Vec<MemberId> },
+    FullyConnected,
+    Exponential { order: Vec<MemberId> },
+    Cliques(CliqueLayout),
+    Grid(MoshpitGrid),
+}
+
+/// A versioned communication graph.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Topology {
+    pub version: u64,
+    pub graph: Graph,
+    pub shape: Shape,
+    /// Profiles of current members (kept for data-aware repair and skew measures).
+    pub profiles: BTreeMap<MemberId, MemberProfile>,
+}
+
+/// Build a topology of `spec.kind` over `members` (version 1).
+pub fn build(spec: &BuildSpec, members: &[MemberProfile]) -> Result<Topology, TopologyError> {
+    if members.is_empty() {
+        return Err(TopologyError::NoMembers);
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for m in members {
+        if !seen.insert(m.id) {
+            return Err(TopologyError::DuplicateMember(m.id));
+        }
+    }
+    let ids: Vec<MemberId> = members.iter().map(|m| m.id).collect();
+    let (graph, shape) = match spec.kind {
+        TopologyKind::Ring => simple::ring(&ids),
+        TopologyKind::FullyConnected => simple::fully_connected(&ids),
+        TopologyKind::Exponential => simple::exponential(&ids),
+        TopologyKind::DCliques => dcliques::build(spec, members)?,
+        TopologyKind::ProxyClumps => proxy_clumps::build(spec, members)?,
+    };
+    Ok(Topology {
+        version: 1,
+        graph,
+        shape,
+        profiles: members.iter().map(|m| (m.id, m.clone())).collect(),
+    })
+}
+
+/// A Moshpit grid as a topology: members adjacent when they share a group on some axis.
+pub fn moshpit(members: &[MemberProfile], group_size: usize) -> Result<Topology, TopologyError> {
+    if members.is_empty() {
+        return Err(TopologyError::NoMembers);
+    }
+    if group_size < 2 {
+        return Err(TopologyError::TooSmall { what: "groupSize", min: 2, got: group_size });
+    }
+    let ids: Vec<MemberId> = members.iter().map(|m| m.id).collect();
+    let grid = MoshpitGrid::new(&ids, group_size);
+    Ok(Topology {
+        version: 1,
+        graph: grid.union_graph(),
+        shape: Shape::Grid(grid),
+        profiles: members.iter().map(|m| (m.id, m.clone())).collect(),
+    })
+}
+
+impl Topology {
+    pub fn kind_name(&self) -> &'static str {
+        match &self.shape {
+            Shape::Ring { .. } => "ring",
+            Shape::FullyConnected => "fullyConnected",
+            Shape::Exponential { .. } => "exponential",
+            Shape::Cliques(c) => match c.flavour {
+                CliqueFlavour::DCliques => "dCliques",
+                CliqueFlavour::ProxyClumps { .. } => "proxyClumps",
+            },
+            Shape::Grid(_) => "moshpit",
+        }
+    }
+
+    pub fn weights(&self) -> MixingWeights {
+        metropolis_hastings(&self.graph)
+    }
+
+    pub fn clique_of(&self, id: MemberId) -> Option<u32> {
+        match &self.shape {
+            Shape::Cliques(c) => c.clique_of(id),
+            _ => None,
+        }
+    }
+
+    pub fn clump_of(&self, id: MemberId) -> Option<u32> {
+        match &self.shape {
+            Shape::Cliques(c) => c.clump_of(id),
+            _ => None,
+        }
+    }
+
+    /// The document trainers follow; `address` supplies each member's peer address when known.
+    pub fn to_document(&self, address: impl Fn(MemberId) -> Option<String>) -> TopologyDocument {
+        let weights = self.weights();
+        TopologyDocument {
+            version: self.version,
+            kind: self.kind_name().to_string(),
+            members: weights
+                .rows()
+                .map(|(id, row)| DocumentMember {
+                    id,
+                    address: address(id),
+                    clique: self.clique_of(id),
+                    clump: self.clump_of(id),
+                    self_weight: row.self_weight,
+                })
+                .collect(),
+            edges: self
+                .graph
+                .edges()
+                .map(|(a, b)| DocumentEdge { a, b, weight: weights.weight(a, b) })
+                .collect(),
+        }
+    }
+}
+
+/// Check that every profile carries a vector of one common length.
+fn profile_vectors<'a>(
+    members: &'a [MemberProfile],
+    what: &'static str,
+    kind: &'static str,
+    pick: impl Fn(&'a MemberProfile) -> Option<&'a Vec<f64>>,
+) -> Result<Vec<&'a [f64]>, TopologyError> {
+    let mut out = Vec::with_capacity(members.len());
+    for m in members {
+        let v = pick(m).ok_or(TopologyError::MissingProfile { member: m.id, what, kind })?;
+        if let Some(first) = out.first().map(|f: &&[f64]| f.len())
+            && v.len() != first
+        {
+            return Err(TopologyError::ProfileLength { member: m.id, what, expected: first, found: v.len() });
+        }
+        out.push(v.as_slice());
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests;

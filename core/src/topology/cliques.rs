@@ -1,0 +1,330 @@
+//! Cliques joined by bridges: the structure shared by D-Cliques and proxy clumps. Members inside a
+//! clique are fully connected; cliques are linked by single member-to-member bridges, placed on the
+//! least-connected members so no member carries much more traffic than its peers.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::api::InterClique;
+
+use super::graph::{Graph, MemberId};
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum CliqueFlavour {
+    /// Cliques balanced on label histograms (Greedy Swap).
+    DCliques,
+    /// Cliques that take one member from every clump of similar members.
+    ProxyClumps {
+        clump_of: BTreeMap<MemberId, u32>,
+        /// k-means centroids, used to place joining members.
+        centroids: Vec<Vec<f64>>,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Bridge {
+    pub a: MemberId,
+    pub b: MemberId,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct CliqueLayout {
+    pub flavour: CliqueFlavour,
+    pub inter: InterClique,
+    /// Intended members per clique; repair refills towards it.
+    pub target_size: usize,
+    /// Clique id -> members. Ids are stable across repairs.
+    pub cliques: BTreeMap<u32, Vec<MemberId>>,
+    pub bridges: Vec<Bridge>,
+    pub(super) next_clique: u32,
+}
+
+impl CliqueLayout {
+    /// Lay out `groups` (in order) as cliques and link them with the `inter` pattern.
+    pub fn new(flavour: CliqueFlavour, inter: InterClique, target_size: usize, groups: Vec<Vec<MemberId>>) -> Self {
+        let mut layout = Self {
+            flavour,
+            inter,
+            target_size,
+            cliques: BTreeMap::new(),
+            bridges: Vec::new(),
+            next_clique: groups.len() as u32,
+        };
+        for (c, members) in groups.into_iter().enumerate() {
+            layout.cliques.insert(c as u32, members);
+        }
+        let ids: Vec<u32> = layout.cliques.keys().copied().collect();
+        for (x, y) in clique_pairs(inter, ids.len()) {
+            layout.bridge(ids[x], ids[y]);
+        }
+        layout
+    }
+
+    pub fn clique_of(&self, id: MemberId) -> Option<u32> {
+        self.cliques
+            .iter()
+            .find_map(|(&c, members)| members.contains(&id).then_some(c))
+    }
+
+    pub fn clump_of(&self, id: MemberId) -> Option<u32> {
+        match &self.flavour {
+            CliqueFlavour::ProxyClumps { clump_of, .. } => clump_of.get(&id).copied(),
+            CliqueFlavour::DCliques => None,
+        }
+    }
+
+    /// The graph: complete inside each clique, plus the bridges.
+    pub fn graph(&self) -> Graph {
+        let mut g = Graph::with_members(self.cliques.values().flatten().copied());
+        for members in self.cliques.values() {
+            for (k, &a) in members.iter().enumerate() {
+                for &b in &members[k + 1..] {
+                    g.add_edge(a, b);
+                }
+            }
+        }
+        for b in &self.bridges {
+            g.add_edge(b.a, b.b);
+        }
+        g
+    }
+
+    fn bridge_ends(&self, id: MemberId) -> usize {
+        self.bridges.iter().filter(|b| b.a == id || b.b == id).count()
+    }
+
+    fn linked(&self, a: MemberId, b: MemberId) -> bool {
+        self.bridges
+            .iter()
+            .any(|x| (x.a == a && x.b == b) || (x.a == b && x.b == a))
+    }
+
+    /// The member of `clique` to carry a new bridge: fewest bridge ends, preferring (for proxy
+    /// clumps) a clump other than `avoid_clump`, and never one already linked to `other`.
+    fn bridge_end(&self, clique: u32, avoid_clump: Option<u32>, other: Option<MemberId>) -> Option<MemberId> {
+        self.cliques[&clique]
+            .iter()
+            .copied()
+            .filter(|&m| other.is_none_or(|o| !self.linked(m, o)))
+            .min_by_key(|&m| {
+                let same_clump = avoid_clump.is_some() && self.clump_of(m) == avoid_clump;
+                (same_clump, self.bridge_ends(m), m)
+            })
+    }
+
+    /// Link two cliques with one bridge on their least-connected members.
+    pub(super) fn bridge(&mut self, x: u32, y: u32) {
+        if x == y || self.cliques[&x].is_empty() || self.cliques[&y].is_empty() {
+            return;
+        }
+        let Some(a) = self.bridge_end(x, None, None) else { return };
+        if let Some(b) = self.bridge_end(y, self.clump_of(a), Some(a)) {
+            self.bridges.push(Bridge { a, b });
+        }
+    }
+
+    /// Clique-level adjacency (which cliques are bridged).
+    fn clique_links(&self) -> BTreeMap<u32, BTreeSet<u32>> {
+        let owner: BTreeMap<MemberId, u32> = self
+            .cliques
+            .iter()
+            .flat_map(|(&c, ms)| ms.iter().map(move |&m| (m, c)))
+            .collect();
+        let mut links: BTreeMap<u32, BTreeSet<u32>> =
+            self.cliques.keys().map(|&c| (c, BTreeSet::new())).collect();
+        for b in &self.bridges {
+            let (x, y) = (owner[&b.a], owner[&b.b]);
+            links.get_mut(&x).expect("owned").insert(y);
+            links.get_mut(&y).expect("owned").insert(x);
+        }
+        links
+    }
+
+    /// Remove a member. Its bridges move to the least-connected member left in its clique; an
+    /// emptied clique disappears and its neighbouring cliques are linked to each other.
+    pub(super) fn remove_member(&mut self, id: MemberId) -> Option<u32> {
+        let clique = self.clique_of(id)?;
+        let links_before = self.clique_links();
+        self.cliques.get_mut(&clique).expect("found").retain(|&m| m != id);
+        let moved: Vec<Bridge> = self.bridges.iter().copied().filter(|b| b.a == id || b.b == id).collect();
+        self.bridges.retain(|b| b.a != id && b.b != id);
+        if self.cliques[&clique].is_empty() {
+            self.cliques.remove(&clique);
+            // Close the gap the clique leaves: its former neighbour cliques link to each other
+            // (a ring of cliques stays a ring), then anything still cut off is reconnected.
+            let former: Vec<u32> = links_before[&clique].iter().copied().filter(|c| *c != clique).collect();
+            if former.len() == 2 && !self.clique_links()[&former[0]].contains(&former[1]) {
+                self.bridge(former[0], former[1]);
+            }
+        } else {
+            for b in moved {
+                let far = if b.a == id { b.b } else { b.a };
+                if let Some(near) = self.bridge_end(clique, self.clump_of(far), Some(far)) {
+                    self.bridges.push(Bridge { a: near, b: far });
+                }
+            }
+        }
+        self.reconnect();
+        Some(clique)
+    }
+
+    /// Put a member into `clique` (an existing one, or a new one when None). Returns its clique.
+    pub(super) fn insert_member(&mut self, id: MemberId, clique: Option<u32>) -> u32 {
+        match clique {
+            Some(c) => {
+                self.cliques.get_mut(&c).expect("existing clique").push(id);
+                c
+            }
+            None => {
+                let c = self.next_clique;
+                self.next_clique += 1;
+                let others: Vec<u32> = self.cliques.keys().copied().collect();
+                self.cliques.insert(c, vec![id]);
+                self.link_new_clique(c, &others);
+                c
+            }
+        }
+    }
+
+    fn link_new_clique(&mut self, c: u32, others: &[u32]) {
+        if others.is_empty() {
+            return;
+        }
+        if self.inter == InterClique::Ring && others.len() >= 2 {
+            // Splice into the ring: replace one clique-ring link x-y by x-c-y.
+            let owner = |m: MemberId, s: &Self| s.clique_of(m).expect("bridged member");
+            if let Some(k) = self.bridges.iter().position(|b| owner(b.a, self) != owner(b.b, self)) {
+                let old = self.bridges.remove(k);
+                let (x, y) = (owner(old.a, self), owner(old.b, self));
+                self.bridge(x, c);
+                self.bridge(c, y);
+                return;
+            }
+        }
+        if self.inter == InterClique::FullyConnected {
+            for &o in others {
+                self.bridge(c, o);
+            }
+            return;
+        }
+        // Two links to the least-linked cliques keep the new clique off any single point of failure.
+        let links = self.clique_links();
+        let mut by_load: Vec<u32> = others.to_vec();
+        by_load.sort_by_key(|o| (links[o].len(), *o));
+        for &o in by_load.iter().take(2) {
+            self.bridge(c, o);
+        }
+    }
+
+    /// Bridge clique components together until the clique graph is connected.
+    fn reconnect(&mut self) {
+        loop {
+            let links = self.clique_links();
+            let Some(&start) = links.keys().next() else { return };
+            let mut seen = BTreeSet::from([start]);
+            let mut stack = vec![start];
+            while let Some(c) = stack.pop() {
+                for &d in &links[&c] {
+                    if seen.insert(d) {
+                        stack.push(d);
+                    }
+                }
+            }
+            let Some(&outside) = links.keys().find(|c| !seen.contains(c)) else { return };
+            let inside = *seen.iter().min_by_key(|c| (links[c].len(), **c)).expect("non-empty");
+            self.bridge(inside, outside);
+        }
+    }
+}
+
+/// Pairs of clique positions (0..n) to bridge, without duplicates.
+pub fn clique_pairs(inter: InterClique, n: usize) -> Vec<(usize, usize)> {
+    let mut pairs = BTreeSet::new();
+    let mut add = |x: usize, y: usize| {
+        if x != y {
+            pairs.insert((x.min(y), x.max(y)));
+        }
+    };
+    match inter {
+        InterClique::Ring => {
+            for k in 0..n {
+                add(k, (k + 1) % n);
+            }
+        }
+        InterClique::FullyConnected => {
+            for x in 0..n {
+                for y in x + 1..n {
+                    add(x, y);
+                }
+            }
+        }
+        InterClique::SmallWorld => {
+            // Clique i links cliques at offsets ±(2^s + k), k in {0, 1}: O(log n) links each.
+            for i in 0..n {
+                let mut s = 1;
+                while s < n {
+                    for off in [s, s + 1] {
+                        if off < n {
+                            add(i, (i + off) % n);
+                            add(i, (i + n - off) % n);
+                        }
+                    }
+                    s *= 2;
+                }
+            }
+        }
+        InterClique::Fractal => fractal_pairs((0..n).map(|c| vec![c]).collect(), &mut add),
+    }
+    pairs.into_iter().collect()
+}
+
+/// Groups of about ten units are fully linked (one bridge per pair of units), then each group
+/// becomes a unit of the next level, until one unit remains.
+const FRACTAL_FANOUT: usize = 10;
+
+fn fractal_pairs(mut units: Vec<Vec<usize>>, add: &mut impl FnMut(usize, usize)) {
+    let mut load = BTreeMap::<usize, usize>::new();
+    while units.len() > 1 {
+        let mut groups: Vec<Vec<Vec<usize>>> = units.chunks(FRACTAL_FANOUT).map(<[_]>::to_vec).collect();
+        if groups.len() > 1 && groups.last().is_some_and(|g| g.len() == 1) {
+            let last = groups.pop().expect("len > 1");
+            groups.last_mut().expect("len > 1").extend(last);
+        }
+        units = groups
+            .into_iter()
+            .map(|group| {
+                for x in 0..group.len() {
+                    for y in x + 1..group.len() {
+                        // The least-loaded clique of each unit carries the link.
+                        let pick = |u: &Vec<usize>, load: &BTreeMap<usize, usize>| {
+                            *u.iter().min_by_key(|c| (load.get(c).copied().unwrap_or(0), **c)).expect("unit")
+                        };
+                        let (a, b) = (pick(&group[x], &load), pick(&group[y], &load));
+                        add(a, b);
+                        *load.entry(a).or_default() += 1;
+                        *load.entry(b).or_default() += 1;
+                    }
+                }
+                group.concat()
+            })
+            .collect();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inter_clique_patterns_have_the_expected_link_counts() {
+        assert_eq!(clique_pairs(InterClique::Ring, 10).len(), 10);
+        assert_eq!(clique_pairs(InterClique::Ring, 2).len(), 1);
+        assert_eq!(clique_pairs(InterClique::FullyConnected, 10).len(), 45);
+        // Small world: offsets 1,2,3,4,5,8,9 around 20 cliques, each pair once.
+        let sw = clique_pairs(InterClique::SmallWorld, 20);
+        assert!(sw.contains(&(0, 1)) && sw.contains(&(0, 9)) && sw.contains(&(0, 11)));
+        assert!(!sw.contains(&(0, 6)), "offset 6 is not 2^s or 2^s+1");
+        // Fractal: 100 cliques -> 10 groups of 10 (45 links each) + one group of 10 units (45).
+        assert_eq!(clique_pairs(InterClique::Fractal, 100).len(), 10 * 45 + 45);
+        assert_eq!(clique_pairs(InterClique::Fractal, 1).len(), 0);
+    }
+}

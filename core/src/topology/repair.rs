@@ -1,0 +1,182 @@
+//! Elastic repair: remove or add one member with minimal rewiring and a bumped version. A ring stays
+//! a ring (the gap closes with one edge), cliques refill with the best-fitting joiner, and a clique
+//! left at less than half its size is dissolved into the others.
+
+use super::cliques::{CliqueFlavour, CliqueLayout};
+use super::graph::MemberId;
+use super::proxy_clumps::nearest;
+use super::simple::exponential_graph;
+use super::skew::{distribution, skew, sum};
+use super::{MemberProfile, Shape, Topology, TopologyError};
+
+impl Topology {
+    /// Remove a member (it left, or was preempted). Bumps the version.
+    pub fn remove_member(&mut self, id: MemberId) -> Result<(), TopologyError> {
+        if !self.graph.contains(id) {
+            return Err(TopologyError::UnknownMember(id));
+        }
+        match &mut self.shape {
+            Shape::Ring { order } => {
+                let n = order.len();
+                let pos = order.iter().position(|&m| m == id).expect("graph and order agree");
+                let (prev, next) = (order[(pos + n - 1) % n], order[(pos + 1) % n]);
+                order.remove(pos);
+                self.graph.remove_member(id);
+                if prev != next && prev != id {
+                    self.graph.add_edge(prev, next);
+                }
+            }
+            Shape::FullyConnected => {
+                self.graph.remove_member(id);
+            }
+            Shape::Exponential { order } => {
+                order.retain(|&m| m != id);
+                self.graph = exponential_graph(order);
+            }
+            Shape::Cliques(layout) => {
+                if let Some(clique) = layout.remove_member(id) {
+                    rebalance(layout, clique, &self.profiles);
+                }
+                self.graph = layout.graph();
+            }
+            Shape::Grid(grid) => {
+                grid.remove(id);
+                self.graph = grid.union_graph();
+            }
+        }
+        self.profiles.remove(&id);
+        self.version += 1;
+        Ok(())
+    }
+
+    /// Add a member (new, or a replacement with a fresh id). Bumps the version.
+    pub fn add_member(&mut self, profile: MemberProfile) -> Result<(), TopologyError> {
+        let id = profile.id;
+        if self.graph.contains(id) {
+            return Err(TopologyError::DuplicateMember(id));
+        }
+        self.profiles.insert(id, profile);
+        match &mut self.shape {
+            Shape::Ring { order } => {
+                // Splice between the last and first member: one edge out, two in.
+                self.graph.add_member(id);
+                if let (Some(&first), Some(&last)) = (order.first(), order.last()) {
+                    if order.len() >= 3 {
+                        self.graph.remove_edge(last, first);
+                    }
+                    self.graph.add_edge(last, id);
+                    if first != last {
+                        self.graph.add_edge(id, first);
+                    }
+                }
+                order.push(id);
+            }
+            Shape::FullyConnected => {
+                let others: Vec<MemberId> = self.graph.members().collect();
+                self.graph.add_member(id);
+                for o in others {
+                    self.graph.add_edge(id, o);
+                }
+            }
+            Shape::Exponential { order } => {
+                order.push(id);
+                self.graph = exponential_graph(order);
+            }
+            Shape::Cliques(layout) => {
+                let clique = best_clique(layout, &self.profiles, id, None);
+                layout.insert_member(id, clique);
+                self.graph = layout.graph();
+            }
+            Shape::Grid(grid) => {
+                grid.insert(id);
+                self.graph = grid.union_graph();
+            }
+        }
+        self.version += 1;
+        Ok(())
+    }
+}
+
+/// The clique a member should join: for D-Cliques the one whose skew it lowers most, for proxy
+/// clumps one still missing the member's clump; only cliques below target size qualify. None means
+/// "start a new clique".
+fn best_clique(
+    layout: &CliqueLayout,
+    profiles: &std::collections::BTreeMap<MemberId, MemberProfile>,
+    id: MemberId,
+    exclude: Option<u32>,
+) -> Option<u32> {
+    let open: Vec<(u32, &Vec<MemberId>)> = layout
+        .cliques
+        .iter()
+        .filter(|(c, ms)| Some(**c) != exclude && ms.len() < layout.target_size)
+        .map(|(c, ms)| (*c, ms))
+        .collect();
+    let smallest = open.iter().min_by_key(|(c, ms)| (ms.len(), *c)).map(|(c, _)| *c);
+    let profile = &profiles[&id];
+    match &layout.flavour {
+        CliqueFlavour::DCliques => {
+            let Some(h) = profile.histogram.as_deref() else { return smallest };
+            let classes = h.len();
+            let all: Vec<&[f64]> = profiles.values().filter_map(|p| p.histogram.as_deref()).collect();
+            let global = distribution(&sum(all, classes));
+            let clique_sum = |ms: &Vec<MemberId>| {
+                sum(ms.iter().filter_map(|m| profiles.get(m)?.histogram.as_deref()), classes)
+            };
+            open.iter()
+                .map(|(c, ms)| {
+                    let mut s = clique_sum(ms);
+                    let before = skew(&s, &global);
+                    for (x, y) in s.iter_mut().zip(h) {
+                        *x += y;
+                    }
+                    (skew(&s, &global) - before, ms.len(), *c)
+                })
+                .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)))
+                .map(|(_, _, c)| c)
+        }
+        CliqueFlavour::ProxyClumps { clump_of, centroids } => {
+            let v = profile.proxy.as_deref().or(profile.histogram.as_deref());
+            let Some(v) = v.filter(|v| centroids.first().is_some_and(|c| c.len() == v.len())) else {
+                return smallest;
+            };
+            let total: f64 = v.iter().sum();
+            let normalised: Vec<f64> = if profile.proxy.is_none() && total > 0.0 {
+                v.iter().map(|x| x / total).collect()
+            } else {
+                v.to_vec()
+            };
+            let clump = nearest(centroids, &normalised) as u32;
+            open.iter()
+                .filter(|(_, ms)| !ms.iter().any(|m| clump_of.get(m) == Some(&clump)))
+                .min_by_key(|(c, ms)| (ms.len(), *c))
+                .map(|(c, _)| *c)
+                .or(smallest)
+        }
+    }
+}
+
+/// Dissolve a clique that shrank below half its target size into the other cliques.
+fn rebalance(
+    layout: &mut CliqueLayout,
+    clique: u32,
+    profiles: &std::collections::BTreeMap<MemberId, MemberProfile>,
+) {
+    let Some(members) = layout.cliques.get(&clique).cloned() else { return };
+    if layout.cliques.len() < 2 || members.len() * 2 >= layout.target_size {
+        return;
+    }
+    for m in members {
+        layout.remove_member(m);
+        let target = best_clique(layout, profiles, m, Some(clique)).or_else(|| {
+            // Every other clique is full: join the smallest rather than stay alone.
+            layout
+                .cliques
+                .iter()
+                .filter(|(c, _)| **c != clique)
+                .min_by_key(|(c, ms)| (ms.len(), **c))
+                .map(|(c, _)| *c)
+        });
+        layout.insert_member(m, target);
+    }
+}

@@ -1,0 +1,312 @@
+//! Builder, weight, measure and repair tests, with property tests over random membership changes.
+
+use std::collections::BTreeSet;
+
+use proptest::prelude::*;
+
+use super::dcliques::one_class_per_member;
+use super::*;
+
+fn bare(n: u32) -> Vec<MemberProfile> {
+    (0..n).map(MemberProfile::bare).collect()
+}
+
+fn with_histograms(hs: Vec<Vec<f64>>) -> Vec<MemberProfile> {
+    hs.into_iter()
+        .enumerate()
+        .map(|(k, h)| MemberProfile { id: k as u32, histogram: Some(h), proxy: None })
+        .collect()
+}
+
+fn spec(kind: TopologyKind) -> BuildSpec {
+    BuildSpec::new(kind)
+}
+
+/// W is symmetric, non-negative and doubly stochastic; the document agrees and passes its checks.
+fn assert_weights_valid(t: &Topology) {
+    let w = t.weights();
+    for (i, row) in w.rows() {
+        let total: f64 = row.self_weight + row.neighbours.iter().map(|(_, x)| x).sum::<f64>();
+        assert!((total - 1.0).abs() < 1e-9, "row {i} sums to {total}");
+        assert!(row.self_weight >= -1e-12, "W_{i}{i} = {}", row.self_weight);
+        for &(j, x) in &row.neighbours {
+            assert!(x > 0.0);
+            assert!((x - w.weight(j, i)).abs() < 1e-15, "W not symmetric at {i},{j}");
+        }
+    }
+    t.to_document(|_| None).check().expect("document is consistent");
+}
+
+#[test]
+fn ring_has_degree_two_and_half_n_diameter() {
+    let t = build(&spec(TopologyKind::Ring), &bare(10)).unwrap();
+    let m = measure(&t);
+    assert_eq!((m.edges, m.min_degree, m.max_degree, m.diameter), (10, 2, 2, Some(5)));
+    assert_eq!(m.messages_per_round, 20);
+    // Spectral gap of a 10-ring with MH weights (1/3 each): 1 - (1 + 2cos(2pi/10))/3.
+    let expected = 1.0 - (1.0 + 2.0 * (2.0 * std::f64::consts::PI / 10.0).cos()) / 3.0;
+    assert!((m.spectral_gap.unwrap() - expected).abs() < 1e-9);
+    assert_weights_valid(&t);
+    for n in [1, 2, 3] {
+        let t = build(&spec(TopologyKind::Ring), &bare(n)).unwrap();
+        assert_eq!(t.graph.edge_count(), [0, 1, 3][n as usize - 1]);
+        assert_weights_valid(&t);
+    }
+}
+
+#[test]
+fn fully_connected_mixes_in_one_round() {
+    let t = build(&spec(TopologyKind::FullyConnected), &bare(6)).unwrap();
+    let m = measure(&t);
+    assert_eq!((m.edges, m.diameter), (15, Some(1)));
+    assert!((m.spectral_gap.unwrap() - 1.0).abs() < 1e-9);
+    assert!((t.weights().weight(0, 5) - 1.0 / 6.0).abs() < 1e-12);
+}
+
+#[test]
+fn exponential_links_powers_of_two() {
+    let t = build(&spec(TopologyKind::Exponential), &bare(16)).unwrap();
+    // Offsets 1, 2, 4 each way and 8 (its own mirror): degree 7.
+    assert!(t.graph.members().all(|m| t.graph.degree(m) == 7));
+    assert!(t.graph.has_edge(0, 8) && t.graph.has_edge(0, 12) && !t.graph.has_edge(0, 3));
+    assert_eq!(measure(&t).diameter, Some(2));
+    assert_weights_valid(&t);
+}
+
+#[test]
+fn dcliques_balance_one_class_members_with_few_edges() {
+    let members = with_histograms(one_class_per_member(100, 10, 50.0));
+    let t = build(&spec(TopologyKind::DCliques), &members).unwrap();
+    let m = measure(&t);
+    let skew = m.clique_skew.clone().unwrap();
+    assert_eq!(skew.cliques, 10);
+    assert!(skew.max < 1e-9, "every clique holds all ten classes: {skew:?}");
+    let full_edges = 100 * 99 / 2;
+    assert!(m.edges * 100 <= 15 * full_edges, "{} edges", m.edges);
+    assert!(m.connected);
+    assert_weights_valid(&t);
+    for clique in 0..10 {
+        let members: Vec<MemberId> = t.graph.members().filter(|&id| t.clique_of(id) == Some(clique)).collect();
+        assert_eq!(members.len(), 10);
+    }
+}
+
+#[test]
+fn every_inter_clique_pattern_is_connected_and_balanced() {
+    for inter in [InterClique::Ring, InterClique::SmallWorld, InterClique::Fractal, InterClique::FullyConnected] {
+        let members = with_histograms(one_class_per_member(200, 10, 1.0));
+        let mut s = spec(TopologyKind::DCliques);
+        s.inter_clique = inter;
+        let t = build(&s, &members).unwrap();
+        let m = measure(&t);
+        assert!(m.connected, "{inter:?}");
+        // Bridges go to least-connected members: no member carries many more than its share.
+        let Shape::Cliques(layout) = &t.shape else { unreachable!() };
+        let per_clique = 2 * layout.bridges.len() / layout.cliques.len();
+        assert!(m.max_degree <= 9 + per_clique.div_ceil(10) + 1, "{inter:?}: max degree {}", m.max_degree);
+        assert_weights_valid(&t);
+    }
+}
+
+#[test]
+fn dcliques_need_histograms_of_one_length() {
+    let mut members = with_histograms(one_class_per_member(20, 10, 1.0));
+    members[3].histogram = None;
+    assert_eq!(
+        build(&spec(TopologyKind::DCliques), &members),
+        Err(TopologyError::MissingProfile { member: 3, what: "label histogram", kind: "dCliques" })
+    );
+    members[3].histogram = Some(vec![1.0; 4]);
+    assert!(matches!(
+        build(&spec(TopologyKind::DCliques), &members),
+        Err(TopologyError::ProfileLength { member: 3, expected: 10, found: 4, .. })
+    ));
+    assert_eq!(build(&spec(TopologyKind::Ring), &[]), Err(TopologyError::NoMembers));
+    assert_eq!(
+        build(&spec(TopologyKind::Ring), &[MemberProfile::bare(1), MemberProfile::bare(1)]),
+        Err(TopologyError::DuplicateMember(1))
+    );
+}
+
+#[test]
+fn proxy_clumps_put_one_member_of_each_clump_in_a_clique() {
+    // 8 classes, 32 members, one class each: clumps follow the classes.
+    let members = with_histograms(one_class_per_member(32, 8, 10.0));
+    let mut s = spec(TopologyKind::ProxyClumps);
+    s.clumps = Some(8);
+    let t = build(&s, &members).unwrap();
+    let Shape::Cliques(layout) = &t.shape else { unreachable!() };
+    assert_eq!(layout.cliques.len(), 4);
+    for members in layout.cliques.values() {
+        let clumps: BTreeSet<u32> = members.iter().map(|&m| t.clump_of(m).unwrap()).collect();
+        assert_eq!(clumps.len(), members.len(), "a clique repeats a clump");
+    }
+    for b in &layout.bridges {
+        assert_ne!(t.clump_of(b.a), t.clump_of(b.b), "bridge ends share a clump");
+    }
+    assert!(measure(&t).clique_skew.unwrap().max < 1e-9);
+    assert_weights_valid(&t);
+}
+
+#[test]
+fn proxy_vectors_take_precedence_over_histograms() {
+    let mut members = bare(12);
+    for m in &mut members {
+        let g = (m.id % 3) as f64;
+        m.proxy = Some(vec![g, 1.0 - g / 3.0]);
+    }
+    let mut s = spec(TopologyKind::ProxyClumps);
+    s.clumps = Some(3);
+    let t = build(&s, &members).unwrap();
+    for id in 0..12 {
+        assert_eq!(t.clump_of(id), t.clump_of(id % 3), "member {id}");
+    }
+}
+
+#[test]
+fn moshpit_grid_measures_use_round_groups() {
+    let t = moshpit(&bare(16), 4).unwrap();
+    let m = measure(&t);
+    assert_eq!(m.messages_per_round, 16 * 3);
+    // Mean of a row- and a column-averaging round: eigenvalues 1, 1/2, 0, so the gap is 1/2.
+    assert!((m.spectral_gap.unwrap() - 0.5).abs() < 1e-9);
+    assert_eq!(m.diameter, Some(2));
+}
+
+#[test]
+fn ring_repair_closes_the_gap_and_splices_joiners() {
+    let mut t = build(&spec(TopologyKind::Ring), &bare(6)).unwrap();
+    t.remove_member(3).unwrap();
+    assert!(t.graph.has_edge(2, 4));
+    assert_eq!(t.graph.edge_count(), 5);
+    assert_eq!(t.version, 2);
+    t.add_member(MemberProfile::bare(9)).unwrap();
+    assert!(t.graph.has_edge(5, 9) && t.graph.has_edge(9, 0) && !t.graph.has_edge(5, 0));
+    assert_eq!(t.version, 3);
+    assert_eq!(t.remove_member(3), Err(TopologyError::UnknownMember(3)));
+    assert_eq!(t.add_member(MemberProfile::bare(9)), Err(TopologyError::DuplicateMember(9)));
+    assert_eq!(t.version, 3, "a failed repair leaves the version alone");
+}
+
+#[test]
+fn dcliques_refill_a_hole_with_the_matching_class() {
+    let members = with_histograms(one_class_per_member(30, 10, 5.0));
+    let mut s = spec(TopologyKind::DCliques);
+    s.inter_clique = InterClique::Ring;
+    let mut t = build(&s, &members).unwrap();
+    let hole = t.clique_of(13).unwrap();
+    t.remove_member(13).unwrap();
+    let mut h = vec![0.0; 10];
+    h[3] = 5.0; // member 13 held class 3
+    t.add_member(MemberProfile { id: 100, histogram: Some(h), proxy: None }).unwrap();
+    assert_eq!(t.clique_of(100), Some(hole));
+    assert!(measure(&t).clique_skew.unwrap().max < 1e-9);
+}
+
+#[test]
+fn a_clique_below_half_size_is_dissolved() {
+    let members = with_histograms(one_class_per_member(30, 10, 5.0));
+    let mut t = build(&spec(TopologyKind::DCliques), &members).unwrap();
+    let target = t.clique_of(0).unwrap();
+    let mates: Vec<MemberId> = t.graph.members().filter(|&m| t.clique_of(m) == Some(target)).collect();
+    for &m in &mates[..6] {
+        t.remove_member(m).unwrap();
+    }
+    let Shape::Cliques(layout) = &t.shape else { unreachable!() };
+    assert_eq!(layout.cliques.len(), 2, "the shrunk clique was merged away");
+    assert_eq!(layout.cliques.values().map(Vec::len).sum::<usize>(), 24);
+    assert!(t.graph.is_connected());
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Remove(usize),
+    Add(usize),
+}
+
+fn ops() -> impl Strategy<Value = Vec<Op>> {
+    prop::collection::vec(
+        prop_oneof![any::<usize>().prop_map(Op::Remove), (0usize..10).prop_map(Op::Add)],
+        0..40,
+    )
+}
+
+fn kinds() -> impl Strategy<Value = (TopologyKind, InterClique)> {
+    (
+        prop_oneof![
+            Just(TopologyKind::Ring),
+            Just(TopologyKind::FullyConnected),
+            Just(TopologyKind::Exponential),
+            Just(TopologyKind::DCliques),
+            Just(TopologyKind::ProxyClumps),
+        ],
+        prop_oneof![
+            Just(InterClique::Ring),
+            Just(InterClique::SmallWorld),
+            Just(InterClique::Fractal),
+            Just(InterClique::FullyConnected),
+        ],
+    )
+}
+
+fn class_histogram(class: usize) -> Vec<f64> {
+    let mut h = vec![1.0; 10];
+    h[class] = 20.0;
+    h
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// After any sequence of removals and joins: connected, W symmetric and doubly stochastic,
+    /// versions only grow, and the members are exactly those expected.
+    #[test]
+    fn repair_keeps_the_invariants(
+        (kind, inter) in kinds(),
+        n in 1usize..40,
+        clique_size in 2usize..8,
+        seed in any::<u64>(),
+        ops in ops(),
+        use_grid in any::<bool>(),
+    ) {
+        let members: Vec<MemberProfile> = (0..n)
+            .map(|k| MemberProfile { id: k as u32, histogram: Some(class_histogram(k % 10)), proxy: None })
+            .collect();
+        let mut t = if use_grid {
+            moshpit(&members, clique_size.max(2)).unwrap()
+        } else {
+            let mut s = BuildSpec::new(kind);
+            s.inter_clique = inter;
+            s.clique_size = clique_size;
+            s.seed = seed;
+            build(&s, &members).unwrap()
+        };
+        let mut expected: BTreeSet<MemberId> = (0..n as u32).collect();
+        let mut next_id = n as u32;
+        let was_ring = matches!(t.shape, Shape::Ring { .. });
+        for op in ops {
+            let before = t.version;
+            match op {
+                Op::Remove(pick) => {
+                    if expected.len() <= 1 { continue; }
+                    let id = *expected.iter().nth(pick % expected.len()).unwrap();
+                    t.remove_member(id).unwrap();
+                    expected.remove(&id);
+                }
+                Op::Add(class) => {
+                    t.add_member(MemberProfile { id: next_id, histogram: Some(class_histogram(class)), proxy: None }).unwrap();
+                    expected.insert(next_id);
+                    next_id += 1;
+                }
+            }
+            prop_assert!(t.version > before);
+            prop_assert!(t.graph.is_connected(), "disconnected after {:?}", op);
+            prop_assert_eq!(t.graph.members().collect::<BTreeSet<_>>(), expected.clone());
+            prop_assert_eq!(t.profiles.keys().copied().collect::<BTreeSet<_>>(), expected.clone());
+            if was_ring && expected.len() >= 3 {
+                prop_assert!(t.graph.members().all(|m| t.graph.degree(m) == 2), "ring is no longer a ring");
+            }
+            assert_weights_valid(&t);
+        }
+    }
+}
