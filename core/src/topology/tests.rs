@@ -256,8 +256,8 @@ fn class_histogram(class: usize) -> Vec<f64> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
 
+    // 256 cases by default; PROPTEST_CASES=N runs more.
     /// After any sequence of removals and joins: connected, W symmetric and doubly stochastic,
     /// versions only grow, and the members are exactly those expected.
     #[test]

@@ -1,11 +1,224 @@
-use clap::Args;
+//! `murmur topology`: build a graph with the engine the planner uses, print it and its measures.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+use murmur_core::api::{InterClique, TopologyKind};
+use murmur_core::contract::{JoinReport, TopologyDocument};
+use murmur_core::topology::{self, BuildSpec, Measures, MemberProfile, Topology, TopologyError, render};
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum Kind {
+    Ring,
+    FullyConnected,
+    Exponential,
+    Dcliques,
+    ProxyClumps,
+    Moshpit,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum Inter {
+    Ring,
+    SmallWorld,
+    Fractal,
+    FullyConnected,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum Format {
+    Table,
+    Json,
+    Dot,
+    Svg,
+}
 
 #[derive(Args, Debug)]
-pub struct TopologyArgs {}
+pub struct TopologyArgs {
+    /// Graph family.
+    #[arg(long, value_enum)]
+    kind: Kind,
+    /// Number of members (taken from --histograms when that is given).
+    #[arg(long)]
+    members: Option<u32>,
+    /// Classes for the default histograms (member k holds only class k mod classes).
+    #[arg(long, default_value_t = 10)]
+    classes: usize,
+    /// JSON file with the members' label histograms: an array of arrays of counts, or the
+    /// trainers' join reports ([{"memberId", "labelHistogram", "proxyVector"?}, ...]).
+    #[arg(long)]
+    histograms: Option<PathBuf>,
+    /// dcliques: members per clique.
+    #[arg(long, default_value_t = 10)]
+    clique_size: usize,
+    /// dcliques: how cliques are linked.
+    #[arg(long, value_enum, default_value = "small-world")]
+    inter_clique: Inter,
+    /// proxy-clumps: number of clumps (default ceil(log2 members)).
+    #[arg(long)]
+    clumps: Option<usize>,
+    /// moshpit: grid side (members per group).
+    #[arg(long, default_value_t = 4)]
+    group_size: usize,
+    /// Seed for Greedy Swap and k-means.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// dcliques: Greedy Swap iterations.
+    #[arg(long, default_value_t = topology::dcliques::DEFAULT_SWAP_STEPS)]
+    swap_steps: usize,
+    /// Remove these members after building (shows elastic repair).
+    #[arg(long, value_delimiter = ',')]
+    remove: Vec<u32>,
+    #[arg(long, value_enum, default_value = "table")]
+    format: Format,
+    /// Write here instead of standard output.
+    #[arg(long, short)]
+    output: Option<PathBuf>,
+}
 
 #[derive(Debug, thiserror::Error)]
-pub enum TopologyCliError {}
+pub enum TopologyCliError {
+    #[error("{file}: {message}")]
+    HistogramFile { file: String, message: String },
+    #[error("--members is required unless --histograms gives the members")]
+    NoMembers,
+    #[error("--members {flag} disagrees with {file}, which describes {found} members")]
+    MemberCount { flag: u32, file: String, found: usize },
+    #[error("--classes must be at least 1")]
+    NoClasses,
+    #[error(transparent)]
+    Build(#[from] TopologyError),
+}
 
-pub fn run(_args: TopologyArgs, _out: &mut impl std::io::Write) -> Result<(), super::CliError> {
+/// Either bare histograms or join reports, as the control plane stores them.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum HistogramFile {
+    Histograms(Vec<Vec<f64>>),
+    Reports(Vec<JoinReport>),
+}
+
+fn load_profiles(path: &PathBuf) -> Result<Vec<MemberProfile>, TopologyCliError> {
+    let file = path.display().to_string();
+    let err = |message: String| TopologyCliError::HistogramFile { file: file.clone(), message };
+    let text = std::fs::read_to_string(path).map_err(|e| err(format!("cannot read: {e}")))?;
+    let parsed: HistogramFile = serde_json::from_str(&text).map_err(|_| {
+        err("expected a JSON array of histograms ([[3, 0, 5], ...]) or of join reports ([{\"memberId\": 0, \"labelHistogram\": [...]}, ...])".into())
+    })?;
+    let profiles: Vec<MemberProfile> = match parsed {
+        HistogramFile::Histograms(hs) => hs
+            .into_iter()
+            .enumerate()
+            .map(|(k, h)| MemberProfile { id: k as u32, histogram: Some(h), proxy: None })
+            .collect(),
+        HistogramFile::Reports(rs) => rs
+            .into_iter()
+            .map(|r| MemberProfile {
+                id: r.member_id,
+                histogram: Some(r.label_histogram.iter().map(|&c| c as f64).collect()),
+                proxy: r.proxy_vector.map(|v| v.iter().map(|&x| f64::from(x)).collect()),
+            })
+            .collect(),
+    };
+    for (k, p) in profiles.iter().enumerate() {
+        let h = p.histogram.as_deref().unwrap_or_default();
+        if let Some(bad) = h.iter().find(|x| !x.is_finite() || **x < 0.0) {
+            return Err(err(format!("member {k}: count {bad} is not a non-negative number")));
+        }
+    }
+    if profiles.is_empty() {
+        return Err(err("describes no members".into()));
+    }
+    Ok(profiles)
+}
+
+fn profiles(args: &TopologyArgs) -> Result<Vec<MemberProfile>, TopologyCliError> {
+    if let Some(path) = &args.histograms {
+        let profiles = load_profiles(path)?;
+        if let Some(flag) = args.members
+            && flag as usize != profiles.len()
+        {
+            return Err(TopologyCliError::MemberCount { flag, file: path.display().to_string(), found: profiles.len() });
+        }
+        return Ok(profiles);
+    }
+    let n = args.members.ok_or(TopologyCliError::NoMembers)?;
+    if args.classes == 0 {
+        return Err(TopologyCliError::NoClasses);
+    }
+    let hs = topology::dcliques::one_class_per_member(n as usize, args.classes, 1.0);
+    Ok(hs
+        .into_iter()
+        .enumerate()
+        .map(|(k, h)| MemberProfile { id: k as u32, histogram: Some(h), proxy: None })
+        .collect())
+}
+
+pub fn build(args: &TopologyArgs) -> Result<Topology, TopologyCliError> {
+    let members = profiles(args)?;
+    let kind = match args.kind {
+        Kind::Moshpit => {
+            let mut t = topology::moshpit(&members, args.group_size)?;
+            remove(&mut t, &args.remove)?;
+            return Ok(t);
+        }
+        Kind::Ring => TopologyKind::Ring,
+        Kind::FullyConnected => TopologyKind::FullyConnected,
+        Kind::Exponential => TopologyKind::Exponential,
+        Kind::Dcliques => TopologyKind::DCliques,
+        Kind::ProxyClumps => TopologyKind::ProxyClumps,
+    };
+    let spec = BuildSpec {
+        kind,
+        clique_size: args.clique_size,
+        inter_clique: match args.inter_clique {
+            Inter::Ring => InterClique::Ring,
+            Inter::SmallWorld => InterClique::SmallWorld,
+            Inter::Fractal => InterClique::Fractal,
+            Inter::FullyConnected => InterClique::FullyConnected,
+        },
+        clumps: args.clumps,
+        seed: args.seed,
+        swap_steps: args.swap_steps,
+    };
+    let mut t = topology::build(&spec, &members)?;
+    remove(&mut t, &args.remove)?;
+    Ok(t)
+}
+
+fn remove(t: &mut Topology, ids: &[u32]) -> Result<(), TopologyError> {
+    ids.iter().try_for_each(|&id| t.remove_member(id))
+}
+
+/// The JSON rendering: the topology document (members, edges with weights) plus measures.
+#[derive(Serialize)]
+struct JsonOut<'a> {
+    #[serde(flatten)]
+    document: TopologyDocument,
+    measures: &'a Measures,
+}
+
+pub fn render(t: &Topology, format: Format) -> String {
+    let m = topology::measure(t);
+    match format {
+        Format::Table => render::table(t, &m),
+        Format::Dot => render::dot(t),
+        Format::Svg => render::svg(t, &m),
+        Format::Json => {
+            let out = JsonOut { document: t.to_document(|_| None), measures: &m };
+            serde_json::to_string_pretty(&out).expect("serializable") + "\n"
+        }
+    }
+}
+
+pub fn run(args: TopologyArgs, out: &mut impl Write) -> Result<(), super::CliError> {
+    let t = build(&args)?;
+    let text = render(&t, args.format);
+    match &args.output {
+        Some(path) => std::fs::write(path, text)?,
+        None => out.write_all(text.as_bytes())?,
+    }
     Ok(())
 }
