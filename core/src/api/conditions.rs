@@ -89,16 +89,48 @@ mod tests {
     #[test]
     fn transition_time_moves_only_when_status_flips() {
         let mut c = Vec::new();
-        assert!(set_condition(&mut c, ConditionType::Running, true, "Started", "4/4 members", None, at(10)));
+        assert!(set_condition(
+            &mut c,
+            ConditionType::Running,
+            true,
+            "Started",
+            "4/4 members",
+            None,
+            at(10)
+        ));
         // Same status, new message: updated, but the transition time stays.
-        assert!(set_condition(&mut c, ConditionType::Running, true, "Started", "3/4 members", None, at(20)));
+        assert!(set_condition(
+            &mut c,
+            ConditionType::Running,
+            true,
+            "Started",
+            "3/4 members",
+            None,
+            at(20)
+        ));
         assert_eq!(c[0].last_transition_time, at(10));
         assert_eq!(c[0].message, "3/4 members");
         // Nothing new: reported as unchanged so no write is made.
-        assert!(!set_condition(&mut c, ConditionType::Running, true, "Started", "3/4 members", None, at(30)));
+        assert!(!set_condition(
+            &mut c,
+            ConditionType::Running,
+            true,
+            "Started",
+            "3/4 members",
+            None,
+            at(30)
+        ));
         assert_eq!(c[0].last_transition_time, at(10));
         // A flip moves it.
-        assert!(set_condition(&mut c, ConditionType::Running, false, "Suspended", "suspended", None, at(40)));
+        assert!(set_condition(
+            &mut c,
+            ConditionType::Running,
+            false,
+            "Suspended",
+            "suspended",
+            None,
+            at(40)
+        ));
         assert_eq!(c[0].last_transition_time, at(40));
         assert_eq!(c.len(), 1);
         assert!(!condition_is_true(&c, ConditionType::Running));
@@ -107,9 +139,33 @@ mod tests {
     #[test]
     fn conditions_are_keyed_by_type() {
         let mut c = Vec::new();
-        set_condition(&mut c, ConditionType::Created, true, "Created", "", None, at(1));
-        set_condition(&mut c, ConditionType::Degraded, true, "MemberLost", "3/4", None, at(2));
-        set_condition(&mut c, ConditionType::Created, true, "Created", "", None, at(3));
+        set_condition(
+            &mut c,
+            ConditionType::Created,
+            true,
+            "Created",
+            "",
+            None,
+            at(1),
+        );
+        set_condition(
+            &mut c,
+            ConditionType::Degraded,
+            true,
+            "MemberLost",
+            "3/4",
+            None,
+            at(2),
+        );
+        set_condition(
+            &mut c,
+            ConditionType::Created,
+            true,
+            "Created",
+            "",
+            None,
+            at(3),
+        );
         assert_eq!(c.len(), 2);
         assert!(condition_is_true(&c, ConditionType::Degraded));
     }

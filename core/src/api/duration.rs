@@ -92,7 +92,7 @@ impl fmt::Display for Duration {
         if ms == 0 {
             return write!(f, "0s");
         }
-        if ms % 1000 != 0 {
+        if !ms.is_multiple_of(1000) {
             return write!(f, "{ms}ms");
         }
         let mut secs = ms / 1000;
@@ -184,7 +184,17 @@ mod tests {
         // The apiserver checks the pattern, `murmur run` uses the parser: they must agree.
         let re = regex::Regex::new(DURATION_PATTERN).unwrap();
         for text in [
-            "10s", "1h2m3s4ms", "0.5s", "10", "", "s", "1.s", "5 s", "-1s", "1d", "3ms5",
+            "10s",
+            "1h2m3s4ms",
+            "0.5s",
+            "10",
+            "",
+            "s",
+            "1.s",
+            "5 s",
+            "-1s",
+            "1d",
+            "3ms5",
         ] {
             assert_eq!(
                 re.is_match(text),

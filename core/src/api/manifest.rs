@@ -18,7 +18,9 @@ pub enum ManifestError {
     },
     #[error("{file}: not valid YAML: {message}")]
     Yaml { file: String, message: String },
-    #[error("{file}: expected apiVersion {expected_api_version} and kind {expected_kind}, found {found}")]
+    #[error(
+        "{file}: expected apiVersion {expected_api_version} and kind {expected_kind}, found {found}"
+    )]
     WrongKind {
         file: String,
         expected_api_version: String,
@@ -66,7 +68,9 @@ impl ManifestError {
     pub fn fields(&self) -> Vec<&str> {
         match self {
             ManifestError::Field { field, .. } => vec![field],
-            ManifestError::UnknownFields { fields, .. } => fields.iter().map(String::as_str).collect(),
+            ManifestError::UnknownFields { fields, .. } => {
+                fields.iter().map(String::as_str).collect()
+            }
             ManifestError::Invalid { violations, .. } => {
                 violations.iter().map(|v| v.field.as_str()).collect()
             }

@@ -21,6 +21,8 @@ use super::status::DecentralizedTrainingJobStatus;
 pub const GROUP: &str = "murmur.dev";
 pub const VERSION: &str = "v1alpha1";
 
+// clippy reads the repeated `type_ = ...` inside separate printcolumn(...) entries as duplicates.
+#[allow(clippy::duplicated_attributes)]
 /// Spec of a decentralized training job: elastic members that average parameters only with
 /// their neighbours in a communication graph, scheduled on spot capacity.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -36,11 +38,24 @@ pub const VERSION: &str = "v1alpha1";
     derive = "PartialEq",
     doc = "A decentralized (parameter-server-free) training job on spot capacity.",
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
-    printcolumn(name = "Members", type_ = "string", json_path = ".status.memberSummary", description = "ready/target members"),
+    printcolumn(
+        name = "Members",
+        type_ = "string",
+        json_path = ".status.memberSummary",
+        description = "ready/target members"
+    ),
     printcolumn(name = "Topology", type_ = "string", json_path = ".spec.topology.kind"),
     printcolumn(name = "Step", type_ = "integer", json_path = ".status.progress.step"),
-    printcolumn(name = "Preemptions", type_ = "integer", json_path = ".status.preemptions"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    printcolumn(
+        name = "Preemptions",
+        type_ = "integer",
+        json_path = ".status.preemptions"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    ),
     cel
 )]
 #[x_kube(

@@ -19,7 +19,11 @@ spec:
 
 /// Parse VALID after replacing one line (`from` must occur exactly once).
 fn with(from: &str, to: &str) -> Result<DecentralizedTrainingJob, ManifestError> {
-    assert_eq!(VALID.matches(from).count(), 1, "fixture has no unique {from:?}");
+    assert_eq!(
+        VALID.matches(from).count(),
+        1,
+        "fixture has no unique {from:?}"
+    );
     parse_manifest(&VALID.replace(from, to), "job.yaml")
 }
 
@@ -30,7 +34,10 @@ fn rejected_fields(from: &str, to: &str) -> Vec<String> {
             let fields: Vec<String> = e.fields().iter().map(|f| f.to_string()).collect();
             assert!(!fields.is_empty(), "error names no field: {e}");
             let text = e.to_string();
-            assert!(text.starts_with("job.yaml: "), "error names no file: {text}");
+            assert!(
+                text.starts_with("job.yaml: "),
+                "error names no file: {text}"
+            );
             fields
         }
     }
@@ -50,51 +57,211 @@ fn the_valid_fixture_is_valid_and_defaults_are_filled() {
 #[test]
 fn every_cel_rule_rejects_with_the_field_it_guards() {
     let cases: &[(&str, &str, &str)] = &[
-        ("{min: 2, target: 4, max: 8}", "{min: 0, target: 4, max: 8}", "spec.replicas.min"),
-        ("{min: 2, target: 4, max: 8}", "{min: 5, target: 4, max: 8}", "spec.replicas.target"),
-        ("{min: 2, target: 4, max: 8}", "{min: 2, target: 9, max: 8}", "spec.replicas.target"),
-        ("{min: 2, target: 4, max: 8}", "{min: 2, target: 4, max: 20000}", "spec.replicas.max"),
-        ("cliqueSize: 4,", "cliqueSize: 1,", "spec.topology.cliqueSize"),
-        ("cliqueSize: 4,", "cliqueSize: 9,", "spec.topology.cliqueSize"),
-        ("{kind: dCliques, cliqueSize: 4, interClique: smallWorld}", "{kind: ring, cliqueSize: 4}", "spec.topology.kind"),
-        ("{kind: dCliques, cliqueSize: 4, interClique: smallWorld}", "{kind: ring, clumps: 3}", "spec.topology.kind"),
-        ("{kind: dCliques, cliqueSize: 4, interClique: smallWorld}", "{kind: proxyClumps, clumps: 0}", "spec.topology.clumps"),
-        ("{kind: dCliques, cliqueSize: 4, interClique: smallWorld}", "{kind: ring}", "spec.algorithm.kind"),
-        ("averageEvery: 1,", "averageEvery: 0,", "spec.algorithm.averageEvery"),
-        ("roundTimeout: 5s}", "roundTimeout: 5s, compression: {kind: topK}}", "spec.algorithm.compression.ratio"),
-        ("roundTimeout: 5s}", "roundTimeout: 5s, compression: {kind: topK, ratio: 0}}", "spec.algorithm.compression.ratio"),
-        ("roundTimeout: 5s}", "roundTimeout: 5s, compression: {kind: topK, ratio: 1.5}}", "spec.algorithm.compression.ratio"),
-        ("roundTimeout: 5s}", "roundTimeout: 5s, compression: {kind: fp16, ratio: 0.5}}", "spec.algorithm.compression.ratio"),
-        ("roundTimeout: 5s}", "roundTimeout: 5s, groupSize: 4}", "spec.algorithm.groupSize"),
-        ("{kind: cliqueAveraging,", "{kind: moshpit, groupSize: 1,", "spec.algorithm.groupSize"),
-        ("steps: 100", "steps: 100\n    epochs: 2", "spec.training.steps"),
+        (
+            "{min: 2, target: 4, max: 8}",
+            "{min: 0, target: 4, max: 8}",
+            "spec.replicas.min",
+        ),
+        (
+            "{min: 2, target: 4, max: 8}",
+            "{min: 5, target: 4, max: 8}",
+            "spec.replicas.target",
+        ),
+        (
+            "{min: 2, target: 4, max: 8}",
+            "{min: 2, target: 9, max: 8}",
+            "spec.replicas.target",
+        ),
+        (
+            "{min: 2, target: 4, max: 8}",
+            "{min: 2, target: 4, max: 20000}",
+            "spec.replicas.max",
+        ),
+        (
+            "cliqueSize: 4,",
+            "cliqueSize: 1,",
+            "spec.topology.cliqueSize",
+        ),
+        (
+            "cliqueSize: 4,",
+            "cliqueSize: 9,",
+            "spec.topology.cliqueSize",
+        ),
+        (
+            "{kind: dCliques, cliqueSize: 4, interClique: smallWorld}",
+            "{kind: ring, cliqueSize: 4}",
+            "spec.topology.kind",
+        ),
+        (
+            "{kind: dCliques, cliqueSize: 4, interClique: smallWorld}",
+            "{kind: ring, clumps: 3}",
+            "spec.topology.kind",
+        ),
+        (
+            "{kind: dCliques, cliqueSize: 4, interClique: smallWorld}",
+            "{kind: proxyClumps, clumps: 0}",
+            "spec.topology.clumps",
+        ),
+        (
+            "{kind: dCliques, cliqueSize: 4, interClique: smallWorld}",
+            "{kind: ring}",
+            "spec.algorithm.kind",
+        ),
+        (
+            "averageEvery: 1,",
+            "averageEvery: 0,",
+            "spec.algorithm.averageEvery",
+        ),
+        (
+            "roundTimeout: 5s}",
+            "roundTimeout: 5s, compression: {kind: topK}}",
+            "spec.algorithm.compression.ratio",
+        ),
+        (
+            "roundTimeout: 5s}",
+            "roundTimeout: 5s, compression: {kind: topK, ratio: 0}}",
+            "spec.algorithm.compression.ratio",
+        ),
+        (
+            "roundTimeout: 5s}",
+            "roundTimeout: 5s, compression: {kind: topK, ratio: 1.5}}",
+            "spec.algorithm.compression.ratio",
+        ),
+        (
+            "roundTimeout: 5s}",
+            "roundTimeout: 5s, compression: {kind: fp16, ratio: 0.5}}",
+            "spec.algorithm.compression.ratio",
+        ),
+        (
+            "roundTimeout: 5s}",
+            "roundTimeout: 5s, groupSize: 4}",
+            "spec.algorithm.groupSize",
+        ),
+        (
+            "{kind: cliqueAveraging,",
+            "{kind: moshpit, groupSize: 1,",
+            "spec.algorithm.groupSize",
+        ),
+        (
+            "steps: 100",
+            "steps: 100\n    epochs: 2",
+            "spec.training.steps",
+        ),
         ("steps: 100", "batchSize: 32", "spec.training.steps"),
         ("steps: 100", "steps: 0", "spec.training.steps"),
         ("steps: 100", "epochs: 0", "spec.training.epochs"),
-        ("steps: 100", "steps: 100\n    batchSize: 0", "spec.training.batchSize"),
-        ("steps: 100", "steps: 100\n    learningRate: 0", "spec.training.learningRate"),
-        ("steps: 100", "steps: 100\n    learningRate: -0.1", "spec.training.learningRate"),
-        ("{kind: classesPerMember, k: 1}", "{kind: classesPerMember}", "spec.training.partition.k"),
-        ("{kind: classesPerMember, k: 1}", "{kind: classesPerMember, k: 0}", "spec.training.partition.k"),
-        ("{kind: classesPerMember, k: 1}", "{kind: dirichlet, alpha: 0}", "spec.training.partition.alpha"),
-        ("{kind: classesPerMember, k: 1}", "{kind: shards}", "spec.training.partition.perMember"),
-        ("{kind: classesPerMember, k: 1}", "{kind: iid, alpha: 0.5}", "spec.training.partition.kind"),
-        ("steps: 100", "steps: 100\n    dataset: {source: idx}", "spec.training.dataset.path"),
-        ("steps: 100", "steps: 100\n    dataset: {source: embedded, path: /x}", "spec.training.dataset.path"),
-        ("steps: 100", "steps: 100\n    optimizer: {kind: sgd, momentum: 1.0}", "spec.training.optimizer.momentum"),
-        ("steps: 100", "steps: 100\n    optimizer: {kind: adam, momentum: 0.9}", "spec.training.optimizer.momentum"),
-        ("steps: 100", "steps: 100\n  trainer: {backend: cuda}", "spec.trainer.backend"),
-        ("steps: 100", "steps: 100\n  trainer: {backend: cuda, resources: {gpus: 0}}", "spec.trainer.backend"),
-        ("steps: 100", "steps: 100\n  trainer: {resources: {gpus: 17}}", "spec.trainer.resources.gpus"),
-        ("steps: 100", "steps: 100\n  scheduling: {capacity: onDemand, fallbackToOnDemandAfter: 5m}", "spec.scheduling.fallbackToOnDemandAfter"),
-        ("steps: 100", "steps: 100\n  recovery: {maxRestarts: -1}", "spec.recovery.maxRestarts"),
-        ("steps: 100", "steps: 100\n  checkpoint: {everySteps: 0}", "spec.checkpoint.everySteps"),
-        ("steps: 100", "steps: 100\n  checkpoint: {everySteps: 10, volume: {kind: persistentVolumeClaim}}", "spec.checkpoint.volume.claimName"),
-        ("steps: 100", "steps: 100\n  checkpoint: {everySteps: 10, volume: {kind: emptyDir, claimName: x}}", "spec.checkpoint.volume.claimName"),
-        ("steps: 100", "steps: 100\n  ttlSecondsAfterFinished: -5", "spec.ttlSecondsAfterFinished"),
+        (
+            "steps: 100",
+            "steps: 100\n    batchSize: 0",
+            "spec.training.batchSize",
+        ),
+        (
+            "steps: 100",
+            "steps: 100\n    learningRate: 0",
+            "spec.training.learningRate",
+        ),
+        (
+            "steps: 100",
+            "steps: 100\n    learningRate: -0.1",
+            "spec.training.learningRate",
+        ),
+        (
+            "{kind: classesPerMember, k: 1}",
+            "{kind: classesPerMember}",
+            "spec.training.partition.k",
+        ),
+        (
+            "{kind: classesPerMember, k: 1}",
+            "{kind: classesPerMember, k: 0}",
+            "spec.training.partition.k",
+        ),
+        (
+            "{kind: classesPerMember, k: 1}",
+            "{kind: dirichlet, alpha: 0}",
+            "spec.training.partition.alpha",
+        ),
+        (
+            "{kind: classesPerMember, k: 1}",
+            "{kind: shards}",
+            "spec.training.partition.perMember",
+        ),
+        (
+            "{kind: classesPerMember, k: 1}",
+            "{kind: iid, alpha: 0.5}",
+            "spec.training.partition.kind",
+        ),
+        (
+            "steps: 100",
+            "steps: 100\n    dataset: {source: idx}",
+            "spec.training.dataset.path",
+        ),
+        (
+            "steps: 100",
+            "steps: 100\n    dataset: {source: embedded, path: /x}",
+            "spec.training.dataset.path",
+        ),
+        (
+            "steps: 100",
+            "steps: 100\n    optimizer: {kind: sgd, momentum: 1.0}",
+            "spec.training.optimizer.momentum",
+        ),
+        (
+            "steps: 100",
+            "steps: 100\n    optimizer: {kind: adam, momentum: 0.9}",
+            "spec.training.optimizer.momentum",
+        ),
+        (
+            "steps: 100",
+            "steps: 100\n  trainer: {backend: cuda}",
+            "spec.trainer.backend",
+        ),
+        (
+            "steps: 100",
+            "steps: 100\n  trainer: {backend: cuda, resources: {gpus: 0}}",
+            "spec.trainer.backend",
+        ),
+        (
+            "steps: 100",
+            "steps: 100\n  trainer: {resources: {gpus: 17}}",
+            "spec.trainer.resources.gpus",
+        ),
+        (
+            "steps: 100",
+            "steps: 100\n  scheduling: {capacity: onDemand, fallbackToOnDemandAfter: 5m}",
+            "spec.scheduling.fallbackToOnDemandAfter",
+        ),
+        (
+            "steps: 100",
+            "steps: 100\n  recovery: {maxRestarts: -1}",
+            "spec.recovery.maxRestarts",
+        ),
+        (
+            "steps: 100",
+            "steps: 100\n  checkpoint: {everySteps: 0}",
+            "spec.checkpoint.everySteps",
+        ),
+        (
+            "steps: 100",
+            "steps: 100\n  checkpoint: {everySteps: 10, volume: {kind: persistentVolumeClaim}}",
+            "spec.checkpoint.volume.claimName",
+        ),
+        (
+            "steps: 100",
+            "steps: 100\n  checkpoint: {everySteps: 10, volume: {kind: emptyDir, claimName: x}}",
+            "spec.checkpoint.volume.claimName",
+        ),
+        (
+            "steps: 100",
+            "steps: 100\n  ttlSecondsAfterFinished: -5",
+            "spec.ttlSecondsAfterFinished",
+        ),
         ("{name: job}", "{name: Job_1}", "metadata.name"),
         ("{name: job}", "{}", "metadata.name"),
-        ("{name: job}", "{name: a-very-long-job-name-that-will-not-fit-into-pod-names-x}", "metadata.name"),
+        (
+            "{name: job}",
+            "{name: a-very-long-job-name-that-will-not-fit-into-pod-names-x}",
+            "metadata.name",
+        ),
     ];
     for (from, to, field) in cases {
         let fields = rejected_fields(from, to);
@@ -110,11 +277,23 @@ fn the_boundaries_of_each_rule_are_accepted() {
     for (from, to) in [
         ("{min: 2, target: 4, max: 8}", "{min: 4, target: 4, max: 4}"),
         ("cliqueSize: 4,", "cliqueSize: 2,"),
-        ("roundTimeout: 5s}", "roundTimeout: 5s, compression: {kind: topK, ratio: 1}}"),
-        ("roundTimeout: 5s}", "roundTimeout: 5s, compression: {kind: int8}}"),
+        (
+            "roundTimeout: 5s}",
+            "roundTimeout: 5s, compression: {kind: topK, ratio: 1}}",
+        ),
+        (
+            "roundTimeout: 5s}",
+            "roundTimeout: 5s, compression: {kind: int8}}",
+        ),
         ("steps: 100", "epochs: 1"),
-        ("steps: 100", "steps: 100\n  trainer: {backend: cuda, resources: {gpus: 1}}"),
-        ("steps: 100", "steps: 100\n  checkpoint: {everySteps: 1, volume: {kind: persistentVolumeClaim, claimName: ckpt}}"),
+        (
+            "steps: 100",
+            "steps: 100\n  trainer: {backend: cuda, resources: {gpus: 1}}",
+        ),
+        (
+            "steps: 100",
+            "steps: 100\n  checkpoint: {everySteps: 1, volume: {kind: persistentVolumeClaim, claimName: ckpt}}",
+        ),
     ] {
         if let Err(e) = with(from, to) {
             panic!("{to:?} was rejected: {e}");
@@ -124,7 +303,11 @@ fn the_boundaries_of_each_rule_are_accepted() {
 
 #[test]
 fn type_errors_name_the_field_path() {
-    let err = with("{min: 2, target: 4, max: 8}", "{min: two, target: 4, max: 8}").unwrap_err();
+    let err = with(
+        "{min: 2, target: 4, max: 8}",
+        "{min: two, target: 4, max: 8}",
+    )
+    .unwrap_err();
     assert_eq!(err.fields(), vec!["spec.replicas.min"], "{err}");
     let err = with("roundTimeout: 5s}", "roundTimeout: soon}").unwrap_err();
     assert_eq!(err.fields(), vec!["spec.algorithm.roundTimeout"]);
@@ -147,14 +330,28 @@ fn unknown_fields_are_named_rather_than_silently_dropped() {
 fn yaml_syntax_and_wrong_kind_are_reported() {
     let err = parse_manifest("spec: [unclosed", "broken.yaml").unwrap_err();
     assert!(matches!(err, ManifestError::Yaml { .. }));
-    assert!(err.to_string().starts_with("broken.yaml: not valid YAML"), "{err}");
-    let err = parse_manifest(&VALID.replace("kind: DecentralizedTrainingJob", "kind: Job"), "x.yaml")
-        .unwrap_err();
-    assert!(err.to_string().contains("found apiVersion murmur.dev/v1alpha1 and kind Job"), "{err}");
+    assert!(
+        err.to_string().starts_with("broken.yaml: not valid YAML"),
+        "{err}"
+    );
+    let err = parse_manifest(
+        &VALID.replace("kind: DecentralizedTrainingJob", "kind: Job"),
+        "x.yaml",
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("found apiVersion murmur.dev/v1alpha1 and kind Job"),
+        "{err}"
+    );
     let err = parse_manifest("- 1\n- 2\n", "list.yaml").unwrap_err();
     assert!(matches!(err, ManifestError::WrongKind { .. }));
     let err = load_manifest(std::path::Path::new("/nonexistent/job.yaml")).unwrap_err();
-    assert!(err.to_string().starts_with("/nonexistent/job.yaml: cannot read"), "{err}");
+    assert!(
+        err.to_string()
+            .starts_with("/nonexistent/job.yaml: cannot read"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -165,11 +362,31 @@ fn fields_that_cannot_change_mid_run_are_immutable() {
     manifest::validate_update(&grown, &old).unwrap();
     for (from, to, field) in [
         ("model: mlp", "model: gnLenet", "spec.training.model"),
-        ("{kind: classesPerMember, k: 1}", "{kind: classesPerMember, k: 2}", "spec.training.partition"),
-        ("steps: 100", "steps: 100\n    seed: 9", "spec.training.seed"),
-        ("steps: 100", "steps: 100\n    dataset: {source: csv, path: /d}", "spec.training.dataset"),
-        ("{kind: cliqueAveraging,", "{kind: dpsgd,", "spec.algorithm.kind"),
-        ("{kind: dCliques, cliqueSize: 4, interClique: smallWorld}", "{kind: proxyClumps}", "spec.topology.kind"),
+        (
+            "{kind: classesPerMember, k: 1}",
+            "{kind: classesPerMember, k: 2}",
+            "spec.training.partition",
+        ),
+        (
+            "steps: 100",
+            "steps: 100\n    seed: 9",
+            "spec.training.seed",
+        ),
+        (
+            "steps: 100",
+            "steps: 100\n    dataset: {source: csv, path: /d}",
+            "spec.training.dataset",
+        ),
+        (
+            "{kind: cliqueAveraging,",
+            "{kind: dpsgd,",
+            "spec.algorithm.kind",
+        ),
+        (
+            "{kind: dCliques, cliqueSize: 4, interClique: smallWorld}",
+            "{kind: proxyClumps}",
+            "spec.topology.kind",
+        ),
     ] {
         let new = with(from, to).unwrap();
         let violations = manifest::validate_update(&new, &old).unwrap_err();
@@ -188,7 +405,11 @@ fn every_example_manifest_is_valid() {
         let path = entry.unwrap().path();
         if path.extension().is_some_and(|e| e == "yaml") {
             let job = load_manifest(&path).unwrap_or_else(|e| panic!("{e}"));
-            seen.push((job.spec.topology.kind, job.spec.trainer.backend, job.spec.scheduling.capacity));
+            seen.push((
+                job.spec.topology.kind,
+                job.spec.trainer.backend,
+                job.spec.scheduling.capacity,
+            ));
         }
     }
     assert!(seen.contains(&(TopologyKind::Ring, Backend::Cpu, Capacity::OnDemand)));
@@ -213,7 +434,10 @@ fn crd_has_the_advertised_shape() {
     let crd = DecentralizedTrainingJob::crd();
     assert_eq!(crd.spec.group, "murmur.dev");
     assert_eq!(crd.spec.scope, "Namespaced");
-    assert_eq!(crd.spec.names.short_names.as_deref(), Some(&["dtj".to_string()][..]));
+    assert_eq!(
+        crd.spec.names.short_names.as_deref(),
+        Some(&["dtj".to_string()][..])
+    );
     let version = &crd.spec.versions[0];
     assert_eq!(version.name, "v1alpha1");
     assert!(version.subresources.as_ref().unwrap().status.is_some());
@@ -224,7 +448,10 @@ fn crd_has_the_advertised_shape() {
         .iter()
         .map(|c| c.name.as_str())
         .collect();
-    assert_eq!(columns, ["Phase", "Members", "Topology", "Step", "Preemptions", "Age"]);
+    assert_eq!(
+        columns,
+        ["Phase", "Members", "Topology", "Step", "Preemptions", "Age"]
+    );
     let schema = serde_json::to_value(version.schema.as_ref().unwrap()).unwrap();
     let conditions = &schema["openAPIV3Schema"]["properties"]["status"]["properties"]["conditions"];
     assert_eq!(conditions["x-kubernetes-list-type"], "map");

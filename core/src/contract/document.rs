@@ -54,7 +54,8 @@ pub const ROW_SUM_TOLERANCE: f64 = 1e-6;
 impl TopologyDocument {
     /// Parse and check a document; anything inconsistent is an error naming the field.
     pub fn parse(text: &str) -> Result<Self, DocumentError> {
-        let doc: Self = serde_json::from_str(text).map_err(|e| DocumentError::Json(e.to_string()))?;
+        let doc: Self =
+            serde_json::from_str(text).map_err(|e| DocumentError::Json(e.to_string()))?;
         doc.check()?;
         Ok(doc)
     }
@@ -64,27 +65,45 @@ impl TopologyDocument {
         let mut row_sums = BTreeMap::new();
         for (i, m) in self.members.iter().enumerate() {
             if !(0.0..=1.0).contains(&m.self_weight) {
-                return Err(invalid(format!("members[{i}].selfWeight"), format!("{} is not in [0, 1]", m.self_weight)));
+                return Err(invalid(
+                    format!("members[{i}].selfWeight"),
+                    format!("{} is not in [0, 1]", m.self_weight),
+                ));
             }
             if row_sums.insert(m.id, m.self_weight).is_some() {
-                return Err(invalid(format!("members[{i}].id"), format!("member {} appears twice", m.id)));
+                return Err(invalid(
+                    format!("members[{i}].id"),
+                    format!("member {} appears twice", m.id),
+                ));
             }
         }
         let mut seen = BTreeSet::new();
         for (i, e) in self.edges.iter().enumerate() {
             for (end, id) in [("a", e.a), ("b", e.b)] {
                 if !row_sums.contains_key(&id) {
-                    return Err(invalid(format!("edges[{i}].{end}"), format!("member {id} is not in members")));
+                    return Err(invalid(
+                        format!("edges[{i}].{end}"),
+                        format!("member {id} is not in members"),
+                    ));
                 }
             }
             if e.a == e.b {
-                return Err(invalid(format!("edges[{i}]"), format!("self-loop on member {}", e.a)));
+                return Err(invalid(
+                    format!("edges[{i}]"),
+                    format!("self-loop on member {}", e.a),
+                ));
             }
             if !seen.insert((e.a.min(e.b), e.a.max(e.b))) {
-                return Err(invalid(format!("edges[{i}]"), format!("edge {}-{} appears twice", e.a, e.b)));
+                return Err(invalid(
+                    format!("edges[{i}]"),
+                    format!("edge {}-{} appears twice", e.a, e.b),
+                ));
             }
             if !(e.weight > 0.0 && e.weight <= 1.0) {
-                return Err(invalid(format!("edges[{i}].weight"), format!("{} is not in (0, 1]", e.weight)));
+                return Err(invalid(
+                    format!("edges[{i}].weight"),
+                    format!("{} is not in (0, 1]", e.weight),
+                ));
             }
             *row_sums.get_mut(&e.a).expect("checked") += e.weight;
             *row_sums.get_mut(&e.b).expect("checked") += e.weight;
@@ -127,12 +146,30 @@ mod tests {
             version: 3,
             kind: "ring".into(),
             members: (0..3)
-                .map(|id| DocumentMember { id, address: None, clique: None, clump: None, self_weight: third })
+                .map(|id| DocumentMember {
+                    id,
+                    address: None,
+                    clique: None,
+                    clump: None,
+                    self_weight: third,
+                })
                 .collect(),
             edges: vec![
-                DocumentEdge { a: 0, b: 1, weight: third },
-                DocumentEdge { a: 1, b: 2, weight: third },
-                DocumentEdge { a: 2, b: 0, weight: third },
+                DocumentEdge {
+                    a: 0,
+                    b: 1,
+                    weight: third,
+                },
+                DocumentEdge {
+                    a: 1,
+                    b: 2,
+                    weight: third,
+                },
+                DocumentEdge {
+                    a: 2,
+                    b: 0,
+                    weight: third,
+                },
             ],
         }
     }
@@ -144,20 +181,39 @@ mod tests {
         assert_eq!(TopologyDocument::parse(&text).unwrap(), doc);
         let (me, row) = doc.mixing_row(1).unwrap();
         assert!((me - 1.0 / 3.0).abs() < 1e-12);
-        assert_eq!(row.iter().map(|(id, _)| *id).collect::<Vec<_>>(), vec![0, 2]);
+        assert_eq!(
+            row.iter().map(|(id, _)| *id).collect::<Vec<_>>(),
+            vec![0, 2]
+        );
     }
 
     #[test]
     fn inconsistencies_name_the_field() {
-        let cases: Vec<(Box<dyn Fn(&mut TopologyDocument)>, &str)> = vec![
+        type Mutation = Box<dyn Fn(&mut TopologyDocument)>;
+        let cases: Vec<(Mutation, &str)> = vec![
             (Box::new(|d| d.edges[0].b = 9), "edges[0].b"),
             (Box::new(|d| d.edges[1].b = 1), "edges[1]"),
-            (Box::new(|d| d.edges[2] = DocumentEdge { a: 1, b: 0, weight: 1.0 / 3.0 }), "edges[2]"),
+            (
+                Box::new(|d| {
+                    d.edges[2] = DocumentEdge {
+                        a: 1,
+                        b: 0,
+                        weight: 1.0 / 3.0,
+                    }
+                }),
+                "edges[2]",
+            ),
             (Box::new(|d| d.edges[0].weight = -0.5), "edges[0].weight"),
-            (Box::new(|d| d.edges[0].weight = f64::NAN), "edges[0].weight"),
+            (
+                Box::new(|d| d.edges[0].weight = f64::NAN),
+                "edges[0].weight",
+            ),
             (Box::new(|d| d.members[1].id = 0), "members[1].id"),
             (Box::new(|d| d.members[2].self_weight = 0.5), "members[2]"),
-            (Box::new(|d| d.members[2].self_weight = 1.5), "members[2].selfWeight"),
+            (
+                Box::new(|d| d.members[2].self_weight = 1.5),
+                "members[2].selfWeight",
+            ),
         ];
         for (mutate, field) in cases {
             let mut doc = triangle();
@@ -167,6 +223,9 @@ mod tests {
                 other => panic!("{field}: {other:?}"),
             }
         }
-        assert!(matches!(TopologyDocument::parse("{"), Err(DocumentError::Json(_))));
+        assert!(matches!(
+            TopologyDocument::parse("{"),
+            Err(DocumentError::Json(_))
+        ));
     }
 }

@@ -34,13 +34,22 @@ pub struct CliqueLayout {
     pub target_size: usize,
     /// Clique id -> members. Ids are stable across repairs.
     pub cliques: BTreeMap<u32, Vec<MemberId>>,
+    /// In the order they were made; change them only through `push_bridge` / `drop_bridges`.
     pub bridges: Vec<Bridge>,
     pub(super) next_clique: u32,
+    /// Derived indexes over `bridges`, so choosing a bridge end is not a scan of all bridges.
+    ends: BTreeMap<MemberId, usize>,
+    pairs: BTreeSet<(MemberId, MemberId)>,
 }
 
 impl CliqueLayout {
     /// Lay out `groups` (in order) as cliques and link them with the `inter` pattern.
-    pub fn new(flavour: CliqueFlavour, inter: InterClique, target_size: usize, groups: Vec<Vec<MemberId>>) -> Self {
+    pub fn new(
+        flavour: CliqueFlavour,
+        inter: InterClique,
+        target_size: usize,
+        groups: Vec<Vec<MemberId>>,
+    ) -> Self {
         let mut layout = Self {
             flavour,
             inter,
@@ -48,6 +57,8 @@ impl CliqueLayout {
             cliques: BTreeMap::new(),
             bridges: Vec::new(),
             next_clique: groups.len() as u32,
+            ends: BTreeMap::new(),
+            pairs: BTreeSet::new(),
         };
         for (c, members) in groups.into_iter().enumerate() {
             layout.cliques.insert(c as u32, members);
@@ -89,18 +100,48 @@ impl CliqueLayout {
     }
 
     fn bridge_ends(&self, id: MemberId) -> usize {
-        self.bridges.iter().filter(|b| b.a == id || b.b == id).count()
+        self.ends.get(&id).copied().unwrap_or(0)
     }
 
     fn linked(&self, a: MemberId, b: MemberId) -> bool {
-        self.bridges
-            .iter()
-            .any(|x| (x.a == a && x.b == b) || (x.a == b && x.b == a))
+        self.pairs.contains(&(a.min(b), a.max(b)))
+    }
+
+    fn push_bridge(&mut self, bridge: Bridge) {
+        *self.ends.entry(bridge.a).or_default() += 1;
+        *self.ends.entry(bridge.b).or_default() += 1;
+        self.pairs
+            .insert((bridge.a.min(bridge.b), bridge.a.max(bridge.b)));
+        self.bridges.push(bridge);
+    }
+
+    /// Remove every bridge `which` selects; returns them.
+    fn drop_bridges(&mut self, which: impl Fn(&Bridge) -> bool) -> Vec<Bridge> {
+        let (dropped, kept): (Vec<Bridge>, Vec<Bridge>) =
+            self.bridges.iter().partition(|b| which(b));
+        for b in &dropped {
+            for end in [b.a, b.b] {
+                if let Some(n) = self.ends.get_mut(&end) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.ends.remove(&end);
+                    }
+                }
+            }
+            self.pairs.remove(&(b.a.min(b.b), b.a.max(b.b)));
+        }
+        self.bridges = kept;
+        dropped
     }
 
     /// The member of `clique` to carry a new bridge: fewest bridge ends, preferring (for proxy
     /// clumps) a clump other than `avoid_clump`, and never one already linked to `other`.
-    fn bridge_end(&self, clique: u32, avoid_clump: Option<u32>, other: Option<MemberId>) -> Option<MemberId> {
+    fn bridge_end(
+        &self,
+        clique: u32,
+        avoid_clump: Option<u32>,
+        other: Option<MemberId>,
+    ) -> Option<MemberId> {
         self.cliques[&clique]
             .iter()
             .copied()
@@ -116,9 +157,11 @@ impl CliqueLayout {
         if x == y || self.cliques[&x].is_empty() || self.cliques[&y].is_empty() {
             return;
         }
-        let Some(a) = self.bridge_end(x, None, None) else { return };
+        let Some(a) = self.bridge_end(x, None, None) else {
+            return;
+        };
         if let Some(b) = self.bridge_end(y, self.clump_of(a), Some(a)) {
-            self.bridges.push(Bridge { a, b });
+            self.push_bridge(Bridge { a, b });
         }
     }
 
@@ -144,14 +187,20 @@ impl CliqueLayout {
     pub(super) fn remove_member(&mut self, id: MemberId) -> Option<u32> {
         let clique = self.clique_of(id)?;
         let links_before = self.clique_links();
-        self.cliques.get_mut(&clique).expect("found").retain(|&m| m != id);
-        let moved: Vec<Bridge> = self.bridges.iter().copied().filter(|b| b.a == id || b.b == id).collect();
-        self.bridges.retain(|b| b.a != id && b.b != id);
+        self.cliques
+            .get_mut(&clique)
+            .expect("found")
+            .retain(|&m| m != id);
+        let moved = self.drop_bridges(|b| b.a == id || b.b == id);
         if self.cliques[&clique].is_empty() {
             self.cliques.remove(&clique);
             // Close the gap the clique leaves: its former neighbour cliques link to each other
             // (a ring of cliques stays a ring), then anything still cut off is reconnected.
-            let former: Vec<u32> = links_before[&clique].iter().copied().filter(|c| *c != clique).collect();
+            let former: Vec<u32> = links_before[&clique]
+                .iter()
+                .copied()
+                .filter(|c| *c != clique)
+                .collect();
             if former.len() == 2 && !self.clique_links()[&former[0]].contains(&former[1]) {
                 self.bridge(former[0], former[1]);
             }
@@ -159,7 +208,7 @@ impl CliqueLayout {
             for b in moved {
                 let far = if b.a == id { b.b } else { b.a };
                 if let Some(near) = self.bridge_end(clique, self.clump_of(far), Some(far)) {
-                    self.bridges.push(Bridge { a: near, b: far });
+                    self.push_bridge(Bridge { a: near, b: far });
                 }
             }
         }
@@ -191,10 +240,10 @@ impl CliqueLayout {
         }
         if self.inter == InterClique::Ring && others.len() >= 2 {
             // Splice into the ring: replace one clique-ring link x-y by x-c-y.
-            let owner = |m: MemberId, s: &Self| s.clique_of(m).expect("bridged member");
-            if let Some(k) = self.bridges.iter().position(|b| owner(b.a, self) != owner(b.b, self)) {
-                let old = self.bridges.remove(k);
-                let (x, y) = (owner(old.a, self), owner(old.b, self));
+            if let Some(&old) = self.bridges.first() {
+                self.drop_bridges(|b| *b == old);
+                let owner = |m: MemberId| self.clique_of(m).expect("bridged member");
+                let (x, y) = (owner(old.a), owner(old.b));
                 self.bridge(x, c);
                 self.bridge(c, y);
                 return;
@@ -219,7 +268,9 @@ impl CliqueLayout {
     fn reconnect(&mut self) {
         loop {
             let links = self.clique_links();
-            let Some(&start) = links.keys().next() else { return };
+            let Some(&start) = links.keys().next() else {
+                return;
+            };
             let mut seen = BTreeSet::from([start]);
             let mut stack = vec![start];
             while let Some(c) = stack.pop() {
@@ -229,8 +280,13 @@ impl CliqueLayout {
                     }
                 }
             }
-            let Some(&outside) = links.keys().find(|c| !seen.contains(c)) else { return };
-            let inside = *seen.iter().min_by_key(|c| (links[c].len(), **c)).expect("non-empty");
+            let Some(&outside) = links.keys().find(|c| !seen.contains(c)) else {
+                return;
+            };
+            let inside = *seen
+                .iter()
+                .min_by_key(|c| (links[c].len(), **c))
+                .expect("non-empty");
             self.bridge(inside, outside);
         }
     }
@@ -284,7 +340,8 @@ const FRACTAL_FANOUT: usize = 10;
 fn fractal_pairs(mut units: Vec<Vec<usize>>, add: &mut impl FnMut(usize, usize)) {
     let mut load = BTreeMap::<usize, usize>::new();
     while units.len() > 1 {
-        let mut groups: Vec<Vec<Vec<usize>>> = units.chunks(FRACTAL_FANOUT).map(<[_]>::to_vec).collect();
+        let mut groups: Vec<Vec<Vec<usize>>> =
+            units.chunks(FRACTAL_FANOUT).map(<[_]>::to_vec).collect();
         if groups.len() > 1 && groups.last().is_some_and(|g| g.len() == 1) {
             let last = groups.pop().expect("len > 1");
             groups.last_mut().expect("len > 1").extend(last);
@@ -296,7 +353,9 @@ fn fractal_pairs(mut units: Vec<Vec<usize>>, add: &mut impl FnMut(usize, usize))
                     for y in x + 1..group.len() {
                         // The least-loaded clique of each unit carries the link.
                         let pick = |u: &Vec<usize>, load: &BTreeMap<usize, usize>| {
-                            *u.iter().min_by_key(|c| (load.get(c).copied().unwrap_or(0), **c)).expect("unit")
+                            *u.iter()
+                                .min_by_key(|c| (load.get(c).copied().unwrap_or(0), **c))
+                                .expect("unit")
                         };
                         let (a, b) = (pick(&group[x], &load), pick(&group[y], &load));
                         add(a, b);

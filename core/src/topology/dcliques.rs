@@ -13,17 +13,31 @@ use super::{BuildSpec, MemberProfile, Shape, TopologyError, profile_vectors};
 /// Greedy Swap iterations when the job does not say.
 pub const DEFAULT_SWAP_STEPS: usize = 1000;
 
-pub(super) fn build(spec: &BuildSpec, members: &[MemberProfile]) -> Result<(Graph, Shape), TopologyError> {
+pub(super) fn build(
+    spec: &BuildSpec,
+    members: &[MemberProfile],
+) -> Result<(Graph, Shape), TopologyError> {
     if spec.clique_size < 2 {
-        return Err(TopologyError::TooSmall { what: "cliqueSize", min: 2, got: spec.clique_size });
+        return Err(TopologyError::TooSmall {
+            what: "cliqueSize",
+            min: 2,
+            got: spec.clique_size,
+        });
     }
-    let histograms = profile_vectors(members, "label histogram", "dCliques", |m| m.histogram.as_ref())?;
+    let histograms = profile_vectors(members, "label histogram", "dCliques", |m| {
+        m.histogram.as_ref()
+    })?;
     let groups = greedy_swap(&histograms, spec.clique_size, spec.swap_steps, spec.seed);
     let groups = groups
         .into_iter()
         .map(|g| g.into_iter().map(|k| members[k].id).collect())
         .collect();
-    let layout = CliqueLayout::new(CliqueFlavour::DCliques, spec.inter_clique, spec.clique_size, groups);
+    let layout = CliqueLayout::new(
+        CliqueFlavour::DCliques,
+        spec.inter_clique,
+        spec.clique_size,
+        groups,
+    );
     Ok((layout.graph(), Shape::Cliques(layout)))
 }
 
@@ -115,13 +129,22 @@ mod tests {
         let random = greedy_swap(&refs, 10, 0, 3);
         let swapped = greedy_swap(&refs, 10, 1000, 3);
         let skews = |cs: &Vec<Vec<usize>>| {
-            let groups: Vec<Vec<&[f64]>> = cs.iter().map(|c| c.iter().map(|&k| refs[k]).collect()).collect();
+            let groups: Vec<Vec<&[f64]>> = cs
+                .iter()
+                .map(|c| c.iter().map(|&k| refs[k]).collect())
+                .collect();
             clique_skews(&groups)
         };
         let before: f64 = skews(&random).iter().sum();
         let after: f64 = skews(&swapped).iter().sum();
-        assert!(before > 1.0, "random cliques should be skewed, got {before}");
-        assert!(after < 1e-9, "1000 swaps should reach zero skew, got {after}");
+        assert!(
+            before > 1.0,
+            "random cliques should be skewed, got {before}"
+        );
+        assert!(
+            after < 1e-9,
+            "1000 swaps should reach zero skew, got {after}"
+        );
         // Every member is placed exactly once.
         let mut all: Vec<usize> = swapped.concat();
         all.sort();
@@ -130,12 +153,17 @@ mod tests {
 
     #[test]
     fn swaps_never_increase_total_skew() {
-        let hs: Vec<Vec<f64>> = (0..60).map(|k| vec![(k % 7) as f64, (k % 3) as f64 + 1.0, (k % 5) as f64]).collect();
+        let hs: Vec<Vec<f64>> = (0..60)
+            .map(|k| vec![(k % 7) as f64, (k % 3) as f64 + 1.0, (k % 5) as f64])
+            .collect();
         let refs: Vec<&[f64]> = hs.iter().map(Vec::as_slice).collect();
         let mut last = f64::INFINITY;
         for steps in [0, 10, 100, 1000] {
             let cs = greedy_swap(&refs, 6, steps, 9);
-            let groups: Vec<Vec<&[f64]>> = cs.iter().map(|c| c.iter().map(|&k| refs[k]).collect()).collect();
+            let groups: Vec<Vec<&[f64]>> = cs
+                .iter()
+                .map(|c| c.iter().map(|&k| refs[k]).collect())
+                .collect();
             let total: f64 = clique_skews(&groups).iter().sum();
             assert!(total <= last + 1e-9, "{steps} steps: {total} > {last}");
             last = total;

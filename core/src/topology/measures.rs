@@ -50,7 +50,11 @@ pub fn measure(t: &Topology) -> Measures {
             .unwrap_or(0)
     });
     let messages_per_round = match &t.shape {
-        Shape::Grid(grid) => grid.groups(0).iter().map(|gr| gr.len() * (gr.len() - 1)).sum(),
+        Shape::Grid(grid) => grid
+            .groups(0)
+            .iter()
+            .map(|gr| gr.len() * (gr.len() - 1))
+            .sum(),
         _ => 2 * g.edge_count(),
     };
     Measures {
@@ -58,7 +62,11 @@ pub fn measure(t: &Topology) -> Measures {
         edges: g.edge_count(),
         min_degree: degrees.iter().copied().min().unwrap_or(0),
         max_degree: degrees.iter().copied().max().unwrap_or(0),
-        mean_degree: if n == 0 { 0.0 } else { 2.0 * g.edge_count() as f64 / n as f64 },
+        mean_degree: if n == 0 {
+            0.0
+        } else {
+            2.0 * g.edge_count() as f64 / n as f64
+        },
         connected,
         diameter,
         spectral_gap: (n <= SPECTRAL_LIMIT).then(|| spectral_gap(t)),
@@ -91,17 +99,27 @@ fn spectral_gap(t: &Topology) -> f64 {
         }
         _ => t.weights().dense(&order),
     };
-    let mut eigen: Vec<f64> = nalgebra::SymmetricEigen::new(w).eigenvalues.iter().map(|x| x.abs()).collect();
+    let mut eigen: Vec<f64> = nalgebra::SymmetricEigen::new(w)
+        .eigenvalues
+        .iter()
+        .map(|x| x.abs())
+        .collect();
     eigen.sort_by(|a, b| b.total_cmp(a));
     (1.0 - eigen[1]).max(0.0)
 }
 
 fn clique_skew(t: &Topology) -> Option<CliqueSkew> {
-    let Shape::Cliques(layout) = &t.shape else { return None };
+    let Shape::Cliques(layout) = &t.shape else {
+        return None;
+    };
     let groups: Option<Vec<Vec<&[f64]>>> = layout
         .cliques
         .values()
-        .map(|ms| ms.iter().map(|m| t.profiles.get(m)?.histogram.as_deref()).collect())
+        .map(|ms| {
+            ms.iter()
+                .map(|m| t.profiles.get(m)?.histogram.as_deref())
+                .collect()
+        })
         .collect();
     let skews = clique_skews(&groups?);
     Some(CliqueSkew {

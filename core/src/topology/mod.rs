@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use crate::api::{InterClique, TopologyKind};
 use crate::contract::{DocumentEdge, DocumentMember, TopologyDocument};
 
-pub use cliques::{Bridge, CliqueLayout, CliqueFlavour};
+pub use cliques::{Bridge, CliqueFlavour, CliqueLayout};
 pub use graph::{Graph, MemberId};
 pub use measures::{Measures, measure};
 pub use moshpit::MoshpitGrid;
@@ -37,7 +37,10 @@ pub struct MemberProfile {
 
 impl MemberProfile {
     pub fn bare(id: MemberId) -> Self {
-        Self { id, ..Self::default() }
+        Self {
+            id,
+            ..Self::default()
+        }
     }
 }
 
@@ -70,7 +73,10 @@ impl BuildSpec {
     pub fn from_spec(spec: &crate::api::TopologySpec, seed: u64) -> Self {
         Self {
             kind: spec.kind,
-            clique_size: spec.clique_size.unwrap_or(crate::api::TopologySpec::DEFAULT_CLIQUE_SIZE) as usize,
+            clique_size: spec
+                .clique_size
+                .unwrap_or(crate::api::TopologySpec::DEFAULT_CLIQUE_SIZE)
+                as usize,
             inter_clique: spec.inter_clique.unwrap_or_default(),
             clumps: spec.clumps.map(|c| c as usize),
             seed,
@@ -161,7 +167,11 @@ pub fn moshpit(members: &[MemberProfile], group_size: usize) -> Result<Topology,
         return Err(TopologyError::NoMembers);
     }
     if group_size < 2 {
-        return Err(TopologyError::TooSmall { what: "groupSize", min: 2, got: group_size });
+        return Err(TopologyError::TooSmall {
+            what: "groupSize",
+            min: 2,
+            got: group_size,
+        });
     }
     let ids: Vec<MemberId> = members.iter().map(|m| m.id).collect();
     let grid = MoshpitGrid::new(&ids, group_size);
@@ -224,7 +234,11 @@ impl Topology {
             edges: self
                 .graph
                 .edges()
-                .map(|(a, b)| DocumentEdge { a, b, weight: weights.weight(a, b) })
+                .map(|(a, b)| DocumentEdge {
+                    a,
+                    b,
+                    weight: weights.weight(a, b),
+                })
                 .collect(),
         }
     }
@@ -239,11 +253,20 @@ fn profile_vectors<'a>(
 ) -> Result<Vec<&'a [f64]>, TopologyError> {
     let mut out = Vec::with_capacity(members.len());
     for m in members {
-        let v = pick(m).ok_or(TopologyError::MissingProfile { member: m.id, what, kind })?;
+        let v = pick(m).ok_or(TopologyError::MissingProfile {
+            member: m.id,
+            what,
+            kind,
+        })?;
         if let Some(first) = out.first().map(|f: &&[f64]| f.len())
             && v.len() != first
         {
-            return Err(TopologyError::ProfileLength { member: m.id, what, expected: first, found: v.len() });
+            return Err(TopologyError::ProfileLength {
+                member: m.id,
+                what,
+                expected: first,
+                found: v.len(),
+            });
         }
         out.push(v.as_slice());
     }

@@ -33,7 +33,11 @@ impl MoshpitGrid {
 
     pub fn coordinates(&self, id: MemberId) -> Option<Vec<usize>> {
         let cell = self.cells.iter().position(|c| *c == Some(id))?;
-        Some((0..self.dims).map(|axis| (cell / self.side.pow(axis as u32)) % self.side).collect())
+        Some(
+            (0..self.dims)
+                .map(|axis| (cell / self.side.pow(axis as u32)) % self.side)
+                .collect(),
+        )
     }
 
     /// The averaging groups of `round` (groups of one member included).
@@ -43,10 +47,12 @@ impl MoshpitGrid {
         let mut groups = Vec::new();
         for base in 0..self.cells.len() {
             // A group is identified by its cell with coordinate 0 on `axis`.
-            if (base / stride) % self.side != 0 {
+            if !(base / stride).is_multiple_of(self.side) {
                 continue;
             }
-            let group: Vec<MemberId> = (0..self.side).filter_map(|k| self.cells[base + k * stride]).collect();
+            let group: Vec<MemberId> = (0..self.side)
+                .filter_map(|k| self.cells[base + k * stride])
+                .collect();
             if !group.is_empty() {
                 groups.push(group);
             }
@@ -76,7 +82,11 @@ impl MoshpitGrid {
         let Some(pos) = self.cells.iter().position(|c| *c == Some(id)) else {
             return false;
         };
-        let last = self.cells.iter().rposition(Option::is_some).expect("id is present");
+        let last = self
+            .cells
+            .iter()
+            .rposition(Option::is_some)
+            .expect("id is present");
         self.cells[pos] = self.cells[last];
         self.cells[last] = None;
         // Drop an axis whose groups would all be singletons.
@@ -94,7 +104,11 @@ impl MoshpitGrid {
             self.dims += 1;
             self.cells.resize(self.side.pow(self.dims as u32), None);
         }
-        let hole = self.cells.iter_mut().find(|c| c.is_none()).expect("a hole exists");
+        let hole = self
+            .cells
+            .iter_mut()
+            .find(|c| c.is_none())
+            .expect("a hole exists");
         *hole = Some(id);
     }
 }
@@ -122,7 +136,11 @@ mod tests {
         let ids: Vec<MemberId> = (0..9).collect();
         let mut grid = MoshpitGrid::new(&ids, 3);
         assert!(grid.remove(4));
-        assert_eq!(grid.coordinates(8), Some(vec![1, 1]), "member 8 moved into the hole");
+        assert_eq!(
+            grid.coordinates(8),
+            Some(vec![1, 1]),
+            "member 8 moved into the hole"
+        );
         assert_eq!(grid.groups(0)[1], vec![3, 8, 5]);
         grid.insert(42);
         assert_eq!(grid.coordinates(42), Some(vec![2, 2]));

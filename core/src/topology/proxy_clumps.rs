@@ -18,7 +18,10 @@ pub fn default_clumps(members: usize) -> usize {
     (usize::BITS - members.saturating_sub(1).leading_zeros()).max(1) as usize
 }
 
-pub(super) fn build(spec: &BuildSpec, members: &[MemberProfile]) -> Result<(Graph, Shape), TopologyError> {
+pub(super) fn build(
+    spec: &BuildSpec,
+    members: &[MemberProfile],
+) -> Result<(Graph, Shape), TopologyError> {
     // A member's proxy vector when it sent one, else its label histogram (normalised).
     let vectors: Vec<Vec<f64>> = if members.iter().all(|m| m.proxy.is_some()) {
         profile_vectors(members, "proxy vector", "proxyClumps", |m| m.proxy.as_ref())?
@@ -26,14 +29,20 @@ pub(super) fn build(spec: &BuildSpec, members: &[MemberProfile]) -> Result<(Grap
             .map(<[f64]>::to_vec)
             .collect()
     } else {
-        profile_vectors(members, "proxy vector or label histogram", "proxyClumps", |m| {
-            m.proxy.as_ref().or(m.histogram.as_ref())
-        })?
+        profile_vectors(
+            members,
+            "proxy vector or label histogram",
+            "proxyClumps",
+            |m| m.proxy.as_ref().or(m.histogram.as_ref()),
+        )?
         .into_iter()
         .map(normalise)
         .collect()
     };
-    let k = spec.clumps.unwrap_or_else(|| default_clumps(members.len())).clamp(1, members.len());
+    let k = spec
+        .clumps
+        .unwrap_or_else(|| default_clumps(members.len()))
+        .clamp(1, members.len());
     let (assignment, centroids) = kmeans(&vectors, k, spec.seed);
 
     // Deal members into ceil(n / k) cliques clump by clump, so each clique gets about one member
@@ -49,10 +58,16 @@ pub(super) fn build(spec: &BuildSpec, members: &[MemberProfile]) -> Result<(Grap
             }
         }
     }
-    let clump_of: BTreeMap<MemberId, u32> =
-        members.iter().zip(&assignment).map(|(m, &c)| (m.id, c as u32)).collect();
+    let clump_of: BTreeMap<MemberId, u32> = members
+        .iter()
+        .zip(&assignment)
+        .map(|(m, &c)| (m.id, c as u32))
+        .collect();
     let layout = CliqueLayout::new(
-        CliqueFlavour::ProxyClumps { clump_of, centroids },
+        CliqueFlavour::ProxyClumps {
+            clump_of,
+            centroids,
+        },
         InterClique::Ring,
         k,
         groups,
@@ -62,7 +77,11 @@ pub(super) fn build(spec: &BuildSpec, members: &[MemberProfile]) -> Result<(Grap
 
 fn normalise(v: &[f64]) -> Vec<f64> {
     let total: f64 = v.iter().sum();
-    if total > 0.0 { v.iter().map(|x| x / total).collect() } else { v.to_vec() }
+    if total > 0.0 {
+        v.iter().map(|x| x / total).collect()
+    } else {
+        v.to_vec()
+    }
 }
 
 fn distance2(a: &[f64], b: &[f64]) -> f64 {
@@ -88,7 +107,12 @@ pub fn kmeans(vectors: &[Vec<f64>], k: usize, seed: u64) -> (Vec<usize>, Vec<Vec
     while centroids.len() < k {
         let d: Vec<f64> = vectors
             .iter()
-            .map(|v| centroids.iter().map(|c| distance2(c, v)).fold(f64::INFINITY, f64::min))
+            .map(|v| {
+                centroids
+                    .iter()
+                    .map(|c| distance2(c, v))
+                    .fold(f64::INFINITY, f64::min)
+            })
             .collect();
         let total: f64 = d.iter().sum();
         let pick = if total <= 0.0 {
@@ -96,10 +120,12 @@ pub fn kmeans(vectors: &[Vec<f64>], k: usize, seed: u64) -> (Vec<usize>, Vec<Vec
             centroids.len()
         } else {
             let mut r = rng.random_range(0.0..total);
-            d.iter().position(|&x| {
-                r -= x;
-                r < 0.0
-            }).unwrap_or(n - 1)
+            d.iter()
+                .position(|&x| {
+                    r -= x;
+                    r < 0.0
+                })
+                .unwrap_or(n - 1)
         };
         centroids.push(vectors[pick.min(n - 1)].clone());
     }
@@ -111,7 +137,12 @@ pub fn kmeans(vectors: &[Vec<f64>], k: usize, seed: u64) -> (Vec<usize>, Vec<Vec
         }
         assignment = next;
         for (c, centroid) in centroids.iter_mut().enumerate() {
-            let members: Vec<&Vec<f64>> = vectors.iter().zip(&assignment).filter(|(_, a)| **a == c).map(|(v, _)| v).collect();
+            let members: Vec<&Vec<f64>> = vectors
+                .iter()
+                .zip(&assignment)
+                .filter(|(_, a)| **a == c)
+                .map(|(v, _)| v)
+                .collect();
             if !members.is_empty() {
                 for (d, x) in centroid.iter_mut().enumerate() {
                     *x = members.iter().map(|m| m[d]).sum::<f64>() / members.len() as f64;

@@ -18,7 +18,10 @@ impl Topology {
         match &mut self.shape {
             Shape::Ring { order } => {
                 let n = order.len();
-                let pos = order.iter().position(|&m| m == id).expect("graph and order agree");
+                let pos = order
+                    .iter()
+                    .position(|&m| m == id)
+                    .expect("graph and order agree");
                 let (prev, next) = (order[(pos + n - 1) % n], order[(pos + 1) % n]);
                 order.remove(pos);
                 self.graph.remove_member(id);
@@ -112,16 +115,28 @@ fn best_clique(
         .filter(|(c, ms)| Some(**c) != exclude && ms.len() < layout.target_size)
         .map(|(c, ms)| (*c, ms))
         .collect();
-    let smallest = open.iter().min_by_key(|(c, ms)| (ms.len(), *c)).map(|(c, _)| *c);
+    let smallest = open
+        .iter()
+        .min_by_key(|(c, ms)| (ms.len(), *c))
+        .map(|(c, _)| *c);
     let profile = &profiles[&id];
     match &layout.flavour {
         CliqueFlavour::DCliques => {
-            let Some(h) = profile.histogram.as_deref() else { return smallest };
+            let Some(h) = profile.histogram.as_deref() else {
+                return smallest;
+            };
             let classes = h.len();
-            let all: Vec<&[f64]> = profiles.values().filter_map(|p| p.histogram.as_deref()).collect();
+            let all: Vec<&[f64]> = profiles
+                .values()
+                .filter_map(|p| p.histogram.as_deref())
+                .collect();
             let global = distribution(&sum(all, classes));
             let clique_sum = |ms: &Vec<MemberId>| {
-                sum(ms.iter().filter_map(|m| profiles.get(m)?.histogram.as_deref()), classes)
+                sum(
+                    ms.iter()
+                        .filter_map(|m| profiles.get(m)?.histogram.as_deref()),
+                    classes,
+                )
             };
             open.iter()
                 .map(|(c, ms)| {
@@ -135,9 +150,13 @@ fn best_clique(
                 .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)))
                 .map(|(_, _, c)| c)
         }
-        CliqueFlavour::ProxyClumps { clump_of, centroids } => {
+        CliqueFlavour::ProxyClumps {
+            clump_of,
+            centroids,
+        } => {
             let v = profile.proxy.as_deref().or(profile.histogram.as_deref());
-            let Some(v) = v.filter(|v| centroids.first().is_some_and(|c| c.len() == v.len())) else {
+            let Some(v) = v.filter(|v| centroids.first().is_some_and(|c| c.len() == v.len()))
+            else {
                 return smallest;
             };
             let total: f64 = v.iter().sum();
@@ -162,7 +181,9 @@ fn rebalance(
     clique: u32,
     profiles: &std::collections::BTreeMap<MemberId, MemberProfile>,
 ) {
-    let Some(members) = layout.cliques.get(&clique).cloned() else { return };
+    let Some(members) = layout.cliques.get(&clique).cloned() else {
+        return;
+    };
     if layout.cliques.len() < 2 || members.len() * 2 >= layout.target_size {
         return;
     }

@@ -4,7 +4,12 @@ use super::Shape;
 use super::graph::{Graph, MemberId};
 
 pub fn ring(ids: &[MemberId]) -> (Graph, Shape) {
-    (ring_graph(ids), Shape::Ring { order: ids.to_vec() })
+    (
+        ring_graph(ids),
+        Shape::Ring {
+            order: ids.to_vec(),
+        },
+    )
 }
 
 pub fn ring_graph(order: &[MemberId]) -> Graph {
@@ -32,7 +37,12 @@ pub fn fully_connected(ids: &[MemberId]) -> (Graph, Shape) {
 }
 
 pub fn exponential(ids: &[MemberId]) -> (Graph, Shape) {
-    (exponential_graph(ids), Shape::Exponential { order: ids.to_vec() })
+    (
+        exponential_graph(ids),
+        Shape::Exponential {
+            order: ids.to_vec(),
+        },
+    )
 }
 
 /// Member k links to members k ± 1, 2, 4, ... (mod n) in `order`.

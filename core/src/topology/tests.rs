@@ -14,7 +14,11 @@ fn bare(n: u32) -> Vec<MemberProfile> {
 fn with_histograms(hs: Vec<Vec<f64>>) -> Vec<MemberProfile> {
     hs.into_iter()
         .enumerate()
-        .map(|(k, h)| MemberProfile { id: k as u32, histogram: Some(h), proxy: None })
+        .map(|(k, h)| MemberProfile {
+            id: k as u32,
+            histogram: Some(h),
+            proxy: None,
+        })
         .collect()
 }
 
@@ -31,17 +35,25 @@ fn assert_weights_valid(t: &Topology) {
         assert!(row.self_weight >= -1e-12, "W_{i}{i} = {}", row.self_weight);
         for &(j, x) in &row.neighbours {
             assert!(x > 0.0);
-            assert!((x - w.weight(j, i)).abs() < 1e-15, "W not symmetric at {i},{j}");
+            assert!(
+                (x - w.weight(j, i)).abs() < 1e-15,
+                "W not symmetric at {i},{j}"
+            );
         }
     }
-    t.to_document(|_| None).check().expect("document is consistent");
+    t.to_document(|_| None)
+        .check()
+        .expect("document is consistent");
 }
 
 #[test]
 fn ring_has_degree_two_and_half_n_diameter() {
     let t = build(&spec(TopologyKind::Ring), &bare(10)).unwrap();
     let m = measure(&t);
-    assert_eq!((m.edges, m.min_degree, m.max_degree, m.diameter), (10, 2, 2, Some(5)));
+    assert_eq!(
+        (m.edges, m.min_degree, m.max_degree, m.diameter),
+        (10, 2, 2, Some(5))
+    );
     assert_eq!(m.messages_per_round, 20);
     // Spectral gap of a 10-ring with MH weights (1/3 each): 1 - (1 + 2cos(2pi/10))/3.
     let expected = 1.0 - (1.0 + 2.0 * (2.0 * std::f64::consts::PI / 10.0).cos()) / 3.0;
@@ -80,20 +92,32 @@ fn dcliques_balance_one_class_members_with_few_edges() {
     let m = measure(&t);
     let skew = m.clique_skew.clone().unwrap();
     assert_eq!(skew.cliques, 10);
-    assert!(skew.max < 1e-9, "every clique holds all ten classes: {skew:?}");
+    assert!(
+        skew.max < 1e-9,
+        "every clique holds all ten classes: {skew:?}"
+    );
     let full_edges = 100 * 99 / 2;
     assert!(m.edges * 100 <= 15 * full_edges, "{} edges", m.edges);
     assert!(m.connected);
     assert_weights_valid(&t);
     for clique in 0..10 {
-        let members: Vec<MemberId> = t.graph.members().filter(|&id| t.clique_of(id) == Some(clique)).collect();
+        let members: Vec<MemberId> = t
+            .graph
+            .members()
+            .filter(|&id| t.clique_of(id) == Some(clique))
+            .collect();
         assert_eq!(members.len(), 10);
     }
 }
 
 #[test]
 fn every_inter_clique_pattern_is_connected_and_balanced() {
-    for inter in [InterClique::Ring, InterClique::SmallWorld, InterClique::Fractal, InterClique::FullyConnected] {
+    for inter in [
+        InterClique::Ring,
+        InterClique::SmallWorld,
+        InterClique::Fractal,
+        InterClique::FullyConnected,
+    ] {
         let members = with_histograms(one_class_per_member(200, 10, 1.0));
         let mut s = spec(TopologyKind::DCliques);
         s.inter_clique = inter;
@@ -101,9 +125,15 @@ fn every_inter_clique_pattern_is_connected_and_balanced() {
         let m = measure(&t);
         assert!(m.connected, "{inter:?}");
         // Bridges go to least-connected members: no member carries many more than its share.
-        let Shape::Cliques(layout) = &t.shape else { unreachable!() };
+        let Shape::Cliques(layout) = &t.shape else {
+            unreachable!()
+        };
         let per_clique = 2 * layout.bridges.len() / layout.cliques.len();
-        assert!(m.max_degree <= 9 + per_clique.div_ceil(10) + 1, "{inter:?}: max degree {}", m.max_degree);
+        assert!(
+            m.max_degree <= 9 + per_clique.div_ceil(10) + 1,
+            "{inter:?}: max degree {}",
+            m.max_degree
+        );
         assert_weights_valid(&t);
     }
 }
@@ -114,16 +144,31 @@ fn dcliques_need_histograms_of_one_length() {
     members[3].histogram = None;
     assert_eq!(
         build(&spec(TopologyKind::DCliques), &members),
-        Err(TopologyError::MissingProfile { member: 3, what: "label histogram", kind: "dCliques" })
+        Err(TopologyError::MissingProfile {
+            member: 3,
+            what: "label histogram",
+            kind: "dCliques"
+        })
     );
     members[3].histogram = Some(vec![1.0; 4]);
     assert!(matches!(
         build(&spec(TopologyKind::DCliques), &members),
-        Err(TopologyError::ProfileLength { member: 3, expected: 10, found: 4, .. })
+        Err(TopologyError::ProfileLength {
+            member: 3,
+            expected: 10,
+            found: 4,
+            ..
+        })
     ));
-    assert_eq!(build(&spec(TopologyKind::Ring), &[]), Err(TopologyError::NoMembers));
     assert_eq!(
-        build(&spec(TopologyKind::Ring), &[MemberProfile::bare(1), MemberProfile::bare(1)]),
+        build(&spec(TopologyKind::Ring), &[]),
+        Err(TopologyError::NoMembers)
+    );
+    assert_eq!(
+        build(
+            &spec(TopologyKind::Ring),
+            &[MemberProfile::bare(1), MemberProfile::bare(1)]
+        ),
         Err(TopologyError::DuplicateMember(1))
     );
 }
@@ -135,14 +180,20 @@ fn proxy_clumps_put_one_member_of_each_clump_in_a_clique() {
     let mut s = spec(TopologyKind::ProxyClumps);
     s.clumps = Some(8);
     let t = build(&s, &members).unwrap();
-    let Shape::Cliques(layout) = &t.shape else { unreachable!() };
+    let Shape::Cliques(layout) = &t.shape else {
+        unreachable!()
+    };
     assert_eq!(layout.cliques.len(), 4);
     for members in layout.cliques.values() {
         let clumps: BTreeSet<u32> = members.iter().map(|&m| t.clump_of(m).unwrap()).collect();
         assert_eq!(clumps.len(), members.len(), "a clique repeats a clump");
     }
     for b in &layout.bridges {
-        assert_ne!(t.clump_of(b.a), t.clump_of(b.b), "bridge ends share a clump");
+        assert_ne!(
+            t.clump_of(b.a),
+            t.clump_of(b.b),
+            "bridge ends share a clump"
+        );
     }
     assert!(measure(&t).clique_skew.unwrap().max < 1e-9);
     assert_weights_valid(&t);
@@ -184,7 +235,10 @@ fn ring_repair_closes_the_gap_and_splices_joiners() {
     assert!(t.graph.has_edge(5, 9) && t.graph.has_edge(9, 0) && !t.graph.has_edge(5, 0));
     assert_eq!(t.version, 3);
     assert_eq!(t.remove_member(3), Err(TopologyError::UnknownMember(3)));
-    assert_eq!(t.add_member(MemberProfile::bare(9)), Err(TopologyError::DuplicateMember(9)));
+    assert_eq!(
+        t.add_member(MemberProfile::bare(9)),
+        Err(TopologyError::DuplicateMember(9))
+    );
     assert_eq!(t.version, 3, "a failed repair leaves the version alone");
 }
 
@@ -198,7 +252,12 @@ fn dcliques_refill_a_hole_with_the_matching_class() {
     t.remove_member(13).unwrap();
     let mut h = vec![0.0; 10];
     h[3] = 5.0; // member 13 held class 3
-    t.add_member(MemberProfile { id: 100, histogram: Some(h), proxy: None }).unwrap();
+    t.add_member(MemberProfile {
+        id: 100,
+        histogram: Some(h),
+        proxy: None,
+    })
+    .unwrap();
     assert_eq!(t.clique_of(100), Some(hole));
     assert!(measure(&t).clique_skew.unwrap().max < 1e-9);
 }
@@ -208,11 +267,17 @@ fn a_clique_below_half_size_is_dissolved() {
     let members = with_histograms(one_class_per_member(30, 10, 5.0));
     let mut t = build(&spec(TopologyKind::DCliques), &members).unwrap();
     let target = t.clique_of(0).unwrap();
-    let mates: Vec<MemberId> = t.graph.members().filter(|&m| t.clique_of(m) == Some(target)).collect();
+    let mates: Vec<MemberId> = t
+        .graph
+        .members()
+        .filter(|&m| t.clique_of(m) == Some(target))
+        .collect();
     for &m in &mates[..6] {
         t.remove_member(m).unwrap();
     }
-    let Shape::Cliques(layout) = &t.shape else { unreachable!() };
+    let Shape::Cliques(layout) = &t.shape else {
+        unreachable!()
+    };
     assert_eq!(layout.cliques.len(), 2, "the shrunk clique was merged away");
     assert_eq!(layout.cliques.values().map(Vec::len).sum::<usize>(), 24);
     assert!(t.graph.is_connected());
@@ -226,7 +291,10 @@ enum Op {
 
 fn ops() -> impl Strategy<Value = Vec<Op>> {
     prop::collection::vec(
-        prop_oneof![any::<usize>().prop_map(Op::Remove), (0usize..10).prop_map(Op::Add)],
+        prop_oneof![
+            any::<usize>().prop_map(Op::Remove),
+            (0usize..10).prop_map(Op::Add)
+        ],
         0..40,
     )
 }

@@ -27,7 +27,13 @@ pub fn metropolis_hastings(graph: &Graph) -> MixingWeights {
                 .map(|j| (j, edge_weight(di, graph.degree(j))))
                 .collect();
             let self_weight = 1.0 - neighbours.iter().map(|(_, w)| w).sum::<f64>();
-            (i, MixingRow { self_weight, neighbours })
+            (
+                i,
+                MixingRow {
+                    self_weight,
+                    neighbours,
+                },
+            )
         })
         .collect();
     MixingWeights { rows }

@@ -8,7 +8,11 @@ use clap::{Parser, Subcommand};
 use murmur_core::api::{self, ManifestError};
 
 #[derive(Parser, Debug)]
-#[command(name = "murmur", version, about = "Decentralized training on spot nodes")]
+#[command(
+    name = "murmur",
+    version,
+    about = "Decentralized training on spot nodes"
+)]
 pub struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use clap::{Args, ValueEnum};
 use murmur_core::api::{InterClique, TopologyKind};
 use murmur_core::contract::{JoinReport, TopologyDocument};
-use murmur_core::topology::{self, BuildSpec, Measures, MemberProfile, Topology, TopologyError, render};
+use murmur_core::topology::{
+    self, BuildSpec, Measures, MemberProfile, Topology, TopologyError, render,
+};
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -85,7 +87,11 @@ pub enum TopologyCliError {
     #[error("--members is required unless --histograms gives the members")]
     NoMembers,
     #[error("--members {flag} disagrees with {file}, which describes {found} members")]
-    MemberCount { flag: u32, file: String, found: usize },
+    MemberCount {
+        flag: u32,
+        file: String,
+        found: usize,
+    },
     #[error("--classes must be at least 1")]
     NoClasses,
     #[error(transparent)]
@@ -102,7 +108,10 @@ enum HistogramFile {
 
 fn load_profiles(path: &PathBuf) -> Result<Vec<MemberProfile>, TopologyCliError> {
     let file = path.display().to_string();
-    let err = |message: String| TopologyCliError::HistogramFile { file: file.clone(), message };
+    let err = |message: String| TopologyCliError::HistogramFile {
+        file: file.clone(),
+        message,
+    };
     let text = std::fs::read_to_string(path).map_err(|e| err(format!("cannot read: {e}")))?;
     let parsed: HistogramFile = serde_json::from_str(&text).map_err(|_| {
         err("expected a JSON array of histograms ([[3, 0, 5], ...]) or of join reports ([{\"memberId\": 0, \"labelHistogram\": [...]}, ...])".into())
@@ -111,21 +120,29 @@ fn load_profiles(path: &PathBuf) -> Result<Vec<MemberProfile>, TopologyCliError>
         HistogramFile::Histograms(hs) => hs
             .into_iter()
             .enumerate()
-            .map(|(k, h)| MemberProfile { id: k as u32, histogram: Some(h), proxy: None })
+            .map(|(k, h)| MemberProfile {
+                id: k as u32,
+                histogram: Some(h),
+                proxy: None,
+            })
             .collect(),
         HistogramFile::Reports(rs) => rs
             .into_iter()
             .map(|r| MemberProfile {
                 id: r.member_id,
                 histogram: Some(r.label_histogram.iter().map(|&c| c as f64).collect()),
-                proxy: r.proxy_vector.map(|v| v.iter().map(|&x| f64::from(x)).collect()),
+                proxy: r
+                    .proxy_vector
+                    .map(|v| v.iter().map(|&x| f64::from(x)).collect()),
             })
             .collect(),
     };
     for (k, p) in profiles.iter().enumerate() {
         let h = p.histogram.as_deref().unwrap_or_default();
         if let Some(bad) = h.iter().find(|x| !x.is_finite() || **x < 0.0) {
-            return Err(err(format!("member {k}: count {bad} is not a non-negative number")));
+            return Err(err(format!(
+                "member {k}: count {bad} is not a non-negative number"
+            )));
         }
     }
     if profiles.is_empty() {
@@ -140,7 +157,11 @@ fn profiles(args: &TopologyArgs) -> Result<Vec<MemberProfile>, TopologyCliError>
         if let Some(flag) = args.members
             && flag as usize != profiles.len()
         {
-            return Err(TopologyCliError::MemberCount { flag, file: path.display().to_string(), found: profiles.len() });
+            return Err(TopologyCliError::MemberCount {
+                flag,
+                file: path.display().to_string(),
+                found: profiles.len(),
+            });
         }
         return Ok(profiles);
     }
@@ -152,7 +173,11 @@ fn profiles(args: &TopologyArgs) -> Result<Vec<MemberProfile>, TopologyCliError>
     Ok(hs
         .into_iter()
         .enumerate()
-        .map(|(k, h)| MemberProfile { id: k as u32, histogram: Some(h), proxy: None })
+        .map(|(k, h)| MemberProfile {
+            id: k as u32,
+            histogram: Some(h),
+            proxy: None,
+        })
         .collect())
 }
 
@@ -207,7 +232,10 @@ pub fn render(t: &Topology, format: Format) -> String {
         Format::Dot => render::dot(t),
         Format::Svg => render::svg(t, &m),
         Format::Json => {
-            let out = JsonOut { document: t.to_document(|_| None), measures: &m };
+            let out = JsonOut {
+                document: t.to_document(|_| None),
+                measures: &m,
+            };
             serde_json::to_string_pretty(&out).expect("serializable") + "\n"
         }
     }

@@ -9,8 +9,16 @@ pub fn dot(t: &Topology) -> String {
     let weights = t.weights();
     let mut out = String::new();
     let _ = writeln!(out, "graph murmur {{");
-    let _ = writeln!(out, "  label=\"{} (version {})\"; layout=neato; overlap=false;", t.kind_name(), t.version);
-    let _ = writeln!(out, "  node [shape=circle, style=filled, fontsize=9, fontcolor=white];");
+    let _ = writeln!(
+        out,
+        "  label=\"{} (version {})\"; layout=neato; overlap=false;",
+        t.kind_name(),
+        t.version
+    );
+    let _ = writeln!(
+        out,
+        "  node [shape=circle, style=filled, fontsize=9, fontcolor=white];"
+    );
     let mut by_clique: BTreeMap<Option<u32>, Vec<u32>> = BTreeMap::new();
     for id in t.graph.members() {
         by_clique.entry(t.clique_of(id)).or_default().push(id);

@@ -40,7 +40,13 @@ fn positions(t: &Topology) -> BTreeMap<MemberId, (f64, f64)> {
             let step = GRAPH * 0.8 / (grid.side.max(2) - 1) as f64;
             for m in grid.members() {
                 let xy = grid.coordinates(m).expect("member");
-                pos.insert(m, (GRAPH * 0.1 + xy[0] as f64 * step, GRAPH * 0.1 + xy[1] as f64 * step));
+                pos.insert(
+                    m,
+                    (
+                        GRAPH * 0.1 + xy[0] as f64 * step,
+                        GRAPH * 0.1 + xy[1] as f64 * step,
+                    ),
+                );
             }
         }
         Shape::Ring { order } | Shape::Exponential { order } => {
@@ -59,21 +65,30 @@ fn positions(t: &Topology) -> BTreeMap<MemberId, (f64, f64)> {
 }
 
 fn escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }
 
 pub fn svg(t: &Topology, m: &Measures) -> String {
     let pos = positions(t);
     let n = t.graph.member_count().max(1);
     let radius = (260.0 / (n as f64).sqrt()).clamp(2.5, 13.0);
-    let faint = if t.graph.edge_count() > 3000 { 0.08 } else { 0.3 };
+    let faint = if t.graph.edge_count() > 3000 {
+        0.08
+    } else {
+        0.3
+    };
     let mut out = String::new();
     let width = GRAPH + PANEL;
     let _ = writeln!(
         out,
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{GRAPH}" viewBox="0 0 {width} {GRAPH}" font-family="Helvetica, Arial, sans-serif">"#
     );
-    let _ = writeln!(out, r##"<rect width="100%" height="100%" fill="#fbfbfd"/>"##);
+    let _ = writeln!(
+        out,
+        r##"<rect width="100%" height="100%" fill="#fbfbfd"/>"##
+    );
 
     // Edges first, so members sit on top. Bridges between cliques stand out.
     let _ = writeln!(out, r#"<g stroke-linecap="round">"#);
@@ -85,7 +100,10 @@ pub fn svg(t: &Topology, m: &Measures) -> String {
         } else {
             format!(r##"stroke="#8a8fa3" stroke-width="0.8" stroke-opacity="{faint}""##)
         };
-        let _ = writeln!(out, r#"<line x1="{x1:.1}" y1="{y1:.1}" x2="{x2:.1}" y2="{y2:.1}" {style}/>"#);
+        let _ = writeln!(
+            out,
+            r#"<line x1="{x1:.1}" y1="{y1:.1}" x2="{x2:.1}" y2="{y2:.1}" {style}/>"#
+        );
     }
     let _ = writeln!(out, "</g>");
 
@@ -125,18 +143,36 @@ pub fn svg(t: &Topology, m: &Measures) -> String {
 
     // Side panel: what this is and how good it is.
     let px = GRAPH + 10.0;
-    let _ = writeln!(out, r##"<rect x="{GRAPH}" y="0" width="{PANEL}" height="{GRAPH}" fill="#f0f1f5"/>"##);
+    let _ = writeln!(
+        out,
+        r##"<rect x="{GRAPH}" y="0" width="{PANEL}" height="{GRAPH}" fill="#f0f1f5"/>"##
+    );
     let mut y = 40.0;
-    let _ = writeln!(out, r##"<text x="{px}" y="{y}" font-size="20" font-weight="bold" fill="#222">{}</text>"##, t.kind_name());
+    let _ = writeln!(
+        out,
+        r##"<text x="{px}" y="{y}" font-size="20" font-weight="bold" fill="#222">{}</text>"##,
+        t.kind_name()
+    );
     y += 22.0;
-    let _ = writeln!(out, r##"<text x="{px}" y="{y}" font-size="12" fill="#666">murmur topology · version {}</text>"##, t.version);
+    let _ = writeln!(
+        out,
+        r##"<text x="{px}" y="{y}" font-size="12" fill="#666">murmur topology · version {}</text>"##,
+        t.version
+    );
     y += 30.0;
-    let fmt_opt = |v: Option<f64>, digits: usize| v.map_or("—".to_string(), |x| format!("{x:.digits$}"));
+    let fmt_opt =
+        |v: Option<f64>, digits: usize| v.map_or("—".to_string(), |x| format!("{x:.digits$}"));
     let mut lines = vec![
         ("members", m.members.to_string()),
         ("edges", m.edges.to_string()),
-        ("degree min / max", format!("{} / {}", m.min_degree, m.max_degree)),
-        ("diameter", m.diameter.map_or("—".to_string(), |d| d.to_string())),
+        (
+            "degree min / max",
+            format!("{} / {}", m.min_degree, m.max_degree),
+        ),
+        (
+            "diameter",
+            m.diameter.map_or("—".to_string(), |d| d.to_string()),
+        ),
         ("spectral gap", fmt_opt(m.spectral_gap, 4)),
         ("messages / round", m.messages_per_round.to_string()),
     ];
@@ -146,7 +182,12 @@ pub fn svg(t: &Topology, m: &Measures) -> String {
         lines.push(("clique skew max", format!("{:.4}", s.max)));
     }
     for (k, v) in lines {
-        let _ = writeln!(out, r##"<text x="{px}" y="{y}" font-size="13" fill="#444">{k}</text><text x="{:.0}" y="{y}" font-size="13" font-weight="bold" fill="#222" text-anchor="end">{}</text>"##, GRAPH + PANEL - 14.0, escape(&v));
+        let _ = writeln!(
+            out,
+            r##"<text x="{px}" y="{y}" font-size="13" fill="#444">{k}</text><text x="{:.0}" y="{y}" font-size="13" font-weight="bold" fill="#222" text-anchor="end">{}</text>"##,
+            GRAPH + PANEL - 14.0,
+            escape(&v)
+        );
         y += 20.0;
     }
     if let Shape::Cliques(layout) = &t.shape {
@@ -156,14 +197,29 @@ pub fn svg(t: &Topology, m: &Measures) -> String {
             super::super::CliqueFlavour::DCliques => "colour = clique, label = main class",
         };
         for line in [what, "dark lines are bridges between cliques"] {
-            let _ = writeln!(out, r##"<text x="{px}" y="{y}" font-size="12" fill="#666">{line}</text>"##);
+            let _ = writeln!(
+                out,
+                r##"<text x="{px}" y="{y}" font-size="12" fill="#666">{line}</text>"##
+            );
             y += 16.0;
         }
         y += 4.0;
-        let groups: std::collections::BTreeSet<u32> = t.graph.members().filter_map(|id| colour_group(t, id)).collect();
+        let groups: std::collections::BTreeSet<u32> = t
+            .graph
+            .members()
+            .filter_map(|id| colour_group(t, id))
+            .collect();
         for (k, g) in groups.iter().take(24).enumerate() {
             let (gx, gy) = (px + (k % 4) as f64 * 70.0, y + (k / 4) as f64 * 20.0);
-            let _ = writeln!(out, r##"<circle cx="{:.0}" cy="{:.0}" r="6" fill="{}"/><text x="{:.0}" y="{:.0}" font-size="11" fill="#444">{g}</text>"##, gx + 6.0, gy - 4.0, colour(Some(*g)), gx + 16.0, gy);
+            let _ = writeln!(
+                out,
+                r##"<circle cx="{:.0}" cy="{:.0}" r="6" fill="{}"/><text x="{:.0}" y="{:.0}" font-size="11" fill="#444">{g}</text>"##,
+                gx + 6.0,
+                gy - 4.0,
+                colour(Some(*g)),
+                gx + 16.0,
+                gy
+            );
         }
     }
     out.push_str("</svg>\n");

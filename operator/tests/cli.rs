@@ -1,0 +1,273 @@
+//! The `murmur` binary as a user runs it: outputs parse, bad input exits 2 with a named cause.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn murmur(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_murmur"))
+        .args(args)
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
+        .output()
+        .expect("murmur runs")
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = murmur(args);
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn fails(args: &[&str]) -> String {
+    let out = murmur(args);
+    assert_eq!(out.status.code(), Some(2), "{args:?} should exit 2");
+    String::from_utf8(out.stderr).unwrap()
+}
+
+#[test]
+fn json_has_members_weighted_edges_and_measures() {
+    let text = ok(&[
+        "topology",
+        "--kind",
+        "dcliques",
+        "--members",
+        "100",
+        "--classes",
+        "10",
+        "--format",
+        "json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["members"].as_array().unwrap().len(), 100);
+    let edges = v["edges"].as_array().unwrap();
+    let m = &v["measures"];
+    assert_eq!(edges.len() as u64, m["edges"].as_u64().unwrap());
+    assert!(edges.iter().all(|e| e["weight"].as_f64().unwrap() > 0.0));
+    for key in [
+        "members",
+        "edges",
+        "minDegree",
+        "maxDegree",
+        "diameter",
+        "spectralGap",
+        "cliqueSkew",
+        "messagesPerRound",
+    ] {
+        assert!(!m[key].is_null(), "measures.{key} missing");
+    }
+    assert!(m["cliqueSkew"]["max"].as_f64().unwrap() < 1e-9);
+    // At most 15% of the fully connected graph's edges.
+    assert!(m["edges"].as_u64().unwrap() * 100 <= 15 * 4950);
+    // The JSON is a valid topology document for trainers.
+    murmur_core::contract::TopologyDocument::parse(&text).unwrap();
+}
+
+#[test]
+fn svg_is_well_formed_with_one_circle_per_member() {
+    for kind in [
+        "ring",
+        "fully-connected",
+        "exponential",
+        "dcliques",
+        "proxy-clumps",
+        "moshpit",
+    ] {
+        let text = ok(&[
+            "topology",
+            "--kind",
+            kind,
+            "--members",
+            "40",
+            "--format",
+            "svg",
+        ]);
+        let doc = roxmltree::Document::parse(&text).unwrap_or_else(|e| panic!("{kind}: {e}"));
+        let members = doc
+            .descendants()
+            .filter(|n| n.has_tag_name("circle") && n.children().any(|c| c.has_tag_name("title")))
+            .count();
+        assert_eq!(members, 40, "{kind}");
+    }
+}
+
+#[test]
+fn dot_and_table_describe_the_same_graph() {
+    let dot = ok(&[
+        "topology",
+        "--kind",
+        "ring",
+        "--members",
+        "12",
+        "--format",
+        "dot",
+    ]);
+    assert!(dot.starts_with("graph murmur {"));
+    assert_eq!(dot.matches(" -- ").count(), 12);
+    let table = ok(&[
+        "topology",
+        "--kind",
+        "ring",
+        "--members",
+        "12",
+        "--remove",
+        "3,7",
+    ]);
+    assert!(table.contains("version 3"), "{table}");
+    assert!(
+        table
+            .lines()
+            .any(|l| l.trim_start().starts_with("edges") && l.trim_end().ends_with("10")),
+        "{table}"
+    );
+}
+
+#[test]
+fn histograms_come_from_a_file_of_counts_or_of_join_reports() {
+    let dir = tempfile::tempdir().unwrap();
+    let counts = dir.path().join("counts.json");
+    std::fs::write(&counts, "[[5,0],[0,5],[5,0],[0,5]]").unwrap();
+    let text = ok(&[
+        "topology",
+        "--kind",
+        "dcliques",
+        "--clique-size",
+        "2",
+        "--histograms",
+        counts.to_str().unwrap(),
+        "--format",
+        "json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert!(
+        v["measures"]["cliqueSkew"]["max"].as_f64().unwrap() < 1e-9,
+        "pairs of opposite classes"
+    );
+    let reports = dir.path().join("reports.json");
+    std::fs::write(&reports, r#"[{"memberId": 10, "labelHistogram": [1, 9]}, {"memberId": 11, "labelHistogram": [9, 1]}]"#).unwrap();
+    let text = ok(&[
+        "topology",
+        "--kind",
+        "ring",
+        "--histograms",
+        reports.to_str().unwrap(),
+        "--format",
+        "json",
+    ]);
+    assert!(text.contains("\"id\": 10") && text.contains("\"id\": 11"));
+}
+
+#[test]
+fn bad_input_names_its_cause() {
+    assert!(fails(&["topology", "--kind", "ring"]).contains("--members is required"));
+    let err = fails(&[
+        "topology",
+        "--kind",
+        "ring",
+        "--histograms",
+        "/nonexistent/h.json",
+    ]);
+    assert!(err.contains("/nonexistent/h.json: cannot read"), "{err}");
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, "{\"not\": \"a list\"}").unwrap();
+    let err = fails(&[
+        "topology",
+        "--kind",
+        "dcliques",
+        "--histograms",
+        bad.to_str().unwrap(),
+    ]);
+    assert!(err.contains("bad.json: expected a JSON array"), "{err}");
+    std::fs::write(&bad, "[[1, 2], [3]]").unwrap();
+    let err = fails(&[
+        "topology",
+        "--kind",
+        "dcliques",
+        "--histograms",
+        bad.to_str().unwrap(),
+    ]);
+    assert!(
+        err.contains("member 1's label histogram has 1 entries"),
+        "{err}"
+    );
+    std::fs::write(&bad, "[[1, -2]]").unwrap();
+    let err = fails(&[
+        "topology",
+        "--kind",
+        "dcliques",
+        "--histograms",
+        bad.to_str().unwrap(),
+    ]);
+    assert!(err.contains("count -2"), "{err}");
+    assert!(
+        fails(&[
+            "topology",
+            "--kind",
+            "ring",
+            "--members",
+            "5",
+            "--remove",
+            "9"
+        ])
+        .contains("member 9 is not in the topology")
+    );
+    assert!(
+        fails(&[
+            "topology",
+            "--kind",
+            "dcliques",
+            "--members",
+            "5",
+            "--clique-size",
+            "1"
+        ])
+        .contains("cliqueSize must be at least 2")
+    );
+    assert!(
+        fails(&[
+            "topology",
+            "--kind",
+            "moshpit",
+            "--members",
+            "5",
+            "--group-size",
+            "1"
+        ])
+        .contains("groupSize")
+    );
+    assert_eq!(
+        murmur(&["topology", "--kind", "hexagon", "--members", "5"])
+            .status
+            .code(),
+        Some(2)
+    );
+}
+
+#[test]
+fn crd_and_validate_use_the_api_types() {
+    let crd = ok(&["crd"]);
+    let on_disk = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../crds/decentralizedtrainingjobs.murmur.dev.yaml"),
+    )
+    .unwrap();
+    assert_eq!(crd, on_disk);
+    let out = ok(&["validate", "manifests/examples/dcliques-spot-cpu.yaml"]);
+    assert!(out.contains("valid mnist-dcliques"));
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("job.yaml");
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests/examples/ring-cpu.yaml"),
+    )
+    .unwrap()
+    .replace("{min: 3, target: 4, max: 6}", "{min: 5, target: 4, max: 6}");
+    std::fs::write(&bad, text).unwrap();
+    let err = fails(&["validate", bad.to_str().unwrap()]);
+    assert!(
+        err.contains("spec.replicas.target: replicas must satisfy min <= target <= max"),
+        "{err}"
+    );
+}
