@@ -12,15 +12,7 @@ use murmur_core::topology::dcliques::{greedy_swap, one_class_per_member};
 use murmur_core::topology::{BuildSpec, MemberProfile, build};
 
 fn profiles(n: usize) -> Vec<MemberProfile> {
-    one_class_per_member(n, 10, 50.0)
-        .into_iter()
-        .enumerate()
-        .map(|(k, h)| MemberProfile {
-            id: k as u32,
-            histogram: Some(h),
-            proxy: None,
-        })
-        .collect()
+    MemberProfile::from_histograms(one_class_per_member(n, 10, 50.0))
 }
 
 fn greedy_swap_1000(c: &mut Criterion) {

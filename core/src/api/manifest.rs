@@ -140,6 +140,7 @@ pub fn validate(job: &DecentralizedTrainingJob) -> Result<(), Vec<Violation>> {
             }
         }
     }
+    violations.extend(check_lengths(job));
     if let Err(errors) = job.validate_cel() {
         violations.extend(errors.iter().map(|e| Violation {
             field: e.field_path.clone(),
@@ -167,6 +168,67 @@ pub fn validate_update(
             })
             .collect()
     })
+}
+
+/// The schema's `maxLength` limits, which the apiserver enforces and the CEL evaluator does not.
+fn check_lengths(job: &DecentralizedTrainingJob) -> Vec<Violation> {
+    let crd = DecentralizedTrainingJob::crd();
+    let schema = crd.spec.versions[0]
+        .schema
+        .as_ref()
+        .and_then(|s| s.open_api_v3_schema.as_ref())
+        .and_then(|s| serde_json::to_value(s).ok())
+        .unwrap_or_default();
+    let value = serde_json::to_value(job).unwrap_or_default();
+    let mut out = Vec::new();
+    walk_lengths(&schema, &value, String::new(), &mut out);
+    out
+}
+
+fn walk_lengths(
+    schema: &serde_json::Value,
+    value: &serde_json::Value,
+    path: String,
+    out: &mut Vec<Violation>,
+) {
+    let join = |key: &str| {
+        if path.is_empty() {
+            key.to_string()
+        } else {
+            format!("{path}.{key}")
+        }
+    };
+    match value {
+        serde_json::Value::String(s) => {
+            if let Some(max) = schema.get("maxLength").and_then(|m| m.as_u64())
+                && s.chars().count() as u64 > max
+            {
+                out.push(Violation {
+                    field: path,
+                    message: format!("is {} characters, at most {max} allowed", s.chars().count()),
+                });
+            }
+        }
+        serde_json::Value::Object(map) => {
+            for (key, child) in map {
+                let sub = schema
+                    .get("properties")
+                    .and_then(|p| p.get(key))
+                    .or_else(|| schema.get("additionalProperties"));
+                if let Some(sub) = sub {
+                    walk_lengths(sub, child, join(key), out);
+                }
+            }
+        }
+        serde_json::Value::Array(items) => {
+            if let Some(sub) = schema.get("items") {
+                for (k, child) in items.iter().enumerate() {
+                    walk_lengths(sub, child, format!("{path}[{k}]"), out);
+                }
+            }
+        }
+        _ => {}
+    }
 }
 
 /// Longest job name: member pods are `<job>-<id>` and must stay valid DNS labels (63 chars).

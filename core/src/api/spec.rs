@@ -304,6 +304,7 @@ pub struct DatasetSpec {
     pub source: DatasetSource,
     /// Directory on a mounted volume holding the files.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 4096))]
     pub path: Option<String>,
 }
 
@@ -370,6 +371,7 @@ pub enum Backend {
 #[serde(rename_all = "camelCase")]
 pub struct TrainerSpec {
     #[serde(default = "default_trainer_image")]
+    #[schemars(length(max = 1024))]
     pub image: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<TrainerResources>,
@@ -505,5 +507,6 @@ pub struct CheckpointSpec {
 pub struct CheckpointVolume {
     pub kind: CheckpointVolumeKind,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
     pub claim_name: Option<String>,
 }

@@ -255,6 +255,11 @@ fn every_cel_rule_rejects_with_the_field_it_guards() {
             "steps: 100\n  ttlSecondsAfterFinished: -5",
             "spec.ttlSecondsAfterFinished",
         ),
+        (
+            "steps: 100",
+            "steps: 100\n    dataset: {source: csv, path: /VERYLONG}",
+            "spec.training.dataset.path",
+        ),
         ("{name: job}", "{name: Job_1}", "metadata.name"),
         ("{name: job}", "{}", "metadata.name"),
         (
@@ -264,6 +269,7 @@ fn every_cel_rule_rejects_with_the_field_it_guards() {
         ),
     ];
     for (from, to, field) in cases {
+        let to = &to.replace("VERYLONG", &"x".repeat(5000));
         let fields = rejected_fields(from, to);
         assert!(
             fields.iter().any(|f| f == field),

@@ -42,6 +42,19 @@ impl MemberProfile {
             ..Self::default()
         }
     }
+
+    /// Members 0..n described by their label histograms only.
+    pub fn from_histograms(histograms: Vec<Vec<f64>>) -> Vec<Self> {
+        histograms
+            .into_iter()
+            .enumerate()
+            .map(|(k, h)| Self {
+                id: k as MemberId,
+                histogram: Some(h),
+                proxy: None,
+            })
+            .collect()
+    }
 }
 
 /// How to build a graph: the job's topology spec with defaults resolved, plus a seed.

@@ -11,17 +11,6 @@ fn bare(n: u32) -> Vec<MemberProfile> {
     (0..n).map(MemberProfile::bare).collect()
 }
 
-fn with_histograms(hs: Vec<Vec<f64>>) -> Vec<MemberProfile> {
-    hs.into_iter()
-        .enumerate()
-        .map(|(k, h)| MemberProfile {
-            id: k as u32,
-            histogram: Some(h),
-            proxy: None,
-        })
-        .collect()
-}
-
 fn spec(kind: TopologyKind) -> BuildSpec {
     BuildSpec::new(kind)
 }
@@ -87,7 +76,7 @@ fn exponential_links_powers_of_two() {
 
 #[test]
 fn dcliques_balance_one_class_members_with_few_edges() {
-    let members = with_histograms(one_class_per_member(100, 10, 50.0));
+    let members = MemberProfile::from_histograms(one_class_per_member(100, 10, 50.0));
     let t = build(&spec(TopologyKind::DCliques), &members).unwrap();
     let m = measure(&t);
     let skew = m.clique_skew.clone().unwrap();
@@ -118,7 +107,7 @@ fn every_inter_clique_pattern_is_connected_and_balanced() {
         InterClique::Fractal,
         InterClique::FullyConnected,
     ] {
-        let members = with_histograms(one_class_per_member(200, 10, 1.0));
+        let members = MemberProfile::from_histograms(one_class_per_member(200, 10, 1.0));
         let mut s = spec(TopologyKind::DCliques);
         s.inter_clique = inter;
         let t = build(&s, &members).unwrap();
@@ -140,7 +129,7 @@ fn every_inter_clique_pattern_is_connected_and_balanced() {
 
 #[test]
 fn dcliques_need_histograms_of_one_length() {
-    let mut members = with_histograms(one_class_per_member(20, 10, 1.0));
+    let mut members = MemberProfile::from_histograms(one_class_per_member(20, 10, 1.0));
     members[3].histogram = None;
     assert_eq!(
         build(&spec(TopologyKind::DCliques), &members),
@@ -176,7 +165,7 @@ fn dcliques_need_histograms_of_one_length() {
 #[test]
 fn proxy_clumps_put_one_member_of_each_clump_in_a_clique() {
     // 8 classes, 32 members, one class each: clumps follow the classes.
-    let members = with_histograms(one_class_per_member(32, 8, 10.0));
+    let members = MemberProfile::from_histograms(one_class_per_member(32, 8, 10.0));
     let mut s = spec(TopologyKind::ProxyClumps);
     s.clumps = Some(8);
     let t = build(&s, &members).unwrap();
@@ -244,7 +233,7 @@ fn ring_repair_closes_the_gap_and_splices_joiners() {
 
 #[test]
 fn dcliques_refill_a_hole_with_the_matching_class() {
-    let members = with_histograms(one_class_per_member(30, 10, 5.0));
+    let members = MemberProfile::from_histograms(one_class_per_member(30, 10, 5.0));
     let mut s = spec(TopologyKind::DCliques);
     s.inter_clique = InterClique::Ring;
     let mut t = build(&s, &members).unwrap();
@@ -264,7 +253,7 @@ fn dcliques_refill_a_hole_with_the_matching_class() {
 
 #[test]
 fn a_clique_below_half_size_is_dissolved() {
-    let members = with_histograms(one_class_per_member(30, 10, 5.0));
+    let members = MemberProfile::from_histograms(one_class_per_member(30, 10, 5.0));
     let mut t = build(&spec(TopologyKind::DCliques), &members).unwrap();
     let target = t.clique_of(0).unwrap();
     let mates: Vec<MemberId> = t

@@ -2,6 +2,7 @@
 
 mod topology;
 
+use std::io::Write;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
@@ -56,12 +57,10 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Command::Topology(args) => topology::run(args, &mut out),
         Command::Crd => {
-            use std::io::Write;
             out.write_all(api::crd_yaml().as_bytes())?;
             Ok(())
         }
         Command::Validate { manifest } => {
-            use std::io::Write;
             let job = api::load_manifest(&manifest)?;
             writeln!(
                 out,

@@ -117,15 +117,7 @@ fn load_profiles(path: &PathBuf) -> Result<Vec<MemberProfile>, TopologyCliError>
         err("expected a JSON array of histograms ([[3, 0, 5], ...]) or of join reports ([{\"memberId\": 0, \"labelHistogram\": [...]}, ...])".into())
     })?;
     let profiles: Vec<MemberProfile> = match parsed {
-        HistogramFile::Histograms(hs) => hs
-            .into_iter()
-            .enumerate()
-            .map(|(k, h)| MemberProfile {
-                id: k as u32,
-                histogram: Some(h),
-                proxy: None,
-            })
-            .collect(),
+        HistogramFile::Histograms(hs) => MemberProfile::from_histograms(hs),
         HistogramFile::Reports(rs) => rs
             .into_iter()
             .map(|r| MemberProfile {
@@ -169,16 +161,9 @@ fn profiles(args: &TopologyArgs) -> Result<Vec<MemberProfile>, TopologyCliError>
     if args.classes == 0 {
         return Err(TopologyCliError::NoClasses);
     }
-    let hs = topology::dcliques::one_class_per_member(n as usize, args.classes, 1.0);
-    Ok(hs
-        .into_iter()
-        .enumerate()
-        .map(|(k, h)| MemberProfile {
-            id: k as u32,
-            histogram: Some(h),
-            proxy: None,
-        })
-        .collect())
+    Ok(MemberProfile::from_histograms(
+        topology::dcliques::one_class_per_member(n as usize, args.classes, 1.0),
+    ))
 }
 
 pub fn build(args: &TopologyArgs) -> Result<Topology, TopologyCliError> {
