@@ -1,0 +1,315 @@
+//! One member: its model, optimizer, shard and codec state, and the step that every algorithm
+//! shares — local gradient, (clique-averaged gradient,) optimizer step, averaging round.
+
+use std::collections::BTreeMap;
+
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::optim::adaptor::OptimizerAdaptor;
+use burn::optim::momentum::MomentumConfig;
+use burn::optim::{Adam, AdamConfig, GradientsParams, Optimizer, Sgd, SgdConfig};
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{Int, Tensor, TensorData};
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use rand_chacha::ChaCha8Rng;
+
+use murmur_core::api::{AlgorithmKind, OptimizerKind};
+use murmur_core::topology::MemberId;
+
+use super::mixing::{gossip_partner, mean, weighted_average};
+use super::{Exchange, Neighbourhood, Purpose};
+use crate::compression::{Compression, Decoder, Encoder};
+use crate::data::{Dataset, IMAGE_PIXELS};
+use crate::model::{self, FlatError, Layout, Model};
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct MemberConfig {
+    pub algorithm: AlgorithmKind,
+    pub average_every: u64,
+    pub compression: Compression,
+    pub optimizer: OptimizerKind,
+    pub momentum: f64,
+    pub learning_rate: f64,
+    pub batch_size: usize,
+    pub seed: u64,
+    /// Moshpit grid side.
+    pub group_size: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum MemberError {
+    #[error(transparent)]
+    Flat(#[from] FlatError),
+    #[error("member {member} has no training examples")]
+    EmptyShard { member: MemberId },
+}
+
+pub enum Optim<B: AutodiffBackend> {
+    Sgd(OptimizerAdaptor<Sgd<B::InnerBackend>, Model<B>, B>),
+    Adam(OptimizerAdaptor<Adam, Model<B>, B>),
+}
+
+impl<B: AutodiffBackend> Optim<B> {
+    fn new(kind: OptimizerKind, momentum: f64) -> Self {
+        match kind {
+            OptimizerKind::Sgd => {
+                let m = (momentum > 0.0).then(|| {
+                    MomentumConfig::new()
+                        .with_momentum(momentum)
+                        .with_dampening(0.0)
+                });
+                Optim::Sgd(SgdConfig::new().with_momentum(m).init())
+            }
+            OptimizerKind::Adam => Optim::Adam(AdamConfig::new().init()),
+        }
+    }
+
+    fn step(&mut self, lr: f64, model: Model<B>, grads: GradientsParams) -> Model<B> {
+        match self {
+            Optim::Sgd(o) => o.step(lr, model, grads),
+            Optim::Adam(o) => o.step(lr, model, grads),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepReport {
+    pub loss: f64,
+    /// Peers that delivered in this step's rounds.
+    pub heard_from: usize,
+}
+
+pub struct Member<B: AutodiffBackend> {
+    pub id: MemberId,
+    config: MemberConfig,
+    model: Option<Model<B>>,
+    optim: Optim<B>,
+    layout: Layout,
+    shard: Dataset,
+    order: Vec<usize>,
+    cursor: usize,
+    rng: ChaCha8Rng,
+    encoders: BTreeMap<(MemberId, Purpose), Encoder>,
+    decoders: BTreeMap<(MemberId, Purpose), Decoder>,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    device: B::Device,
+}
+
+impl<B: AutodiffBackend> Member<B> {
+    pub fn new(
+        id: MemberId,
+        config: MemberConfig,
+        initial: Model<B>,
+        shard: Dataset,
+        device: B::Device,
+    ) -> Result<Self, MemberError> {
+        if shard.is_empty() {
+            return Err(MemberError::EmptyShard { member: id });
+        }
+        let layout = model::layout(&initial);
+        let rng = ChaCha8Rng::seed_from_u64(config.seed ^ (u64::from(id) << 32) ^ 0x5eed);
+        Ok(Self {
+            id,
+            optim: Optim::new(config.optimizer, config.momentum),
+            config,
+            model: Some(initial),
+            layout,
+            order: (0..shard.len()).collect(),
+            cursor: usize::MAX,
+            shard,
+            rng,
+            encoders: BTreeMap::new(),
+            decoders: BTreeMap::new(),
+            bytes_sent: 0,
+            bytes_received: 0,
+            device,
+        })
+    }
+
+    pub fn model(&self) -> &Model<B> {
+        self.model.as_ref().expect("model present between steps")
+    }
+
+    pub fn parameters(&self) -> Vec<f32> {
+        model::export(self.model()).0
+    }
+
+    pub fn label_histogram(&self) -> Vec<u64> {
+        self.shard.label_histogram()
+    }
+
+    /// The next mini-batch, reshuffling the shard at every epoch.
+    fn next_batch(&mut self) -> (Tensor<B, 2>, Tensor<B, 1, Int>) {
+        let n = self.config.batch_size.min(self.shard.len()).max(1);
+        let mut pixels = Vec::with_capacity(n * IMAGE_PIXELS);
+        let mut labels = Vec::with_capacity(n);
+        for _ in 0..n {
+            if self.cursor >= self.order.len() {
+                self.order.shuffle(&mut self.rng);
+                self.cursor = 0;
+            }
+            let i = self.order[self.cursor];
+            self.cursor += 1;
+            pixels.extend_from_slice(self.shard.image(i));
+            labels.push(i64::from(self.shard.labels[i]));
+        }
+        (
+            Tensor::from_data(TensorData::new(pixels, [n, IMAGE_PIXELS]), &self.device),
+            Tensor::from_data(TensorData::new(labels, [n]), &self.device),
+        )
+    }
+
+    /// Payload of `values` for `to`; per-destination codec state keeps top-k estimates exact.
+    fn encode(
+        &mut self,
+        to: MemberId,
+        purpose: Purpose,
+        compression: Compression,
+        values: &[f32],
+    ) -> Vec<u8> {
+        let bytes = self
+            .encoders
+            .entry((to, purpose))
+            .or_default()
+            .encode(compression, values);
+        self.bytes_sent += bytes.len() as u64;
+        bytes
+    }
+
+    fn decode_all(
+        &mut self,
+        purpose: Purpose,
+        compression: Compression,
+        received: Vec<(MemberId, Vec<u8>)>,
+    ) -> Vec<(MemberId, Vec<f32>)> {
+        let values = self.layout.len();
+        received
+            .into_iter()
+            .filter_map(|(from, bytes)| {
+                self.bytes_received += bytes.len() as u64;
+                // A payload that does not decode is dropped like a missing neighbour.
+                let x = self
+                    .decoders
+                    .entry((from, purpose))
+                    .or_default()
+                    .decode(compression, &bytes, values)
+                    .ok()?;
+                Some((from, x))
+            })
+            .collect()
+    }
+
+    async fn share<E: Exchange>(
+        &mut self,
+        ex: &mut E,
+        round: u64,
+        purpose: Purpose,
+        peers: &[MemberId],
+        values: &[f32],
+    ) -> Vec<(MemberId, Vec<f32>)> {
+        // Gradients are never top-k'd: an estimate of a gradient stream is meaningless.
+        let compression = match (purpose, self.config.compression) {
+            (Purpose::Gradients, Compression::TopK { .. }) => Compression::None,
+            (_, c) => c,
+        };
+        let outgoing = peers
+            .iter()
+            .map(|&p| (p, self.encode(p, purpose, compression, values)))
+            .collect();
+        let received = ex.exchange(round, purpose, outgoing, peers).await;
+        self.decode_all(purpose, compression, received)
+    }
+
+    /// One local step, then (every `average_every` steps) an averaging round.
+    pub async fn step<E: Exchange>(
+        &mut self,
+        step: u64,
+        hood: &Neighbourhood,
+        ex: &mut E,
+    ) -> Result<StepReport, MemberError> {
+        let (x, y) = self.next_batch();
+        let model = self.model.take().expect("model present");
+        let loss = CrossEntropyLossConfig::new()
+            .init(&self.device)
+            .forward(model.forward(x), y);
+        let loss_value: f64 = loss
+            .clone()
+            .into_data()
+            .iter::<f64>()
+            .next()
+            .unwrap_or(f64::NAN);
+        let mut grads = GradientsParams::from_grads(loss.backward(), &model);
+        let mut heard_from = 0;
+
+        if self.config.algorithm == AlgorithmKind::CliqueAveraging && !hood.clique_mates.is_empty()
+        {
+            // Clique averaging: the clique's mean gradient, before the momentum step, removes the
+            // label skew of any one member.
+            let own = model::export_gradients(&model, &grads)?;
+            let received = self
+                .share(ex, step, Purpose::Gradients, &hood.clique_mates, &own)
+                .await;
+            heard_from += received.len();
+            let refs: Vec<&[f32]> = received.iter().map(|(_, g)| g.as_slice()).collect();
+            grads = model::gradients_from_flat(&model, &mean(&own, &refs), &self.layout)?;
+        }
+        let mut model = self.optim.step(self.config.learning_rate, model, grads);
+
+        if (step + 1).is_multiple_of(self.config.average_every.max(1)) {
+            let round = step / self.config.average_every.max(1);
+            let own = model::export(&model).0;
+            let mixed = match self.config.algorithm {
+                AlgorithmKind::Dpsgd | AlgorithmKind::CliqueAveraging => {
+                    let peers: Vec<MemberId> = hood.neighbours.iter().map(|(id, _)| *id).collect();
+                    let received = self
+                        .share(ex, round, Purpose::Parameters, &peers, &own)
+                        .await;
+                    heard_from += received.len();
+                    let weight = |id: MemberId| {
+                        hood.neighbours
+                            .iter()
+                            .find(|(n, _)| *n == id)
+                            .map_or(0.0, |(_, w)| *w)
+                    };
+                    let weighted: Vec<(f64, &[f32])> = received
+                        .iter()
+                        .map(|(id, x)| (weight(*id), x.as_slice()))
+                        .collect();
+                    Some(weighted_average(&own, hood.self_weight, &weighted))
+                }
+                AlgorithmKind::Gossip => {
+                    match gossip_partner(&hood.edges, self.config.seed, round, self.id) {
+                        Some(partner) => {
+                            let received = self
+                                .share(ex, round, Purpose::Parameters, &[partner], &own)
+                                .await;
+                            heard_from += received.len();
+                            let refs: Vec<&[f32]> =
+                                received.iter().map(|(_, x)| x.as_slice()).collect();
+                            Some(mean(&own, &refs))
+                        }
+                        None => None,
+                    }
+                }
+                AlgorithmKind::Moshpit => {
+                    let group = hood.moshpit_group(self.config.group_size, round);
+                    let received = self
+                        .share(ex, round, Purpose::Parameters, &group, &own)
+                        .await;
+                    heard_from += received.len();
+                    let refs: Vec<&[f32]> = received.iter().map(|(_, x)| x.as_slice()).collect();
+                    Some(mean(&own, &refs))
+                }
+            };
+            if let Some(mixed) = mixed {
+                model = model::import(model, &mixed, &self.layout)?;
+            }
+        }
+        self.model = Some(model);
+        Ok(StepReport {
+            loss: loss_value,
+            heard_from,
+        })
+    }
+}

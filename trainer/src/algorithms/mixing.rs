@@ -1,0 +1,139 @@
+//! The arithmetic of averaging, shared by every algorithm and both runtimes. Pure functions over
+//! flat parameter buffers.
+
+use std::collections::BTreeSet;
+
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use rand_chacha::ChaCha8Rng;
+
+use murmur_core::topology::MemberId;
+
+/// x_i <- (W_ii x_i + sum_j W_ij x_j) / (W_ii + sum_j W_ij) over the neighbours that delivered.
+/// With every neighbour present the denominator is 1 (W is stochastic); a neighbour that left or
+/// timed out drops out and the remaining weights are renormalised, so the round still completes.
+pub fn weighted_average(own: &[f32], self_weight: f64, received: &[(f64, &[f32])]) -> Vec<f32> {
+    let total: f64 = self_weight + received.iter().map(|(w, _)| w).sum::<f64>();
+    let mut out: Vec<f64> = own.iter().map(|&v| f64::from(v) * self_weight).collect();
+    for (w, x) in received {
+        for (o, v) in out.iter_mut().zip(x.iter()) {
+            *o += w * f64::from(*v);
+        }
+    }
+    out.into_iter().map(|v| (v / total) as f32).collect()
+}
+
+/// Uniform mean of `own` and everything received (clique gradients, Moshpit groups).
+pub fn mean(own: &[f32], received: &[&[f32]]) -> Vec<f32> {
+    let n = (1 + received.len()) as f64;
+    let mut out: Vec<f64> = own.iter().map(|&v| f64::from(v)).collect();
+    for x in received {
+        for (o, v) in out.iter_mut().zip(x.iter()) {
+            *o += f64::from(*v);
+        }
+    }
+    out.into_iter().map(|v| (v / n) as f32).collect()
+}
+
+/// The gossip partner of `me` in `round`: a random maximal matching of the graph's edges, drawn
+/// from (seed, round) so that every member computes the same matching without talking.
+pub fn gossip_partner(
+    edges: &[(MemberId, MemberId)],
+    seed: u64,
+    round: u64,
+    me: MemberId,
+) -> Option<MemberId> {
+    let mut order: Vec<(MemberId, MemberId)> = edges.to_vec();
+    order.sort_unstable();
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ round.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    order.shuffle(&mut rng);
+    let mut taken = BTreeSet::new();
+    for (a, b) in order {
+        if taken.contains(&a) || taken.contains(&b) {
+            continue;
+        }
+        taken.insert(a);
+        taken.insert(b);
+        if a == me {
+            return Some(b);
+        }
+        if b == me {
+            return Some(a);
+        }
+    }
+    None
+}
+
+/// Mean distance of members' parameters to their average: (1/n) sum_i ||x_i - x_bar||.
+pub fn consensus_distance(models: &[&[f32]]) -> f64 {
+    let Some(first) = models.first() else {
+        return 0.0;
+    };
+    let n = models.len() as f64;
+    let mut avg = vec![0f64; first.len()];
+    for m in models {
+        for (a, v) in avg.iter_mut().zip(m.iter()) {
+            *a += f64::from(*v) / n;
+        }
+    }
+    models
+        .iter()
+        .map(|m| {
+            m.iter()
+                .zip(&avg)
+                .map(|(v, a)| (f64::from(*v) - a).powi(2))
+                .sum::<f64>()
+                .sqrt()
+        })
+        .sum::<f64>()
+        / n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn full_rounds_apply_w_and_missing_neighbours_renormalise() {
+        let (a, b, c) = (vec![0.0f32, 3.0], vec![3.0f32, 0.0], vec![6.0f32, 6.0]);
+        let third = 1.0 / 3.0;
+        let all = weighted_average(&a, third, &[(third, &b), (third, &c)]);
+        assert!((all[0] - 3.0).abs() < 1e-6 && (all[1] - 3.0).abs() < 1e-6);
+        // c timed out: a and b weigh a half each.
+        let partial = weighted_average(&a, third, &[(third, &b)]);
+        assert!((partial[0] - 1.5).abs() < 1e-6 && (partial[1] - 1.5).abs() < 1e-6);
+        assert_eq!(mean(&a, &[&b, &c]), vec![3.0, 3.0]);
+        assert_eq!(mean(&a, &[]), a);
+    }
+
+    #[test]
+    fn gossip_pairs_are_mutual_and_deterministic() {
+        let edges: Vec<(MemberId, MemberId)> = (0..10).map(|i| (i, (i + 1) % 10)).collect();
+        for round in 0..20 {
+            for me in 0..10 {
+                if let Some(p) = gossip_partner(&edges, 3, round, me) {
+                    assert_eq!(
+                        gossip_partner(&edges, 3, round, p),
+                        Some(me),
+                        "round {round}"
+                    );
+                    assert!(
+                        edges.contains(&(me.min(p), me.max(p)))
+                            || edges.contains(&(me.max(p), me.min(p)))
+                    );
+                }
+            }
+        }
+        let r0: Vec<_> = (0..10).map(|m| gossip_partner(&edges, 3, 0, m)).collect();
+        let r1: Vec<_> = (0..10).map(|m| gossip_partner(&edges, 3, 1, m)).collect();
+        assert_ne!(r0, r1, "matchings change between rounds");
+    }
+
+    #[test]
+    fn consensus_distance_is_zero_only_at_agreement() {
+        let (a, b) = (vec![1.0f32, 1.0], vec![1.0f32, 1.0]);
+        assert_eq!(consensus_distance(&[&a, &b]), 0.0);
+        let c = vec![3.0f32, 1.0];
+        assert!((consensus_distance(&[&a, &c]) - 1.0).abs() < 1e-12);
+    }
+}

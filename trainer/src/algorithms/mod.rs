@@ -1,0 +1,36 @@
+//! One implementation of each decentralized algorithm — D-PSGD, gossip, clique averaging and
+//! Moshpit — written once against the small [`Exchange`] interface. The simulator runs it over
+//! in-process mailboxes; the networked trainer runs the very same code over TCP.
+
+mod member;
+pub mod mixing;
+mod neighbourhood;
+
+use murmur_core::topology::MemberId;
+
+pub use member::{Member, MemberConfig, MemberError, Optim, StepReport};
+pub use neighbourhood::Neighbourhood;
+
+/// Why a payload is sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Purpose {
+    /// Parameters for an averaging round.
+    Parameters,
+    /// Gradients for clique averaging.
+    Gradients,
+}
+
+/// The only thing the algorithms need from a network.
+#[allow(async_fn_in_trait)]
+pub trait Exchange {
+    /// Send each payload in `outgoing` to its member, then collect what every member in `from`
+    /// sent for the same `(round, purpose)`. A member that does not deliver in time (left, was
+    /// preempted, timed out) is absent from the result; callers renormalise over who answered.
+    async fn exchange(
+        &mut self,
+        round: u64,
+        purpose: Purpose,
+        outgoing: Vec<(MemberId, Vec<u8>)>,
+        from: &[MemberId],
+    ) -> Vec<(MemberId, Vec<u8>)>;
+}

@@ -1,0 +1,57 @@
+//! What one member needs to know about the topology, read from the topology document.
+
+use murmur_core::contract::TopologyDocument;
+use murmur_core::topology::{MemberId, MoshpitGrid};
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Neighbourhood {
+    pub me: MemberId,
+    pub version: u64,
+    /// W_ii.
+    pub self_weight: f64,
+    /// (neighbour, W_ij), sorted by id.
+    pub neighbours: Vec<(MemberId, f64)>,
+    /// Other members of my clique (empty outside clique topologies).
+    pub clique_mates: Vec<MemberId>,
+    /// Every edge of the graph (gossip draws matchings from them).
+    pub edges: Vec<(MemberId, MemberId)>,
+    /// Members in document order (Moshpit lays them on its grid in this order).
+    pub members: Vec<MemberId>,
+}
+
+impl Neighbourhood {
+    pub fn from_document(doc: &TopologyDocument, me: MemberId) -> Option<Self> {
+        let (self_weight, neighbours) = doc.mixing_row(me)?;
+        let mut neighbours = neighbours;
+        neighbours.sort_by_key(|(id, _)| *id);
+        let my_clique = doc.members.iter().find(|m| m.id == me)?.clique;
+        let clique_mates = match my_clique {
+            Some(c) => doc
+                .members
+                .iter()
+                .filter(|m| m.clique == Some(c) && m.id != me)
+                .map(|m| m.id)
+                .collect(),
+            None => Vec::new(),
+        };
+        Some(Self {
+            me,
+            version: doc.version,
+            self_weight,
+            neighbours,
+            clique_mates,
+            edges: doc.edges.iter().map(|e| (e.a, e.b)).collect(),
+            members: doc.members.iter().map(|m| m.id).collect(),
+        })
+    }
+
+    /// My Moshpit group (others only) in `round` on a grid of side `group_size`.
+    pub fn moshpit_group(&self, group_size: usize, round: u64) -> Vec<MemberId> {
+        let grid = MoshpitGrid::new(&self.members, group_size);
+        grid.groups(round)
+            .into_iter()
+            .find(|g| g.contains(&self.me))
+            .map(|g| g.into_iter().filter(|&m| m != self.me).collect())
+            .unwrap_or_default()
+    }
+}

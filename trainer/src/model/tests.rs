@@ -1,0 +1,136 @@
+use burn::backend::{Autodiff, NdArray};
+use burn::module::Module;
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::optim::{GradientsParams, Optimizer, SgdConfig, momentum::MomentumConfig};
+use burn::tensor::{Int, Tensor, TensorData};
+use murmur_core::api::ModelKind;
+
+use super::*;
+
+type B = NdArray<f32>;
+type AB = Autodiff<B>;
+
+fn device() -> burn::tensor::Device<B> {
+    Default::default()
+}
+
+#[test]
+fn each_model_has_the_documented_shape() {
+    let expected = [
+        (
+            ModelKind::LogisticRegression,
+            7_850,
+            vec!["linear.weight", "linear.bias"],
+        ),
+        (
+            ModelKind::Mlp,
+            784 * 256 + 256 + 256 * 10 + 10,
+            vec![
+                "hidden.weight",
+                "hidden.bias",
+                "output.weight",
+                "output.bias",
+            ],
+        ),
+    ];
+    for (kind, params, paths) in expected {
+        let model = Model::<B>::new(kind, &device());
+        let l = layout(&model);
+        assert_eq!(l.len(), params, "{kind:?}");
+        assert_eq!(
+            l.slots.iter().map(|s| s.path.as_str()).collect::<Vec<_>>(),
+            paths
+        );
+        let logits = model.forward(Tensor::zeros([3, IMAGE_PIXELS], &device()));
+        assert_eq!(logits.dims(), [3, CLASSES]);
+    }
+    let lenet = Model::<B>::new(ModelKind::GnLenet, &device());
+    let l = layout(&lenet);
+    assert_eq!(l.slots[0].path, "blocks.0.conv.weight");
+    assert_eq!(l.slots[0].shape, vec![32, 1, 5, 5]);
+    assert!(
+        l.slots
+            .iter()
+            .any(|s| s.path == "blocks.2.norm.gamma" && s.shape == vec![64])
+    );
+    assert_eq!(l.slots.last().unwrap().path, "output.bias");
+    assert_eq!(
+        lenet
+            .forward(Tensor::zeros([2, IMAGE_PIXELS], &device()))
+            .dims(),
+        [2, CLASSES]
+    );
+}
+
+#[test]
+fn flat_export_import_round_trips_and_checks_the_layout() {
+    let a = Model::<B>::new(ModelKind::Mlp, &device());
+    let b = Model::<B>::new(ModelKind::Mlp, &device());
+    let (values_a, layout_a) = export(&a);
+    let (values_b, _) = export(&b);
+    assert_ne!(values_a, values_b, "two initialisations differ");
+    let b = import(b, &values_a, &layout_a).unwrap();
+    assert_eq!(export(&b).0, values_a);
+
+    let logistic = Model::<B>::new(ModelKind::LogisticRegression, &device());
+    let err = import(logistic, &values_a, &layout_a).unwrap_err();
+    assert!(
+        matches!(err, FlatError::LayoutMismatch(ref d) if d.contains("linear.weight")),
+        "{err}"
+    );
+    let err = import(b, &values_a[1..], &layout_a).unwrap_err();
+    assert_eq!(
+        err,
+        FlatError::Length {
+            expected: values_a.len(),
+            found: values_a.len() - 1
+        }
+    );
+    assert_ne!(
+        layout_a.fingerprint(),
+        layout(&Model::<B>::new(ModelKind::LogisticRegression, &device())).fingerprint()
+    );
+}
+
+#[test]
+fn import_keeps_parameter_ids_so_optimizer_state_stays_attached() {
+    let dev = device();
+    let model = Model::<AB>::new(ModelKind::LogisticRegression, &dev);
+    let ids_before: Vec<_> = {
+        let mut ids = Vec::new();
+        model.visit(&mut IdCollector(&mut ids));
+        ids
+    };
+    let (values, l) = export(&model);
+    let doubled: Vec<f32> = values.iter().map(|v| v * 2.0).collect();
+    let model = import(model, &doubled, &l).unwrap();
+    let mut ids_after = Vec::new();
+    model.visit(&mut IdCollector(&mut ids_after));
+    assert_eq!(ids_before, ids_after);
+
+    // Still trainable after import: a step with momentum changes the parameters, and the
+    // gradient round-trips through a flat buffer.
+    let mut optim = SgdConfig::new()
+        .with_momentum(Some(MomentumConfig::new().with_dampening(0.0)))
+        .init::<AB, Model<AB>>();
+    let x = Tensor::<AB, 2>::ones([4, IMAGE_PIXELS], &dev);
+    let y = Tensor::<AB, 1, Int>::from_data(TensorData::from([1i64, 2, 3, 4]), &dev);
+    let loss = CrossEntropyLossConfig::new()
+        .init(&dev)
+        .forward(model.forward(x), y);
+    let grads = GradientsParams::from_grads(loss.backward(), &model);
+    let flat = export_gradients(&model, &grads).unwrap();
+    assert_eq!(flat.len(), l.len());
+    assert!(flat.iter().any(|g| *g != 0.0));
+    let rebuilt = gradients_from_flat(&model, &flat, &l).unwrap();
+    let model = optim.step(0.1, model, rebuilt);
+    assert_ne!(export(&model).0, doubled);
+}
+
+struct IdCollector<'a>(&'a mut Vec<burn::module::ParamId>);
+
+impl<B2: Backend> burn::module::ModuleVisitor<B2> for IdCollector<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<Tensor<B2, D>>) {
+        self.0.push(param.id);
+    }
+}
