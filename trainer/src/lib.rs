@@ -5,3 +5,4 @@ pub mod algorithms;
 pub mod compression;
 pub mod data;
 pub mod model;
+pub mod simulator;

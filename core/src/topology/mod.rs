@@ -130,11 +130,19 @@ pub enum TopologyError {
 /// The structure a graph was built with; repair keeps it (a ring stays a ring).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Shape {
-    Ring { order: Vec<MemberId> },
+    Ring {
+        order: Vec<MemberId>,
+    },
     FullyConnected,
-    Exponential { order: Vec<MemberId> },
+    Exponential {
+        order: Vec<MemberId>,
+    },
     Cliques(CliqueLayout),
     Grid(MoshpitGrid),
+    /// Random d-regular graph; repair keeps every degree at most d and the graph connected.
+    RandomRegular {
+        degree: usize,
+    },
 }
 
 /// A versioned communication graph.
@@ -174,6 +182,24 @@ pub fn build(spec: &BuildSpec, members: &[MemberProfile]) -> Result<Topology, To
     })
 }
 
+/// A random d-regular graph over `members` (a baseline of the same degree as a data-aware graph).
+pub fn random_regular(
+    members: &[MemberProfile],
+    degree: usize,
+    seed: u64,
+) -> Result<Topology, TopologyError> {
+    if members.is_empty() {
+        return Err(TopologyError::NoMembers);
+    }
+    let ids: Vec<MemberId> = members.iter().map(|m| m.id).collect();
+    Ok(Topology {
+        version: 1,
+        graph: simple::random_regular(&ids, degree, seed)?,
+        shape: Shape::RandomRegular { degree },
+        profiles: members.iter().map(|m| (m.id, m.clone())).collect(),
+    })
+}
+
 /// A Moshpit grid as a topology: members adjacent when they share a group on some axis.
 pub fn moshpit(members: &[MemberProfile], group_size: usize) -> Result<Topology, TopologyError> {
     if members.is_empty() {
@@ -207,6 +233,7 @@ impl Topology {
                 CliqueFlavour::ProxyClumps { .. } => "proxyClumps",
             },
             Shape::Grid(_) => "moshpit",
+            Shape::RandomRegular { .. } => "randomRegular",
         }
     }
 

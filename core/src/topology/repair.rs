@@ -46,6 +46,16 @@ impl Topology {
                 grid.remove(id);
                 self.graph = grid.union_graph();
             }
+            Shape::RandomRegular { .. } => {
+                // The orphaned neighbours pair up, restoring their degrees where they can.
+                let orphans = self.graph.remove_member(id);
+                for pair in orphans.chunks(2) {
+                    if let [a, b] = pair {
+                        self.graph.add_edge(*a, *b);
+                    }
+                }
+                reconnect_components(&mut self.graph);
+            }
         }
         self.profiles.remove(&id);
         self.version += 1;
@@ -93,6 +103,25 @@ impl Topology {
             Shape::Grid(grid) => {
                 grid.insert(id);
                 self.graph = grid.union_graph();
+            }
+            Shape::RandomRegular { degree } => {
+                // Split degree/2 edges a-b into a-new-b: everyone else keeps their degree.
+                let edges: Vec<(MemberId, MemberId)> = self.graph.edges().collect();
+                self.graph.add_member(id);
+                let step = (edges.len() / (*degree / 2).max(1)).max(1);
+                let mut linked = false;
+                for &(a, b) in edges.iter().step_by(step).take((*degree / 2).max(1)) {
+                    if !self.graph.has_edge(a, id) && !self.graph.has_edge(b, id) {
+                        self.graph.remove_edge(a, b);
+                        self.graph.add_edge(a, id);
+                        self.graph.add_edge(id, b);
+                        linked = true;
+                    }
+                }
+                let other = self.graph.members().find(|&m| m != id);
+                if !linked && let Some(other) = other {
+                    self.graph.add_edge(id, other);
+                }
             }
         }
         self.version += 1;
@@ -199,5 +228,23 @@ fn rebalance(
                 .map(|(c, _)| *c)
         });
         layout.insert_member(m, target);
+    }
+}
+
+/// Join any stray components to the first one (a removal can cut a sparse graph).
+fn reconnect_components(graph: &mut super::Graph) {
+    loop {
+        let Some(first) = graph.members().next() else {
+            return;
+        };
+        let reached = graph.distances_from(first);
+        let Some(outside) = graph.members().find(|m| !reached.contains_key(m)) else {
+            return;
+        };
+        let inside = *reached
+            .keys()
+            .min_by_key(|&&m| (graph.degree(m), m))
+            .expect("first is reached");
+        graph.add_edge(inside, outside);
     }
 }

@@ -58,3 +58,48 @@ pub fn exponential_graph(order: &[MemberId]) -> Graph {
     }
     g
 }
+
+/// A random d-regular graph (configuration model, re-drawn until simple and connected), for
+/// data-oblivious baselines of a given degree. Needs n*d even and d < n.
+pub fn random_regular(
+    ids: &[MemberId],
+    degree: usize,
+    seed: u64,
+) -> Result<Graph, super::TopologyError> {
+    use rand::SeedableRng;
+    use rand::seq::SliceRandom;
+    let n = ids.len();
+    if degree >= n || (n * degree) % 2 == 1 {
+        return Err(super::TopologyError::TooSmall {
+            what: "members for a random regular graph (n > degree, n*degree even)",
+            min: degree + 1,
+            got: n,
+        });
+    }
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    for _ in 0..1000 {
+        let mut stubs: Vec<MemberId> = ids
+            .iter()
+            .flat_map(|&m| std::iter::repeat_n(m, degree))
+            .collect();
+        stubs.shuffle(&mut rng);
+        let mut g = Graph::with_members(ids.iter().copied());
+        let simple = stubs
+            .chunks(2)
+            .all(|p| p[0] != p[1] && g.add_edge(p[0], p[1]));
+        if simple && g.is_connected() {
+            return Ok(g);
+        }
+    }
+    // Dense or tiny cases where random pairing keeps failing: a circulant graph is d-regular too.
+    let mut g = Graph::with_members(ids.iter().copied());
+    for k in 0..n {
+        for off in 1..=degree / 2 {
+            g.add_edge(ids[k], ids[(k + off) % n]);
+        }
+        if degree % 2 == 1 {
+            g.add_edge(ids[k], ids[(k + n / 2) % n]);
+        }
+    }
+    Ok(g)
+}

@@ -324,13 +324,15 @@ proptest! {
         clique_size in 2usize..8,
         seed in any::<u64>(),
         ops in ops(),
-        use_grid in any::<bool>(),
+        shape in 0usize..3,
     ) {
         let members: Vec<MemberProfile> = (0..n)
             .map(|k| MemberProfile { id: k as u32, histogram: Some(class_histogram(k % 10)), proxy: None })
             .collect();
-        let mut t = if use_grid {
+        let mut t = if shape == 1 {
             moshpit(&members, clique_size.max(2)).unwrap()
+        } else if shape == 2 && n > 4 {
+            random_regular(&members, 4, seed).unwrap()
         } else {
             let mut s = BuildSpec::new(kind);
             s.inter_clique = inter;
@@ -366,4 +368,21 @@ proptest! {
             assert_weights_valid(&t);
         }
     }
+}
+
+#[test]
+fn random_regular_graphs_are_regular_connected_and_stay_so() {
+    let mut t = random_regular(&bare(30), 4, 11).unwrap();
+    assert!(t.graph.members().all(|m| t.graph.degree(m) == 4));
+    assert!(t.graph.is_connected());
+    assert_eq!(t.graph.edge_count(), 60);
+    t.add_member(MemberProfile::bare(99)).unwrap();
+    assert_eq!(t.graph.degree(99), 4);
+    assert!(
+        t.graph.members().all(|m| t.graph.degree(m) == 4),
+        "a joiner splits edges"
+    );
+    t.remove_member(5).unwrap();
+    assert!(t.graph.members().all(|m| t.graph.degree(m) <= 4) && t.graph.is_connected());
+    assert!(random_regular(&bare(5), 3, 0).is_err(), "n*d must be even");
 }

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use burn::module::{AutodiffModule, Module};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::momentum::MomentumConfig;
@@ -135,6 +136,45 @@ impl<B: AutodiffBackend> Member<B> {
         model::export(self.model()).0
     }
 
+    /// Test accuracy and mean cross-entropy of this member's model.
+    pub fn evaluate(&self, test: &Dataset) -> (f64, f64) {
+        let model = self.model().valid();
+        let device = model.devices().into_iter().next().unwrap_or_default();
+        let (mut correct, mut loss_sum) = (0usize, 0f64);
+        for start in (0..test.len()).step_by(500) {
+            let end = (start + 500).min(test.len());
+            let n = end - start;
+            let x = Tensor::<B::InnerBackend, 2>::from_data(
+                TensorData::new(
+                    test.pixels[start * IMAGE_PIXELS..end * IMAGE_PIXELS].to_vec(),
+                    [n, IMAGE_PIXELS],
+                ),
+                &device,
+            );
+            let labels: Vec<i64> = test.labels[start..end]
+                .iter()
+                .map(|&l| i64::from(l))
+                .collect();
+            let y = Tensor::<B::InnerBackend, 1, Int>::from_data(
+                TensorData::new(labels.clone(), [n]),
+                &device,
+            );
+            let logits = model.forward(x);
+            let loss = CrossEntropyLossConfig::new()
+                .init(&device)
+                .forward(logits.clone(), y);
+            loss_sum += loss.into_data().iter::<f64>().next().unwrap_or(f64::NAN) * n as f64;
+            let predicted: Vec<i64> = logits.argmax(1).into_data().iter::<i64>().collect();
+            correct += predicted
+                .iter()
+                .zip(&labels)
+                .filter(|(p, l)| p == l)
+                .count();
+        }
+        let n = test.len().max(1) as f64;
+        (correct as f64 / n, loss_sum / n)
+    }
+
     pub fn label_histogram(&self) -> Vec<u64> {
         self.shard.label_histogram()
     }
@@ -158,6 +198,43 @@ impl<B: AutodiffBackend> Member<B> {
             Tensor::from_data(TensorData::new(pixels, [n, IMAGE_PIXELS]), &self.device),
             Tensor::from_data(TensorData::new(labels, [n]), &self.device),
         )
+    }
+
+    /// Loss and gradients of `model` on the next mini-batch.
+    fn gradients(&mut self, model: &Model<B>) -> (f64, GradientsParams) {
+        let (x, y) = self.next_batch();
+        let loss = CrossEntropyLossConfig::new()
+            .init(&self.device)
+            .forward(model.forward(x), y);
+        let value: f64 = loss
+            .clone()
+            .into_data()
+            .iter::<f64>()
+            .next()
+            .unwrap_or(f64::NAN);
+        (value, GradientsParams::from_grads(loss.backward(), model))
+    }
+
+    /// A step on local data only, with no communication (warm-up). Returns the loss.
+    pub fn local_step(&mut self) -> f64 {
+        let model = self.model.take().expect("model present");
+        let (loss, grads) = self.gradients(&model);
+        self.model = Some(self.optim.step(self.config.learning_rate, model, grads));
+        loss
+    }
+
+    /// Mean softmax output on the shared proxy batch: what this member's model has learnt to
+    /// predict, without revealing a label (the proxy-clumps join report).
+    pub fn proxy_vector(&self, proxy: &Dataset) -> Vec<f32> {
+        let model = self.model().valid();
+        let device = model.devices().into_iter().next().unwrap_or_default();
+        let n = proxy.len().max(1);
+        let x = Tensor::<B::InnerBackend, 2>::from_data(
+            TensorData::new(proxy.pixels.clone(), [proxy.len(), IMAGE_PIXELS]),
+            &device,
+        );
+        let probs = burn::tensor::activation::softmax(model.forward(x), 1).sum_dim(0) / n as f32;
+        probs.into_data().iter::<f32>().collect()
     }
 
     /// Payload of `values` for `to`; per-destination codec state keeps top-k estimates exact.
@@ -228,18 +305,8 @@ impl<B: AutodiffBackend> Member<B> {
         hood: &Neighbourhood,
         ex: &mut E,
     ) -> Result<StepReport, MemberError> {
-        let (x, y) = self.next_batch();
         let model = self.model.take().expect("model present");
-        let loss = CrossEntropyLossConfig::new()
-            .init(&self.device)
-            .forward(model.forward(x), y);
-        let loss_value: f64 = loss
-            .clone()
-            .into_data()
-            .iter::<f64>()
-            .next()
-            .unwrap_or(f64::NAN);
-        let mut grads = GradientsParams::from_grads(loss.backward(), &model);
+        let (loss_value, mut grads) = self.gradients(&model);
         let mut heard_from = 0;
 
         if self.config.algorithm == AlgorithmKind::CliqueAveraging && !hood.clique_mates.is_empty()

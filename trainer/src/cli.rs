@@ -1,0 +1,247 @@
+//! Command line of `murmur-trainer`.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use murmur_core::api::{AlgorithmKind, InterClique, ModelKind, OptimizerKind};
+use murmur_trainer::compression::Compression;
+use murmur_trainer::data::{self, DataError, partition::Partition};
+use murmur_trainer::simulator::{self, SimulationConfig, SimulationError, TopologyChoice, output};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "murmur-trainer",
+    version,
+    about = "murmur's trainer: decentralized training, one member per process, or many simulated"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Simulate N members in one process on one or more topologies (same data, seed and steps).
+    Simulate(SimulateArgs),
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Model {
+    Logistic,
+    Mlp,
+    GnLenet,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Algorithm {
+    Auto,
+    Dpsgd,
+    Gossip,
+    CliqueAveraging,
+    Moshpit,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Inter {
+    Ring,
+    SmallWorld,
+    Fractal,
+    FullyConnected,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Optim {
+    Sgd,
+    Adam,
+}
+
+#[derive(clap::Args, Debug)]
+struct SimulateArgs {
+    #[arg(long, default_value_t = 100)]
+    members: usize,
+    /// Comma-separated: ring, fully-connected, exponential, dcliques, proxy-clumps, moshpit,
+    /// random-regular:DEGREE.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "dcliques,fully-connected,ring"
+    )]
+    topology: Vec<String>,
+    /// iid, shards:N, dirichlet:ALPHA or classes-per-member:K.
+    #[arg(long, default_value = "classes-per-member:1")]
+    partition: String,
+    #[arg(long, value_enum, default_value = "logistic")]
+    model: Model,
+    /// auto: clique averaging on dcliques and proxy-clumps, Moshpit on moshpit, D-PSGD elsewhere.
+    #[arg(long, value_enum, default_value = "auto")]
+    algorithm: Algorithm,
+    #[arg(long, default_value_t = 500)]
+    steps: u64,
+    #[arg(long, default_value_t = 50)]
+    eval_every: u64,
+    #[arg(long, default_value_t = 20)]
+    batch_size: usize,
+    #[arg(long, default_value_t = 0.05)]
+    learning_rate: f64,
+    #[arg(long, value_enum, default_value = "sgd")]
+    optimizer: Optim,
+    #[arg(long, default_value_t = 0.9)]
+    momentum: f64,
+    #[arg(long, default_value_t = 1)]
+    average_every: u64,
+    /// none, fp16, int8 or top-k:RATIO.
+    #[arg(long, default_value = "none")]
+    compression: String,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    #[arg(long, default_value_t = 10)]
+    clique_size: usize,
+    #[arg(long, value_enum, default_value = "small-world")]
+    inter_clique: Inter,
+    #[arg(long)]
+    clumps: Option<usize>,
+    #[arg(long, default_value_t = 4)]
+    group_size: usize,
+    #[arg(long, default_value_t = 20)]
+    proxy_warmup_steps: u64,
+    /// Write curves.csv, results.json and accuracy.png here.
+    #[arg(long)]
+    output: Option<PathBuf>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error("{0}")]
+    Flag(String),
+    #[error(transparent)]
+    Data(#[from] DataError),
+    #[error(transparent)]
+    Simulation(#[from] SimulationError),
+    #[error(transparent)]
+    Output(#[from] output::OutputError),
+}
+
+impl CliError {
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CliError::Flag(_) | CliError::Data(_) => 2,
+            CliError::Simulation(SimulationError::Config(_) | SimulationError::Topology(_)) => 2,
+            _ => 1,
+        }
+    }
+}
+
+fn compression(text: &str) -> Result<Compression, CliError> {
+    match text {
+        "none" => Ok(Compression::None),
+        "fp16" => Ok(Compression::Fp16),
+        "int8" => Ok(Compression::Int8),
+        _ => match text.strip_prefix("top-k:").map(str::parse::<f64>) {
+            Some(Ok(ratio)) if ratio > 0.0 && ratio <= 1.0 => Ok(Compression::TopK { ratio }),
+            _ => Err(CliError::Flag(format!(
+                "--compression {text:?}: use none, fp16, int8 or top-k:RATIO with RATIO in (0, 1]"
+            ))),
+        },
+    }
+}
+
+pub fn run(cli: Cli) -> Result<(), CliError> {
+    let Command::Simulate(args) = cli.command;
+    let topologies = args
+        .topology
+        .iter()
+        .map(|t| TopologyChoice::parse(t).map_err(|e| CliError::Flag(format!("--topology: {e}"))))
+        .collect::<Result<Vec<_>, _>>()?;
+    let config = SimulationConfig {
+        members: args.members,
+        topologies,
+        algorithm: match args.algorithm {
+            Algorithm::Auto => None,
+            Algorithm::Dpsgd => Some(AlgorithmKind::Dpsgd),
+            Algorithm::Gossip => Some(AlgorithmKind::Gossip),
+            Algorithm::CliqueAveraging => Some(AlgorithmKind::CliqueAveraging),
+            Algorithm::Moshpit => Some(AlgorithmKind::Moshpit),
+        },
+        partition: Partition::parse(&args.partition)
+            .map_err(|e| CliError::Flag(format!("--partition: {e}")))?,
+        model: match args.model {
+            Model::Logistic => ModelKind::LogisticRegression,
+            Model::Mlp => ModelKind::Mlp,
+            Model::GnLenet => ModelKind::GnLenet,
+        },
+        steps: args.steps,
+        eval_every: args.eval_every,
+        batch_size: args.batch_size,
+        learning_rate: args.learning_rate,
+        optimizer: match args.optimizer {
+            Optim::Sgd => OptimizerKind::Sgd,
+            Optim::Adam => OptimizerKind::Adam,
+        },
+        momentum: args.momentum,
+        average_every: args.average_every,
+        compression: compression(&args.compression)?,
+        seed: args.seed,
+        clique_size: args.clique_size,
+        inter_clique: match args.inter_clique {
+            Inter::Ring => InterClique::Ring,
+            Inter::SmallWorld => InterClique::SmallWorld,
+            Inter::Fractal => InterClique::Fractal,
+            Inter::FullyConnected => InterClique::FullyConnected,
+        },
+        clumps: args.clumps,
+        group_size: args.group_size,
+        proxy_warmup_steps: args.proxy_warmup_steps,
+    };
+    if !(args.learning_rate > 0.0 && args.learning_rate.is_finite()) {
+        return Err(CliError::Flag(format!(
+            "--learning-rate {}: must be a positive number",
+            args.learning_rate
+        )));
+    }
+    if !(0.0..1.0).contains(&args.momentum) {
+        return Err(CliError::Flag(format!(
+            "--momentum {}: must be in [0, 1)",
+            args.momentum
+        )));
+    }
+    let data = data::embedded();
+    type B = burn::backend::Autodiff<burn::backend::NdArray<f32>>;
+    let device = Default::default();
+    println!(
+        "{:<18} {:>6} {:>9} {:>9} {:>11}",
+        "topology", "step", "accuracy", "min", "consensus"
+    );
+    let results = simulator::simulate::<B>(&config, &data, &device, |name, p| {
+        println!(
+            "{:<18} {:>6} {:>8.2}% {:>8.2}% {:>11.4}",
+            name,
+            p.step,
+            100.0 * p.mean_accuracy,
+            100.0 * p.min_accuracy,
+            p.consensus_distance
+        );
+    })?;
+    println!(
+        "\n{:<18} {:<16} {:>9} {:>7} {:>12} {:>9}",
+        "topology", "algorithm", "accuracy", "edges", "MB sent", "seconds"
+    );
+    for r in &results {
+        println!(
+            "{:<18} {:<16} {:>8.2}% {:>7} {:>12.1} {:>9.1}",
+            r.topology,
+            r.algorithm,
+            100.0 * r.final_test_accuracy,
+            r.edges,
+            r.bytes_sent as f64 / 1e6,
+            r.wall_seconds
+        );
+    }
+    if let Some(dir) = &args.output {
+        output::write_all(dir, &results)?;
+        println!(
+            "\nwrote {}/curves.csv, results.json, accuracy.png",
+            dir.display()
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,423 @@
+//! The simulator: N virtual members in one process, running the same member code as the networked
+//! trainer over in-process mailboxes, on the topologies the workspace's engine builds.
+
+mod exchange;
+pub mod output;
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use std::time::Instant;
+
+use burn::tensor::backend::AutodiffBackend;
+use serde::Serialize;
+
+use murmur_core::api::{AlgorithmKind, InterClique, ModelKind, OptimizerKind, TopologyKind};
+use murmur_core::topology::{self, BuildSpec, MemberId, MemberProfile, Topology};
+
+use crate::algorithms::mixing::consensus_distance;
+use crate::algorithms::{Member, MemberConfig, MemberError, Neighbourhood};
+use crate::compression::Compression;
+use crate::data::partition::{Partition, label_histogram};
+use crate::data::{Dataset, Split};
+use crate::model::Model;
+
+pub use exchange::{LocalExchange, Mailboxes};
+
+/// A graph to simulate on.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum TopologyChoice {
+    Ring,
+    FullyConnected,
+    Exponential,
+    DCliques,
+    ProxyClumps,
+    Moshpit,
+    RandomRegular { degree: usize },
+}
+
+impl TopologyChoice {
+    pub fn parse(text: &str) -> Result<Self, String> {
+        Ok(match text {
+            "ring" => TopologyChoice::Ring,
+            "fully-connected" => TopologyChoice::FullyConnected,
+            "exponential" => TopologyChoice::Exponential,
+            "dcliques" => TopologyChoice::DCliques,
+            "proxy-clumps" => TopologyChoice::ProxyClumps,
+            "moshpit" => TopologyChoice::Moshpit,
+            _ => match text
+                .strip_prefix("random-regular:")
+                .map(str::parse::<usize>)
+            {
+                Some(Ok(degree)) if degree >= 1 => TopologyChoice::RandomRegular { degree },
+                _ => {
+                    return Err(format!(
+                        "unknown topology {text:?}: use ring, fully-connected, exponential, dcliques, proxy-clumps, moshpit or random-regular:DEGREE"
+                    ));
+                }
+            },
+        })
+    }
+
+    pub fn name(&self) -> String {
+        match self {
+            TopologyChoice::Ring => "ring".into(),
+            TopologyChoice::FullyConnected => "fully-connected".into(),
+            TopologyChoice::Exponential => "exponential".into(),
+            TopologyChoice::DCliques => "dcliques".into(),
+            TopologyChoice::ProxyClumps => "proxy-clumps".into(),
+            TopologyChoice::Moshpit => "moshpit".into(),
+            TopologyChoice::RandomRegular { degree } => format!("random-regular:{degree}"),
+        }
+    }
+
+    /// The algorithm a topology is meant for: clique averaging on cliques, Moshpit on its grid.
+    pub fn default_algorithm(&self) -> AlgorithmKind {
+        match self {
+            TopologyChoice::DCliques | TopologyChoice::ProxyClumps => {
+                AlgorithmKind::CliqueAveraging
+            }
+            TopologyChoice::Moshpit => AlgorithmKind::Moshpit,
+            _ => AlgorithmKind::Dpsgd,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct SimulationConfig {
+    pub members: usize,
+    pub topologies: Vec<TopologyChoice>,
+    /// None: each topology's own algorithm (see `default_algorithm`).
+    pub algorithm: Option<AlgorithmKind>,
+    pub partition: Partition,
+    pub model: ModelKind,
+    pub steps: u64,
+    pub eval_every: u64,
+    pub batch_size: usize,
+    pub learning_rate: f64,
+    pub optimizer: OptimizerKind,
+    pub momentum: f64,
+    pub average_every: u64,
+    pub compression: Compression,
+    pub seed: u64,
+    pub clique_size: usize,
+    pub inter_clique: InterClique,
+    pub clumps: Option<usize>,
+    pub group_size: usize,
+    /// Local steps each member takes on a throw-away copy before reporting its proxy vector.
+    pub proxy_warmup_steps: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct CurvePoint {
+    pub step: u64,
+    pub mean_accuracy: f64,
+    pub min_accuracy: f64,
+    pub max_accuracy: f64,
+    pub mean_test_loss: f64,
+    /// Mean training loss since the previous point (none at step 0).
+    pub mean_train_loss: Option<f64>,
+    pub consensus_distance: f64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TopologyResult {
+    pub topology: String,
+    pub algorithm: String,
+    pub members: usize,
+    pub edges: usize,
+    pub final_test_accuracy: f64,
+    pub bytes_sent: u64,
+    pub wall_seconds: f64,
+    pub curve: Vec<CurvePoint>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SimulationError {
+    #[error(transparent)]
+    Topology(#[from] topology::TopologyError),
+    #[error(transparent)]
+    Member(#[from] MemberError),
+    #[error("{0}")]
+    Config(String),
+}
+
+/// One member's evaluation at one step.
+struct Evaluation {
+    accuracy: f64,
+    test_loss: f64,
+    train_loss: Option<f64>,
+    params: Vec<f32>,
+}
+
+/// Evaluations deposited by members; a curve point is made once all have reported a step.
+#[derive(Default)]
+struct Collector {
+    pending: BTreeMap<u64, Vec<Evaluation>>,
+    curve: Vec<CurvePoint>,
+    finished: usize,
+    /// Rung when a curve point completes or a member finishes, so progress prints live.
+    bell: Rc<tokio::sync::Notify>,
+}
+
+impl Collector {
+    fn deposit(&mut self, members: usize, step: u64, evaluation: Evaluation) {
+        let entries = self.pending.entry(step).or_default();
+        entries.push(evaluation);
+        if entries.len() == members {
+            let entries = self.pending.remove(&step).expect("present");
+            let n = entries.len() as f64;
+            let accs: Vec<f64> = entries.iter().map(|e| e.accuracy).collect();
+            let params: Vec<&[f32]> = entries.iter().map(|e| e.params.as_slice()).collect();
+            self.curve.push(CurvePoint {
+                step,
+                mean_accuracy: accs.iter().sum::<f64>() / n,
+                min_accuracy: accs.iter().copied().fold(f64::INFINITY, f64::min),
+                max_accuracy: accs.iter().copied().fold(0.0, f64::max),
+                mean_test_loss: entries.iter().map(|e| e.test_loss).sum::<f64>() / n,
+                mean_train_loss: entries
+                    .iter()
+                    .map(|e| e.train_loss)
+                    .sum::<Option<f64>>()
+                    .map(|total| total / n),
+                consensus_distance: consensus_distance(&params),
+            });
+            self.bell.notify_one();
+        }
+    }
+}
+
+fn build_topology<B: AutodiffBackend>(
+    config: &SimulationConfig,
+    choice: TopologyChoice,
+    shards: &[Dataset],
+    proxy_batch: &Dataset,
+    initial: &Model<B>,
+    device: &B::Device,
+) -> Result<Topology, SimulationError> {
+    let ids: Vec<MemberId> = (0..config.members as MemberId).collect();
+    // What the control plane would learn from join reports: histograms, and for proxy clumps the
+    // mean softmax on a shared proxy batch after a short local warm-up.
+    let mut profiles: Vec<MemberProfile> = ids
+        .iter()
+        .map(|&id| MemberProfile {
+            id,
+            histogram: Some(
+                shards[id as usize]
+                    .label_histogram()
+                    .iter()
+                    .map(|&c| c as f64)
+                    .collect(),
+            ),
+            proxy: None,
+        })
+        .collect();
+    let spec = |kind| {
+        let mut s = BuildSpec::new(kind);
+        s.seed = config.seed;
+        s.clique_size = config.clique_size;
+        s.inter_clique = config.inter_clique;
+        s.clumps = config.clumps;
+        s
+    };
+    Ok(match choice {
+        TopologyChoice::Ring => topology::build(&spec(TopologyKind::Ring), &profiles)?,
+        TopologyChoice::FullyConnected => {
+            topology::build(&spec(TopologyKind::FullyConnected), &profiles)?
+        }
+        TopologyChoice::Exponential => {
+            topology::build(&spec(TopologyKind::Exponential), &profiles)?
+        }
+        TopologyChoice::DCliques => topology::build(&spec(TopologyKind::DCliques), &profiles)?,
+        TopologyChoice::Moshpit => topology::moshpit(&profiles, config.group_size)?,
+        TopologyChoice::RandomRegular { degree } => {
+            topology::random_regular(&profiles, degree, config.seed)?
+        }
+        TopologyChoice::ProxyClumps => {
+            for p in &mut profiles {
+                let member_config = member_config(config, AlgorithmKind::Dpsgd);
+                let mut warm = Member::new(
+                    p.id,
+                    member_config,
+                    initial.clone(),
+                    shards[p.id as usize].clone(),
+                    device.clone(),
+                )?;
+                for _ in 0..config.proxy_warmup_steps {
+                    warm.local_step();
+                }
+                p.proxy = Some(
+                    warm.proxy_vector(proxy_batch)
+                        .into_iter()
+                        .map(f64::from)
+                        .collect(),
+                );
+            }
+            topology::build(&spec(TopologyKind::ProxyClumps), &profiles)?
+        }
+    })
+}
+
+fn member_config(config: &SimulationConfig, algorithm: AlgorithmKind) -> MemberConfig {
+    MemberConfig {
+        algorithm,
+        average_every: config.average_every,
+        compression: config.compression,
+        optimizer: config.optimizer,
+        momentum: config.momentum,
+        learning_rate: config.learning_rate,
+        batch_size: config.batch_size,
+        seed: config.seed,
+        group_size: config.group_size,
+    }
+}
+
+/// Run every configured topology on the same data, seed and steps.
+pub fn simulate<B: AutodiffBackend>(
+    config: &SimulationConfig,
+    data: &Split,
+    device: &B::Device,
+    mut progress: impl FnMut(&str, &CurvePoint),
+) -> Result<Vec<TopologyResult>, SimulationError> {
+    if config.members == 0 || config.steps == 0 {
+        return Err(SimulationError::Config(
+            "members and steps must be at least 1".into(),
+        ));
+    }
+    let parts = config
+        .partition
+        .assign(&data.train.labels, config.members, config.seed);
+    let shards: Vec<Dataset> = parts.iter().map(|ix| data.train.subset(ix)).collect();
+    debug_assert!(
+        parts
+            .iter()
+            .zip(&shards)
+            .all(|(ix, s)| label_histogram(&data.train.labels, ix) == s.label_histogram())
+    );
+    // A fixed proxy batch every member shares: the first 100 test images.
+    let proxy_batch = data
+        .test
+        .subset(&(0..100.min(data.test.len())).collect::<Vec<_>>());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a current-thread runtime");
+
+    let mut results = Vec::new();
+    for &choice in &config.topologies {
+        B::seed(device, config.seed);
+        let initial = Model::<B>::new(config.model, device);
+        let topo = build_topology(config, choice, &shards, &proxy_batch, &initial, device)?;
+        let doc = topo.to_document(|_| None);
+        let algorithm = config
+            .algorithm
+            .unwrap_or_else(|| choice.default_algorithm());
+        let started = Instant::now();
+
+        let boxes = Rc::new(Mailboxes::default());
+        let collector = Rc::new(RefCell::new(Collector::default()));
+        let local = tokio::task::LocalSet::new();
+        let mut handles = Vec::new();
+        for id in 0..config.members as MemberId {
+            let hood =
+                Neighbourhood::from_document(&doc, id).expect("every member is in the document");
+            let mut member = Member::new(
+                id,
+                member_config(config, algorithm),
+                initial.clone(),
+                shards[id as usize].clone(),
+                device.clone(),
+            )?;
+            let mut exchange = LocalExchange {
+                me: id,
+                boxes: boxes.clone(),
+            };
+            let collector = collector.clone();
+            let (members, steps, eval_every, test) = (
+                config.members,
+                config.steps,
+                config.eval_every.max(1),
+                data.test.clone(),
+            );
+            handles.push(local.spawn_local(async move {
+                let outcome = async {
+                    // Step 0: where every topology starts from (the shared initial model).
+                    let (accuracy, test_loss) = member.evaluate(&test);
+                    let params = member.parameters();
+                    let evaluation = Evaluation {
+                        accuracy,
+                        test_loss,
+                        train_loss: None,
+                        params,
+                    };
+                    collector.borrow_mut().deposit(members, 0, evaluation);
+                    let mut recent = Vec::new();
+                    for step in 0..steps {
+                        let report = member.step(step, &hood, &mut exchange).await?;
+                        recent.push(report.loss);
+                        if (step + 1) % eval_every == 0 || step + 1 == steps {
+                            let (accuracy, test_loss) = member.evaluate(&test);
+                            let train_loss =
+                                Some(recent.iter().sum::<f64>() / recent.len().max(1) as f64);
+                            recent.clear();
+                            let params = member.parameters();
+                            collector.borrow_mut().deposit(
+                                members,
+                                step + 1,
+                                Evaluation {
+                                    accuracy,
+                                    test_loss,
+                                    train_loss,
+                                    params,
+                                },
+                            );
+                        }
+                    }
+                    Ok::<u64, MemberError>(member.bytes_sent)
+                }
+                .await;
+                // Counted even on error, so the driver never waits for a member that is gone.
+                let mut c = collector.borrow_mut();
+                c.finished += 1;
+                c.bell.notify_one();
+                outcome
+            }));
+        }
+        let name = choice.name();
+        let bytes_sent = local.block_on(&runtime, async {
+            let mut reported = 0;
+            loop {
+                let bell = collector.borrow().bell.clone();
+                let rung = bell.notified();
+                let all_done = {
+                    let c = collector.borrow();
+                    for point in &c.curve[reported..] {
+                        progress(&name, point);
+                    }
+                    reported = c.curve.len();
+                    c.finished == config.members
+                };
+                if all_done {
+                    break;
+                }
+                rung.await;
+            }
+            let mut total = 0u64;
+            for handle in handles {
+                total += handle.await.expect("member task panicked")?;
+            }
+            Ok::<u64, MemberError>(total)
+        })?;
+        let curve = std::mem::take(&mut collector.borrow_mut().curve);
+        results.push(TopologyResult {
+            topology: name,
+            algorithm: format!("{algorithm:?}"),
+            members: config.members,
+            edges: topo.graph.edge_count(),
+            final_test_accuracy: curve.last().map_or(0.0, |p| p.mean_accuracy),
+            bytes_sent,
+            wall_seconds: started.elapsed().as_secs_f64(),
+            curve,
+        });
+    }
+    Ok(results)
+}

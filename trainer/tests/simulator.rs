@@ -1,0 +1,130 @@
+//! The simulator end to end, on small jobs: same member code, in-process exchange.
+
+use burn::backend::{Autodiff, NdArray};
+use murmur_core::api::{InterClique, ModelKind, OptimizerKind};
+use murmur_trainer::compression::Compression;
+use murmur_trainer::data::{self, partition::Partition};
+use murmur_trainer::simulator::{SimulationConfig, TopologyChoice, simulate};
+
+type B = Autodiff<NdArray<f32>>;
+
+fn config(
+    members: usize,
+    topologies: Vec<TopologyChoice>,
+    partition: Partition,
+    steps: u64,
+) -> SimulationConfig {
+    SimulationConfig {
+        members,
+        topologies,
+        algorithm: None,
+        partition,
+        model: ModelKind::LogisticRegression,
+        steps,
+        eval_every: steps,
+        batch_size: 16,
+        learning_rate: 0.05,
+        optimizer: OptimizerKind::Sgd,
+        momentum: 0.9,
+        average_every: 1,
+        compression: Compression::None,
+        seed: 3,
+        clique_size: 5,
+        inter_clique: InterClique::SmallWorld,
+        clumps: None,
+        group_size: 3,
+        proxy_warmup_steps: 5,
+    }
+}
+
+#[test]
+fn fully_connected_dpsgd_keeps_every_member_identical() {
+    let data = data::embedded();
+    let cfg = config(
+        6,
+        vec![TopologyChoice::FullyConnected],
+        Partition::ClassesPerMember { k: 1 },
+        20,
+    );
+    let results = simulate::<B>(&cfg, &data, &Default::default(), |_, _| {}).unwrap();
+    let last = results[0].curve.last().unwrap();
+    assert_eq!(last.step, 20);
+    // W = 1/n everywhere: after each round all members hold the exact average.
+    assert!(
+        last.consensus_distance < 1e-5,
+        "consensus distance {}",
+        last.consensus_distance
+    );
+    assert!(last.min_accuracy == last.max_accuracy);
+    assert_eq!(
+        results[0].curve[0].step, 0,
+        "curves start at the shared initial model"
+    );
+}
+
+#[test]
+fn every_topology_and_codec_trains() {
+    let data = data::embedded();
+    let topologies = vec![
+        TopologyChoice::DCliques,
+        TopologyChoice::ProxyClumps,
+        TopologyChoice::Ring,
+        TopologyChoice::Moshpit,
+        TopologyChoice::RandomRegular { degree: 3 },
+        TopologyChoice::Exponential,
+    ];
+    let mut cfg = config(10, topologies, Partition::Iid, 30);
+    cfg.compression = Compression::Int8;
+    let results = simulate::<B>(&cfg, &data, &Default::default(), |_, _| {}).unwrap();
+    assert_eq!(results.len(), 6);
+    for r in &results {
+        let (first, last) = (&r.curve[0], r.curve.last().unwrap());
+        assert!(
+            last.mean_accuracy > first.mean_accuracy + 0.3,
+            "{}: {} -> {}",
+            r.topology,
+            first.mean_accuracy,
+            last.mean_accuracy
+        );
+        assert!(r.bytes_sent > 0, "{} sent nothing", r.topology);
+    }
+    // int8 sends about a quarter of f32 bytes.
+    let dense = simulate::<B>(
+        &config(10, vec![TopologyChoice::Ring], Partition::Iid, 30),
+        &data,
+        &Default::default(),
+        |_, _| {},
+    )
+    .unwrap();
+    let ring_int8 = results.iter().find(|r| r.topology == "ring").unwrap();
+    let ratio = ring_int8.bytes_sent as f64 / dense[0].bytes_sent as f64;
+    assert!((0.25..0.27).contains(&ratio), "int8/f32 byte ratio {ratio}");
+}
+
+#[test]
+fn gossip_and_top_k_train_too() {
+    let data = data::embedded();
+    let mut cfg = config(8, vec![TopologyChoice::Ring], Partition::Iid, 30);
+    cfg.algorithm = Some(murmur_core::api::AlgorithmKind::Gossip);
+    cfg.compression = Compression::TopK { ratio: 0.2 };
+    let r = &simulate::<B>(&cfg, &data, &Default::default(), |_, _| {}).unwrap()[0];
+    assert!(
+        r.curve.last().unwrap().mean_accuracy > 0.6,
+        "{:?}",
+        r.curve.last()
+    );
+}
+
+#[test]
+fn same_seed_same_curves() {
+    let data = data::embedded();
+    let cfg = config(
+        5,
+        vec![TopologyChoice::DCliques],
+        Partition::ClassesPerMember { k: 2 },
+        10,
+    );
+    let a = simulate::<B>(&cfg, &data, &Default::default(), |_, _| {}).unwrap();
+    let b = simulate::<B>(&cfg, &data, &Default::default(), |_, _| {}).unwrap();
+    assert_eq!(a[0].curve, b[0].curve);
+}
