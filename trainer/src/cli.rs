@@ -50,6 +50,12 @@ enum Inter {
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
+enum Backend {
+    Cpu,
+    Cuda,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
 enum Optim {
     Sgd,
     Adam,
@@ -104,6 +110,12 @@ struct SimulateArgs {
     group_size: usize,
     #[arg(long, default_value_t = 20)]
     proxy_warmup_steps: u64,
+    /// Where the tensors live: cpu (ndarray) or cuda (needs a build with --features cuda).
+    #[arg(long, value_enum, default_value = "cpu")]
+    backend: Backend,
+    /// Training data: embedded (the 5 000-image sample), idx:DIR or csv:DIR.
+    #[arg(long, default_value = "embedded")]
+    data: String,
     /// Write curves.csv, results.json and accuracy.png here.
     #[arg(long)]
     output: Option<PathBuf>,
@@ -129,6 +141,47 @@ impl CliError {
             _ => 1,
         }
     }
+}
+
+fn load_data(spec: &str) -> Result<data::Split, CliError> {
+    use murmur_core::api::{DatasetSource, DatasetSpec};
+    let (source, path) = match spec.split_once(':') {
+        None if spec == "embedded" => (DatasetSource::Embedded, None),
+        Some(("idx", dir)) => (DatasetSource::Idx, Some(dir.to_string())),
+        Some(("csv", dir)) => (DatasetSource::Csv, Some(dir.to_string())),
+        _ => {
+            return Err(CliError::Flag(format!(
+                "--data {spec:?}: use embedded, idx:DIR or csv:DIR"
+            )));
+        }
+    };
+    Ok(data::load(&DatasetSpec { source, path })?)
+}
+
+fn run_on<B: burn::tensor::backend::AutodiffBackend>(
+    config: &SimulationConfig,
+    data: &data::Split,
+) -> Result<Vec<simulator::TopologyResult>, CliError> {
+    let device = B::Device::default();
+    println!(
+        "{:<18} {:>6} {:>9} {:>9} {:>11}",
+        "topology", "step", "accuracy", "min", "consensus"
+    );
+    Ok(simulator::simulate::<B>(
+        config,
+        data,
+        &device,
+        |name, p| {
+            println!(
+                "{:<18} {:>6} {:>8.2}% {:>8.2}% {:>11.4}",
+                name,
+                p.step,
+                100.0 * p.mean_accuracy,
+                100.0 * p.min_accuracy,
+                p.consensus_distance
+            );
+        },
+    )?)
 }
 
 fn compression(text: &str) -> Result<Compression, CliError> {
@@ -204,23 +257,20 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             args.momentum
         )));
     }
-    let data = data::embedded();
-    type B = burn::backend::Autodiff<burn::backend::NdArray<f32>>;
-    let device = Default::default();
-    println!(
-        "{:<18} {:>6} {:>9} {:>9} {:>11}",
-        "topology", "step", "accuracy", "min", "consensus"
-    );
-    let results = simulator::simulate::<B>(&config, &data, &device, |name, p| {
-        println!(
-            "{:<18} {:>6} {:>8.2}% {:>8.2}% {:>11.4}",
-            name,
-            p.step,
-            100.0 * p.mean_accuracy,
-            100.0 * p.min_accuracy,
-            p.consensus_distance
-        );
-    })?;
+    let data = load_data(&args.data)?;
+    let results = match args.backend {
+        Backend::Cpu => {
+            run_on::<burn::backend::Autodiff<burn::backend::NdArray<f32>>>(&config, &data)?
+        }
+        #[cfg(feature = "cuda")]
+        Backend::Cuda => run_on::<burn::backend::Autodiff<burn::backend::Cuda>>(&config, &data)?,
+        #[cfg(not(feature = "cuda"))]
+        Backend::Cuda => {
+            return Err(CliError::Flag(
+                "--backend cuda: this murmur-trainer was built without CUDA; rebuild with `cargo build --release -p murmur-trainer --features cuda`".into(),
+            ));
+        }
+    };
     println!(
         "\n{:<18} {:<16} {:>9} {:>7} {:>12} {:>9}",
         "topology", "algorithm", "accuracy", "edges", "MB sent", "seconds"

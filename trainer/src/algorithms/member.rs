@@ -132,8 +132,10 @@ impl<B: AutodiffBackend> Member<B> {
         self.model.as_ref().expect("model present between steps")
     }
 
-    pub fn parameters(&self) -> Vec<f32> {
-        model::export(self.model()).0
+    pub fn parameters(&mut self) -> Vec<f32> {
+        let (model, values, _) = model::export(self.model.take().expect("model present"));
+        self.model = Some(model);
+        values
     }
 
     /// Test accuracy and mean cross-entropy of this member's model.
@@ -325,7 +327,8 @@ impl<B: AutodiffBackend> Member<B> {
 
         if (step + 1).is_multiple_of(self.config.average_every.max(1)) {
             let round = step / self.config.average_every.max(1);
-            let own = model::export(&model).0;
+            let (exported, own, _) = model::export(model);
+            model = exported;
             let mixed = match self.config.algorithm {
                 AlgorithmKind::Dpsgd | AlgorithmKind::CliqueAveraging => {
                     let peers: Vec<MemberId> = hood.neighbours.iter().map(|(id, _)| *id).collect();

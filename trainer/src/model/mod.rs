@@ -11,7 +11,8 @@ use burn::tensor::backend::Backend;
 use murmur_core::api::ModelKind;
 
 pub use flat::{
-    FlatError, Layout, ParamSlot, export, export_gradients, gradients_from_flat, import, layout,
+    FlatError, Layout, ParamSlot, export, export_gradients, export_into, gradients_from_flat,
+    import, layout,
 };
 
 use crate::data::{CLASSES, IMAGE_PIXELS, IMAGE_SIDE};

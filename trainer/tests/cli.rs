@@ -1,0 +1,100 @@
+//! `murmur-trainer` as a user runs it.
+
+use std::process::{Command, Output};
+
+fn trainer(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_murmur-trainer"))
+        .args(args)
+        .output()
+        .expect("murmur-trainer runs")
+}
+
+fn fails_with(args: &[&str], expected: &str) {
+    let out = trainer(args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+    assert!(err.contains(expected), "{args:?}: {err}");
+}
+
+#[test]
+fn simulate_writes_curves_results_and_a_plot() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("out");
+    let out = trainer(&[
+        "simulate",
+        "--members",
+        "6",
+        "--steps",
+        "6",
+        "--eval-every",
+        "3",
+        "--topology",
+        "dcliques,ring",
+        "--clique-size",
+        "3",
+        "--output",
+        out_dir.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("dcliques") && stdout.contains("CliqueAveraging"),
+        "{stdout}"
+    );
+    let csv = std::fs::read_to_string(out_dir.join("curves.csv")).unwrap();
+    assert!(csv.starts_with("topology,algorithm,step,mean_accuracy"));
+    assert_eq!(
+        csv.lines().count(),
+        1 + 2 * 3,
+        "steps 0, 3 and 6 for two topologies"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("results.json")).unwrap())
+            .unwrap();
+    let results = json["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2);
+    for r in results {
+        for key in ["final_test_accuracy", "edges", "bytes_sent", "wall_seconds"] {
+            assert!(r[key].is_number(), "results.{key}");
+        }
+    }
+    let png = std::fs::read(out_dir.join("accuracy.png")).unwrap();
+    assert!(png.starts_with(b"\x89PNG"), "accuracy.png is a PNG");
+}
+
+#[test]
+fn bad_flags_and_data_exit_2_naming_the_cause() {
+    fails_with(&["simulate", "--partition", "dirichlet:-1"], "--partition");
+    fails_with(
+        &["simulate", "--topology", "ring,hexagon"],
+        "unknown topology \"hexagon\"",
+    );
+    fails_with(&["simulate", "--compression", "top-k:2"], "--compression");
+    fails_with(&["simulate", "--learning-rate", "0"], "--learning-rate");
+    fails_with(&["simulate", "--data", "parquet:/x"], "--data");
+    fails_with(
+        &["simulate", "--data", "idx:/nonexistent/mnist"],
+        "/nonexistent/mnist: none of train-images-idx3-ubyte",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    for name in [
+        "train-images-idx3-ubyte",
+        "train-labels-idx1-ubyte",
+        "t10k-images-idx3-ubyte",
+        "t10k-labels-idx1-ubyte",
+    ] {
+        std::fs::write(dir.path().join(name), b"not an idx file").unwrap();
+    }
+    let data = format!("idx:{}", dir.path().display());
+    fails_with(
+        &["simulate", "--data", &data],
+        "train-images-idx3-ubyte: magic number",
+    );
+    if !cfg!(feature = "cuda") {
+        fails_with(&["simulate", "--backend", "cuda"], "rebuild with");
+    }
+}
