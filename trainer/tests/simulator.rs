@@ -102,11 +102,13 @@ fn every_topology_and_codec_trains() {
 }
 
 #[test]
-fn gossip_and_top_k_train_too() {
+fn gossip_top_k_and_adam_train_too() {
     let data = data::embedded();
     let mut cfg = config(8, vec![TopologyChoice::Ring], Partition::Iid, 30);
     cfg.algorithm = Some(murmur_core::api::AlgorithmKind::Gossip);
     cfg.compression = Compression::TopK { ratio: 0.2 };
+    cfg.optimizer = OptimizerKind::Adam;
+    cfg.learning_rate = 0.005;
     let r = &simulate::<B>(&cfg, &data, &Default::default(), |_, _| {}).unwrap()[0];
     assert!(
         r.curve.last().unwrap().mean_accuracy > 0.6,

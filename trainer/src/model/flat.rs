@@ -277,8 +277,19 @@ impl<B: Backend> ModuleMapper<B> for Importer<'_, B> {
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
         let slot = self.slots.next().expect("layout checked before import");
         let (id, old, mapper) = param.consume();
-        let mut tensor = Tensor::<B, D>::from_data(slot_data(self.values, slot), &self.device);
-        if old.is_require_grad() {
+        let require_grad = old.is_require_grad();
+        let values = &self.values[slot.offset..slot.offset + slot.len()];
+        // Reuse the old parameter's buffer: its pages are mapped, so the copy runs at memcpy speed
+        // instead of faulting in fresh memory. (Unshared storage is handed over without a copy.)
+        let data = match old.into_data().into_vec::<f32>() {
+            Ok(mut buffer) if buffer.len() == values.len() => {
+                buffer.copy_from_slice(values);
+                TensorData::new(buffer, slot.shape.clone())
+            }
+            _ => slot_data(self.values, slot),
+        };
+        let mut tensor = Tensor::<B, D>::from_data(data, &self.device);
+        if require_grad {
             tensor = tensor.require_grad();
         }
         Param::from_mapped_value(id, tensor, mapper)
