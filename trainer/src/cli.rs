@@ -158,6 +158,20 @@ fn load_data(spec: &str) -> Result<data::Split, CliError> {
     Ok(data::load(&DatasetSpec { source, path })?)
 }
 
+/// burn's CUDA backend panics when the driver library is missing; say so plainly instead.
+#[cfg(feature = "cuda")]
+fn cuda_driver_present() -> Result<(), CliError> {
+    for name in ["libcuda.so.1", "libcuda.so"] {
+        // SAFETY: loading the NVIDIA driver library runs its initialisers, as burn itself would.
+        if unsafe { libloading::Library::new(name) }.is_ok() {
+            return Ok(());
+        }
+    }
+    Err(CliError::Flag(
+        "--backend cuda: the NVIDIA driver library (libcuda.so.1) is not on this machine; run on a GPU node or use --backend cpu".into(),
+    ))
+}
+
 fn run_on<B: burn::tensor::backend::AutodiffBackend>(
     config: &SimulationConfig,
     data: &data::Split,
@@ -263,7 +277,10 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             run_on::<burn::backend::Autodiff<burn::backend::NdArray<f32>>>(&config, &data)?
         }
         #[cfg(feature = "cuda")]
-        Backend::Cuda => run_on::<burn::backend::Autodiff<burn::backend::Cuda>>(&config, &data)?,
+        Backend::Cuda => {
+            cuda_driver_present()?;
+            run_on::<burn::backend::Autodiff<burn::backend::Cuda>>(&config, &data)?
+        }
         #[cfg(not(feature = "cuda"))]
         Backend::Cuda => {
             return Err(CliError::Flag(
