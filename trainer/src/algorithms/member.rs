@@ -95,6 +95,7 @@ pub struct Member<B: AutodiffBackend> {
     pub bytes_sent: u64,
     pub bytes_received: u64,
     device: B::Device,
+    scratch: Vec<f32>,
 }
 
 impl<B: AutodiffBackend> Member<B> {
@@ -125,6 +126,7 @@ impl<B: AutodiffBackend> Member<B> {
             bytes_sent: 0,
             bytes_received: 0,
             device,
+            scratch: Vec::new(),
         })
     }
 
@@ -327,7 +329,9 @@ impl<B: AutodiffBackend> Member<B> {
 
         if (step + 1).is_multiple_of(self.config.average_every.max(1)) {
             let round = step / self.config.average_every.max(1);
-            let (exported, own, _) = model::export(model);
+            // The scratch buffer keeps its pages between rounds: no page faults on every export.
+            let mut own = std::mem::take(&mut self.scratch);
+            let (exported, _) = model::export_into(model, &mut own);
             model = exported;
             let mixed = match self.config.algorithm {
                 AlgorithmKind::Dpsgd | AlgorithmKind::CliqueAveraging => {
@@ -372,6 +376,7 @@ impl<B: AutodiffBackend> Member<B> {
                     Some(mean(&own, &refs))
                 }
             };
+            self.scratch = own;
             if let Some(mixed) = mixed {
                 model = model::import(model, &mixed, &self.layout)?;
             }
