@@ -88,6 +88,29 @@ pub enum FlatError {
     MissingGradient(String),
 }
 
+/// The module path of the parameter being visited, e.g. `blocks.0.norm.gamma`.
+#[derive(Default)]
+struct ModulePath(Vec<String>);
+
+impl ModulePath {
+    fn enter(&mut self, name: &str, container: &str) {
+        // An enum variant is the model kind, not a field: it adds no path segment.
+        if !container.starts_with("Enum:") {
+            self.0.push(name.to_string());
+        }
+    }
+
+    fn exit(&mut self, container: &str) {
+        if !container.starts_with("Enum:") {
+            self.0.pop();
+        }
+    }
+
+    fn current(&self) -> String {
+        self.0.join(".")
+    }
+}
+
 /// What a walk over the parameters collects besides the layout.
 enum Collect<'a> {
     Nothing,
@@ -95,7 +118,7 @@ enum Collect<'a> {
 }
 
 struct Walker<'a, B: Backend> {
-    path: Vec<String>,
+    path: ModulePath,
     layout: Layout,
     collect: Collect<'a>,
     missing: Option<String>,
@@ -105,7 +128,7 @@ struct Walker<'a, B: Backend> {
 impl<'a, B: Backend> Walker<'a, B> {
     fn new(collect: Collect<'a>) -> Self {
         Self {
-            path: Vec::new(),
+            path: ModulePath::default(),
             layout: Layout::default(),
             collect,
             missing: None,
@@ -123,22 +146,17 @@ fn append(out: &mut Vec<f32>, data: &TensorData) {
 
 impl<B: Backend> ModuleVisitor<B> for Walker<'_, B> {
     fn enter_module(&mut self, name: &str, container: &str) {
-        // An enum variant is the model kind, not a field: it adds no path segment.
-        if !container.starts_with("Enum:") {
-            self.path.push(name.to_string());
-        }
+        self.path.enter(name, container);
     }
 
     fn exit_module(&mut self, _name: &str, container: &str) {
-        if !container.starts_with("Enum:") {
-            self.path.pop();
-        }
+        self.path.exit(container);
     }
 
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         let shape: Vec<usize> = param.shape().dims::<D>().to_vec();
         let slot = ParamSlot {
-            path: self.path.join("."),
+            path: self.path.current(),
             shape,
             offset: self.layout.len(),
         };
@@ -168,21 +186,17 @@ pub fn layout<B: Backend, M: Module<B>>(model: &M) -> Layout {
 /// copy of its own (a shared one would be copied element by element, ~150x slower than memcpy).
 struct Exporter<'a> {
     out: &'a mut Vec<f32>,
-    path: Vec<String>,
+    path: ModulePath,
     layout: Layout,
 }
 
 impl<B: Backend> ModuleMapper<B> for Exporter<'_> {
     fn enter_module(&mut self, name: &str, container: &str) {
-        if !container.starts_with("Enum:") {
-            self.path.push(name.to_string());
-        }
+        self.path.enter(name, container);
     }
 
     fn exit_module(&mut self, _name: &str, container: &str) {
-        if !container.starts_with("Enum:") {
-            self.path.pop();
-        }
+        self.path.exit(container);
     }
 
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
@@ -191,7 +205,7 @@ impl<B: Backend> ModuleMapper<B> for Exporter<'_> {
         let require_grad = tensor.is_require_grad();
         let shape: Vec<usize> = tensor.shape().dims::<D>().to_vec();
         let slot = ParamSlot {
-            path: self.path.join("."),
+            path: self.path.current(),
             shape,
             offset: self.layout.len(),
         };
@@ -221,7 +235,7 @@ pub fn export_into<B: Backend, M: Module<B>>(model: M, out: &mut Vec<f32>) -> (M
     out.reserve(model.num_params());
     let mut e = Exporter {
         out,
-        path: Vec::new(),
+        path: ModulePath::default(),
         layout: Layout::default(),
     };
     let model = model.map(&mut e);
