@@ -3,7 +3,8 @@
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use murmur_core::api::{AlgorithmKind, InterClique, ModelKind, OptimizerKind};
+use murmur_core::api::{AlgorithmKind, ModelKind, OptimizerKind};
+use murmur_core::topology::TopologyFlags;
 use murmur_trainer::compression::Compression;
 use murmur_trainer::data::{self, DataError, partition::Partition};
 use murmur_trainer::simulator::{self, SimulationConfig, SimulationError, TopologyChoice, output};
@@ -39,14 +40,6 @@ enum Algorithm {
     Gossip,
     CliqueAveraging,
     Moshpit,
-}
-
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum Inter {
-    Ring,
-    SmallWorld,
-    Fractal,
-    FullyConnected,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -100,14 +93,8 @@ struct SimulateArgs {
     compression: String,
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    #[arg(long, default_value_t = 10)]
-    clique_size: usize,
-    #[arg(long, value_enum, default_value = "small-world")]
-    inter_clique: Inter,
-    #[arg(long)]
-    clumps: Option<usize>,
-    #[arg(long, default_value_t = 4)]
-    group_size: usize,
+    #[command(flatten)]
+    topology_flags: TopologyFlags,
     #[arg(long, default_value_t = 20)]
     proxy_warmup_steps: u64,
     /// Where the tensors live: cpu (ndarray) or cuda (needs a build with --features cuda).
@@ -248,15 +235,10 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         average_every: args.average_every,
         compression: compression(&args.compression)?,
         seed: args.seed,
-        clique_size: args.clique_size,
-        inter_clique: match args.inter_clique {
-            Inter::Ring => InterClique::Ring,
-            Inter::SmallWorld => InterClique::SmallWorld,
-            Inter::Fractal => InterClique::Fractal,
-            Inter::FullyConnected => InterClique::FullyConnected,
-        },
-        clumps: args.clumps,
-        group_size: args.group_size,
+        clique_size: args.topology_flags.clique_size,
+        inter_clique: args.topology_flags.inter_clique,
+        clumps: args.topology_flags.clumps,
+        group_size: args.topology_flags.group_size,
         proxy_warmup_steps: args.proxy_warmup_steps,
     };
     if !(args.learning_rate > 0.0 && args.learning_rate.is_finite()) {

@@ -120,6 +120,7 @@ pub enum TopologyKind {
 }
 
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "camelCase")]
 pub enum InterClique {
     Ring,

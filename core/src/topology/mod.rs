@@ -3,6 +3,8 @@
 
 mod cliques;
 pub mod dcliques;
+#[cfg(feature = "cli")]
+mod flags;
 pub mod graph;
 pub mod measures;
 pub mod moshpit;
@@ -19,6 +21,8 @@ use crate::api::{InterClique, TopologyKind};
 use crate::contract::{DocumentEdge, DocumentMember, TopologyDocument};
 
 pub use cliques::{Bridge, CliqueFlavour, CliqueLayout};
+#[cfg(feature = "cli")]
+pub use flags::TopologyFlags;
 pub use graph::{Graph, MemberId};
 pub use measures::{Measures, measure};
 pub use moshpit::MoshpitGrid;

@@ -4,10 +4,10 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
-use murmur_core::api::{InterClique, TopologyKind};
+use murmur_core::api::TopologyKind;
 use murmur_core::contract::{JoinReport, TopologyDocument};
 use murmur_core::topology::{
-    self, BuildSpec, Measures, MemberProfile, Topology, TopologyError, render,
+    self, Measures, MemberProfile, Topology, TopologyError, TopologyFlags, render,
 };
 use serde::{Deserialize, Serialize};
 
@@ -19,14 +19,6 @@ pub enum Kind {
     Dcliques,
     ProxyClumps,
     Moshpit,
-}
-
-#[derive(Clone, Copy, Debug, ValueEnum)]
-pub enum Inter {
-    Ring,
-    SmallWorld,
-    Fractal,
-    FullyConnected,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -52,18 +44,8 @@ pub struct TopologyArgs {
     /// trainers' join reports ([{"memberId", "labelHistogram", "proxyVector"?}, ...]).
     #[arg(long)]
     histograms: Option<PathBuf>,
-    /// dcliques: members per clique.
-    #[arg(long, default_value_t = 10)]
-    clique_size: usize,
-    /// dcliques: how cliques are linked.
-    #[arg(long, value_enum, default_value = "small-world")]
-    inter_clique: Inter,
-    /// proxy-clumps: number of clumps (default ceil(log2 members)).
-    #[arg(long)]
-    clumps: Option<usize>,
-    /// moshpit: grid side (members per group).
-    #[arg(long, default_value_t = 4)]
-    group_size: usize,
+    #[command(flatten)]
+    topology: TopologyFlags,
     /// Seed for Greedy Swap and k-means.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -170,7 +152,7 @@ pub fn build(args: &TopologyArgs) -> Result<Topology, TopologyCliError> {
     let members = profiles(args)?;
     let kind = match args.kind {
         Kind::Moshpit => {
-            let mut t = topology::moshpit(&members, args.group_size)?;
+            let mut t = topology::moshpit(&members, args.topology.group_size)?;
             remove(&mut t, &args.remove)?;
             return Ok(t);
         }
@@ -180,19 +162,8 @@ pub fn build(args: &TopologyArgs) -> Result<Topology, TopologyCliError> {
         Kind::Dcliques => TopologyKind::DCliques,
         Kind::ProxyClumps => TopologyKind::ProxyClumps,
     };
-    let spec = BuildSpec {
-        kind,
-        clique_size: args.clique_size,
-        inter_clique: match args.inter_clique {
-            Inter::Ring => InterClique::Ring,
-            Inter::SmallWorld => InterClique::SmallWorld,
-            Inter::Fractal => InterClique::Fractal,
-            Inter::FullyConnected => InterClique::FullyConnected,
-        },
-        clumps: args.clumps,
-        seed: args.seed,
-        swap_steps: args.swap_steps,
-    };
+    let mut spec = args.topology.build_spec(kind, args.seed);
+    spec.swap_steps = args.swap_steps;
     let mut t = topology::build(&spec, &members)?;
     remove(&mut t, &args.remove)?;
     Ok(t)
