@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::api::Progress;
+
 /// Sent once on start. The control plane never reads training data: data-aware topologies are
 /// built from these summaries only.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -25,23 +27,49 @@ pub enum TrainerState {
     Done,
 }
 
-/// A trainer's `/status` document.
+/// A trainer's `/status` document. Its progress fields are the job status's own `Progress`
+/// (flattened: `step`, `loss`, `accuracy`, `consensusDistance` at the top level).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TrainerStatus {
     pub member_id: u32,
     pub state: TrainerState,
-    pub step: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub loss: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub accuracy: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub consensus_distance: Option<f64>,
+    #[serde(flatten)]
+    pub progress: Progress,
     pub topology_version: u64,
     /// Neighbours heard from in the last round.
     pub neighbours_seen: Vec<u32>,
     pub bytes_in: u64,
     pub bytes_out: u64,
     pub rejected_frames: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_json_is_flat() {
+        let status = TrainerStatus {
+            member_id: 3,
+            state: TrainerState::Training,
+            progress: Progress {
+                step: 40,
+                loss: Some(0.5),
+                accuracy: None,
+                consensus_distance: Some(0.1),
+            },
+            topology_version: 2,
+            neighbours_seen: vec![2, 4],
+            bytes_in: 10,
+            bytes_out: 12,
+            rejected_frames: 0,
+        };
+        let v = serde_json::to_value(&status).unwrap();
+        assert_eq!(v["step"], 40);
+        assert_eq!(v["consensusDistance"], 0.1);
+        assert_eq!(v["state"], "training");
+        assert!(v.get("accuracy").is_none());
+        assert_eq!(serde_json::from_value::<TrainerStatus>(v).unwrap(), status);
+    }
 }
