@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use murmur_core::api::{AlgorithmKind, ModelKind, OptimizerKind};
-use murmur_core::topology::TopologyFlags;
+use murmur_core::topology::TopologyOptions;
 use murmur_trainer::compression::Compression;
 use murmur_trainer::data::{self, DataError, partition::Partition};
 use murmur_trainer::simulator::{self, SimulationConfig, SimulationError, TopologyChoice, output};
@@ -94,7 +94,7 @@ struct SimulateArgs {
     #[arg(long, default_value_t = 1)]
     seed: u64,
     #[command(flatten)]
-    topology_flags: TopologyFlags,
+    topology_options: TopologyOptions,
     #[arg(long, default_value_t = 20)]
     proxy_warmup_steps: u64,
     /// Where the tensors live: cpu (ndarray) or cuda (needs a build with --features cuda).
@@ -235,10 +235,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         average_every: args.average_every,
         compression: compression(&args.compression)?,
         seed: args.seed,
-        clique_size: args.topology_flags.clique_size,
-        inter_clique: args.topology_flags.inter_clique,
-        clumps: args.topology_flags.clumps,
-        group_size: args.topology_flags.group_size,
+        topology: args.topology_options,
         proxy_warmup_steps: args.proxy_warmup_steps,
     };
     if !(args.learning_rate > 0.0 && args.learning_rate.is_finite()) {

@@ -2,6 +2,7 @@
 
 use burn::backend::{Autodiff, NdArray};
 use murmur_core::api::{InterClique, ModelKind, OptimizerKind};
+use murmur_core::topology::TopologyOptions;
 use murmur_trainer::compression::Compression;
 use murmur_trainer::data::{self, partition::Partition};
 use murmur_trainer::simulator::{SimulationConfig, TopologyChoice, simulate};
@@ -29,10 +30,12 @@ fn config(
         average_every: 1,
         compression: Compression::None,
         seed: 3,
-        clique_size: 5,
-        inter_clique: InterClique::SmallWorld,
-        clumps: None,
-        group_size: 3,
+        topology: TopologyOptions {
+            clique_size: 5,
+            inter_clique: InterClique::SmallWorld,
+            clumps: None,
+            group_size: 3,
+        },
         proxy_warmup_steps: 5,
     }
 }

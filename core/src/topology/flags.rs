@@ -1,27 +1,29 @@
-//! Topology flags shared by `murmur topology` and `murmur-trainer simulate`.
+//! How to shape a topology beyond its kind: the options the job spec, `murmur topology` and
+//! `murmur-trainer simulate` share. With the `cli` feature they are also command-line flags.
 
 use crate::api::{InterClique, TopologyKind};
 
 use super::BuildSpec;
 
-#[derive(clap::Args, Debug, Clone, PartialEq)]
-pub struct TopologyFlags {
+#[derive(Debug, Clone, PartialEq)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+pub struct TopologyOptions {
     /// dcliques: members per clique.
-    #[arg(long, default_value_t = 10)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 10))]
     pub clique_size: usize,
     /// dcliques: how cliques are linked.
-    #[arg(long, value_enum, default_value = "small-world")]
+    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value = "small-world"))]
     pub inter_clique: InterClique,
     /// proxy-clumps: number of clumps (default ceil(log2 members)).
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub clumps: Option<usize>,
     /// moshpit: grid side (members per group).
-    #[arg(long, default_value_t = 4)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 4))]
     pub group_size: usize,
 }
 
-impl TopologyFlags {
-    /// A build spec for `kind` with these flags and `seed`.
+impl TopologyOptions {
+    /// A build spec for `kind` with these options and `seed`.
     pub fn build_spec(&self, kind: TopologyKind, seed: u64) -> BuildSpec {
         BuildSpec {
             clique_size: self.clique_size,

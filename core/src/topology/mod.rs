@@ -3,7 +3,6 @@
 
 mod cliques;
 pub mod dcliques;
-#[cfg(feature = "cli")]
 mod flags;
 pub mod graph;
 pub mod measures;
@@ -21,8 +20,7 @@ use crate::api::{InterClique, TopologyKind};
 use crate::contract::{DocumentEdge, DocumentMember, TopologyDocument};
 
 pub use cliques::{Bridge, CliqueFlavour, CliqueLayout};
-#[cfg(feature = "cli")]
-pub use flags::TopologyFlags;
+pub use flags::TopologyOptions;
 pub use graph::{Graph, MemberId};
 pub use measures::{Measures, measure};
 pub use moshpit::MoshpitGrid;

@@ -7,7 +7,7 @@ use clap::{Args, ValueEnum};
 use murmur_core::api::TopologyKind;
 use murmur_core::contract::{JoinReport, TopologyDocument};
 use murmur_core::topology::{
-    self, Measures, MemberProfile, Topology, TopologyError, TopologyFlags, render,
+    self, Measures, MemberProfile, Topology, TopologyError, TopologyOptions, render,
 };
 use serde::{Deserialize, Serialize};
 
@@ -45,7 +45,7 @@ pub struct TopologyArgs {
     #[arg(long)]
     histograms: Option<PathBuf>,
     #[command(flatten)]
-    topology: TopologyFlags,
+    topology: TopologyOptions,
     /// Seed for Greedy Swap and k-means.
     #[arg(long, default_value_t = 0)]
     seed: u64,

@@ -12,8 +12,8 @@ use std::time::Instant;
 use burn::tensor::backend::AutodiffBackend;
 use serde::Serialize;
 
-use murmur_core::api::{AlgorithmKind, InterClique, ModelKind, OptimizerKind, TopologyKind};
-use murmur_core::topology::{self, BuildSpec, MemberId, MemberProfile, Topology};
+use murmur_core::api::{AlgorithmKind, ModelKind, OptimizerKind, TopologyKind};
+use murmur_core::topology::{self, MemberId, MemberProfile, Topology, TopologyOptions};
 
 use crate::algorithms::mixing::consensus_distance;
 use crate::algorithms::{Member, MemberConfig, MemberError, Neighbourhood};
@@ -100,10 +100,7 @@ pub struct SimulationConfig {
     pub average_every: u64,
     pub compression: Compression,
     pub seed: u64,
-    pub clique_size: usize,
-    pub inter_clique: InterClique,
-    pub clumps: Option<usize>,
-    pub group_size: usize,
+    pub topology: TopologyOptions,
     /// Local steps each member takes on a throw-away copy before reporting its proxy vector.
     pub proxy_warmup_steps: u64,
 }
@@ -212,14 +209,7 @@ fn build_topology<B: AutodiffBackend>(
             proxy: None,
         })
         .collect();
-    let spec = |kind| {
-        let mut s = BuildSpec::new(kind);
-        s.seed = config.seed;
-        s.clique_size = config.clique_size;
-        s.inter_clique = config.inter_clique;
-        s.clumps = config.clumps;
-        s
-    };
+    let spec = |kind| config.topology.build_spec(kind, config.seed);
     Ok(match choice {
         TopologyChoice::Ring => topology::build(&spec(TopologyKind::Ring), &profiles)?,
         TopologyChoice::FullyConnected => {
@@ -229,7 +219,7 @@ fn build_topology<B: AutodiffBackend>(
             topology::build(&spec(TopologyKind::Exponential), &profiles)?
         }
         TopologyChoice::DCliques => topology::build(&spec(TopologyKind::DCliques), &profiles)?,
-        TopologyChoice::Moshpit => topology::moshpit(&profiles, config.group_size)?,
+        TopologyChoice::Moshpit => topology::moshpit(&profiles, config.topology.group_size)?,
         TopologyChoice::RandomRegular { degree } => {
             topology::random_regular(&profiles, degree, config.seed)?
         }
@@ -268,7 +258,7 @@ fn member_config(config: &SimulationConfig, algorithm: AlgorithmKind) -> MemberC
         learning_rate: config.learning_rate,
         batch_size: config.batch_size,
         seed: config.seed,
-        group_size: config.group_size,
+        group_size: config.topology.group_size,
     }
 }
 
