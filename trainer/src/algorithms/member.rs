@@ -333,13 +333,29 @@ impl<B: AutodiffBackend> Member<B> {
             let mut own = std::mem::take(&mut self.scratch);
             let (exported, _) = model::export_into(model, &mut own);
             model = exported;
-            let mixed = match self.config.algorithm {
+            // Who to average with this round, and whether W's weights or a plain mean apply.
+            let (peers, weighted): (Vec<MemberId>, bool) = match self.config.algorithm {
                 AlgorithmKind::Dpsgd | AlgorithmKind::CliqueAveraging => {
-                    let peers: Vec<MemberId> = hood.neighbours.iter().map(|(id, _)| *id).collect();
-                    let received = self
-                        .share(ex, round, Purpose::Parameters, &peers, &own)
-                        .await;
-                    heard_from += received.len();
+                    (hood.neighbours.iter().map(|(id, _)| *id).collect(), true)
+                }
+                AlgorithmKind::Gossip => (
+                    gossip_partner(&hood.edges, self.config.seed, round, self.id)
+                        .into_iter()
+                        .collect(),
+                    false,
+                ),
+                AlgorithmKind::Moshpit => {
+                    (hood.moshpit_group(self.config.group_size, round), false)
+                }
+            };
+            let mixed = if peers.is_empty() {
+                None
+            } else {
+                let received = self
+                    .share(ex, round, Purpose::Parameters, &peers, &own)
+                    .await;
+                heard_from += received.len();
+                Some(if weighted {
                     let weight = |id: MemberId| {
                         hood.neighbours
                             .iter()
@@ -350,31 +366,11 @@ impl<B: AutodiffBackend> Member<B> {
                         .iter()
                         .map(|(id, x)| (weight(*id), x.as_slice()))
                         .collect();
-                    Some(weighted_average(&own, hood.self_weight, &weighted))
-                }
-                AlgorithmKind::Gossip => {
-                    match gossip_partner(&hood.edges, self.config.seed, round, self.id) {
-                        Some(partner) => {
-                            let received = self
-                                .share(ex, round, Purpose::Parameters, &[partner], &own)
-                                .await;
-                            heard_from += received.len();
-                            let refs: Vec<&[f32]> =
-                                received.iter().map(|(_, x)| x.as_slice()).collect();
-                            Some(mean(&own, &refs))
-                        }
-                        None => None,
-                    }
-                }
-                AlgorithmKind::Moshpit => {
-                    let group = hood.moshpit_group(self.config.group_size, round);
-                    let received = self
-                        .share(ex, round, Purpose::Parameters, &group, &own)
-                        .await;
-                    heard_from += received.len();
+                    weighted_average(&own, hood.self_weight, &weighted)
+                } else {
                     let refs: Vec<&[f32]> = received.iter().map(|(_, x)| x.as_slice()).collect();
-                    Some(mean(&own, &refs))
-                }
+                    mean(&own, &refs)
+                })
             };
             self.scratch = own;
             if let Some(mixed) = mixed {
