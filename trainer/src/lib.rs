@@ -6,3 +6,4 @@ pub mod compression;
 pub mod data;
 pub mod model;
 pub mod simulator;
+pub mod transport;

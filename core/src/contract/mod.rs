@@ -1,10 +1,12 @@
 //! The contract between the control plane (operator, `murmur run`) and the data plane (trainers).
 //! Defined once here; both sides serialize exactly these types.
 
+pub mod control;
 pub mod document;
 pub mod env;
 pub mod reports;
 
+pub use control::{DropReason, PeerEvent};
 pub use document::{DocumentEdge, DocumentError, DocumentMember, TopologyDocument};
 pub use env::{EnvError, TrainerEnv};
 pub use reports::{JoinReport, TrainerState, TrainerStatus};

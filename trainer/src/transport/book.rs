@@ -1,0 +1,340 @@
+//! The bookkeeping of rounds, pure: what each peer delivered, skipped or announced, what we sent,
+//! and which rounds are done. The TCP tasks feed it; [`Exchange`](crate::algorithms::Exchange)
+//! asks it whom it still waits for. No I/O and no clock: both are the caller's.
+//!
+//! The rule that keeps rounds from stalling on a topology change: a member that receives a
+//! payload it will not use, and did not send its own to that peer for the same round, answers
+//! "skip". So a peer that still counts on us (it follows another topology version, or another
+//! Moshpit group) learns at once not to wait; only a silent, dead or partitioned peer costs a
+//! round timeout.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use murmur_core::contract::DropReason;
+use murmur_core::topology::MemberId;
+
+use super::frame::Reject;
+use crate::algorithms::Purpose;
+
+/// Rounds ahead of our current one that a peer may deliver before its reader stops reading
+/// (backpressure): memory is bounded by this many payloads per peer and purpose.
+pub const WINDOW: u64 = 2;
+/// Payloads more than this many rounds behind our last completed round are rejected as stale.
+pub const STALE_ROUNDS: u64 = 16;
+
+type Key = (Purpose, u64, MemberId);
+
+struct Stored<R> {
+    version: u64,
+    payload: Vec<u8>,
+    /// Where to send "skip" if we do not use it.
+    reply: R,
+}
+
+#[derive(Default)]
+struct Peer {
+    live_sessions: u32,
+    ever_connected: bool,
+    left: bool,
+    /// Highest round delivered per purpose in the current session (duplicates are replays).
+    last_round: BTreeMap<Purpose, u64>,
+}
+
+/// Where a peer stands for one round.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Standing {
+    /// Its payload is here, for our topology version.
+    Ready,
+    /// It will not contribute to this round.
+    Excluded(DropReason),
+    /// Nothing yet: keep waiting until the round timeout.
+    Waiting,
+}
+
+/// What became of a delivered payload.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Deposit<R> {
+    Stored,
+    /// For a round we already finished; `skip_to` is where to say "skip" if we never sent ours.
+    Late {
+        skip_to: Option<R>,
+    },
+    Rejected(Reject),
+}
+
+/// A closed round: the payloads to average, and the peers to tell "skip".
+pub struct Completed<R> {
+    pub delivered: Vec<(MemberId, Vec<u8>)>,
+    pub skip_to: Vec<(MemberId, R)>,
+}
+
+pub struct RoundBook<R> {
+    completed: BTreeMap<Purpose, u64>,
+    stored: BTreeMap<Key, Stored<R>>,
+    skips: BTreeSet<Key>,
+    sent: BTreeSet<Key>,
+    peers: BTreeMap<MemberId, Peer>,
+}
+
+impl<R> Default for RoundBook<R> {
+    fn default() -> Self {
+        Self {
+            completed: BTreeMap::new(),
+            stored: BTreeMap::new(),
+            skips: BTreeSet::new(),
+            sent: BTreeSet::new(),
+            peers: BTreeMap::new(),
+        }
+    }
+}
+
+impl<R: Clone> RoundBook<R> {
+    fn is_completed(&self, purpose: Purpose, round: u64) -> bool {
+        self.completed.get(&purpose).is_some_and(|&c| round <= c)
+    }
+
+    /// Whether a payload for `round` may be stored now, or its reader must wait (backpressure).
+    pub fn has_room(&self, purpose: Purpose, round: u64) -> bool {
+        let next = self.completed.get(&purpose).map_or(0, |c| c + 1);
+        round <= next + WINDOW
+    }
+
+    pub fn session_opened(&mut self, peer: MemberId) {
+        let p = self.peers.entry(peer).or_default();
+        p.live_sessions += 1;
+        p.ever_connected = true;
+        p.left = false;
+        p.last_round.clear();
+    }
+
+    pub fn session_closed(&mut self, peer: MemberId) {
+        let p = self.peers.entry(peer).or_default();
+        p.live_sessions = p.live_sessions.saturating_sub(1);
+    }
+
+    pub fn is_connected(&self, peer: MemberId) -> bool {
+        self.peers.get(&peer).is_some_and(|p| p.live_sessions > 0)
+    }
+
+    pub fn left(&mut self, peer: MemberId) {
+        self.peers.entry(peer).or_default().left = true;
+    }
+
+    pub fn record_sent(&mut self, purpose: Purpose, round: u64, to: MemberId) {
+        self.sent.insert((purpose, round, to));
+    }
+
+    pub fn skipped(&mut self, purpose: Purpose, round: u64, by: MemberId) {
+        if !self.is_completed(purpose, round) {
+            self.skips.insert((purpose, round, by));
+        }
+    }
+
+    /// A complete payload from `from`. Call only once [`has_room`](Self::has_room) allows it.
+    pub fn deposit(
+        &mut self,
+        from: MemberId,
+        purpose: Purpose,
+        round: u64,
+        version: u64,
+        payload: Vec<u8>,
+        reply: R,
+    ) -> Deposit<R> {
+        let peer = self.peers.entry(from).or_default();
+        if peer.last_round.get(&purpose).is_some_and(|&r| round <= r) {
+            return Deposit::Rejected(Reject::Replayed);
+        }
+        peer.last_round.insert(purpose, round);
+        peer.left = false;
+        let completed = self.completed.get(&purpose).copied();
+        if completed.is_some_and(|c| round + STALE_ROUNDS < c) {
+            return Deposit::Rejected(Reject::Stale);
+        }
+        if completed.is_some_and(|c| round <= c) {
+            let sent = self.sent.contains(&(purpose, round, from));
+            return Deposit::Late {
+                skip_to: (!sent).then_some(reply),
+            };
+        }
+        self.stored.insert(
+            (purpose, round, from),
+            Stored {
+                version,
+                payload,
+                reply,
+            },
+        );
+        Deposit::Stored
+    }
+
+    /// Where `peer` stands in `(purpose, round)` for a member following topology `version`.
+    pub fn standing(&self, purpose: Purpose, round: u64, peer: MemberId, version: u64) -> Standing {
+        if let Some(s) = self.stored.get(&(purpose, round, peer)) {
+            return if s.version == version {
+                Standing::Ready
+            } else {
+                Standing::Excluded(DropReason::VersionMismatch)
+            };
+        }
+        if self.skips.contains(&(purpose, round, peer)) {
+            return Standing::Excluded(DropReason::Skipped);
+        }
+        match self.peers.get(&peer) {
+            Some(p) if p.left => Standing::Excluded(DropReason::Left),
+            Some(p) if p.ever_connected && p.live_sessions == 0 => {
+                Standing::Excluded(DropReason::Disconnected)
+            }
+            _ => Standing::Waiting,
+        }
+    }
+
+    /// Close `(purpose, round)`: hand out the payloads of `used` peers, forget everything up to
+    /// this round, and return where to say "skip" (payloads we received but never answered).
+    pub fn complete(&mut self, purpose: Purpose, round: u64, used: &[MemberId]) -> Completed<R> {
+        let mut delivered = Vec::new();
+        let mut skip_to = Vec::new();
+        let done: Vec<Key> = self
+            .stored
+            .range((purpose, 0, 0)..=(purpose, round, MemberId::MAX))
+            .map(|(k, _)| *k)
+            .collect();
+        for key in done {
+            let stored = self.stored.remove(&key).expect("listed");
+            let (_, r, from) = key;
+            if r == round && used.contains(&from) {
+                delivered.push((from, stored.payload));
+            } else if !self.sent.contains(&key) {
+                skip_to.push((from, stored.reply));
+            }
+        }
+        let floor = round.saturating_sub(STALE_ROUNDS);
+        self.sent.retain(|&(p, r, _)| p != purpose || r >= floor);
+        self.skips.retain(|&(p, r, _)| p != purpose || r > round);
+        let c = self.completed.entry(purpose).or_insert(round);
+        *c = (*c).max(round);
+        Completed { delivered, skip_to }
+    }
+
+    /// Payload bytes held, for tests of the memory bound.
+    pub fn held_bytes(&self) -> usize {
+        self.stored.values().map(|s| s.payload.len()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const P: Purpose = Purpose::Parameters;
+
+    #[test]
+    fn a_round_completes_with_what_arrived() {
+        let mut book = RoundBook::<u8>::default();
+        book.session_opened(1);
+        book.session_opened(2);
+        book.record_sent(P, 0, 1);
+        book.record_sent(P, 0, 2);
+        assert_eq!(book.deposit(1, P, 0, 5, vec![1], 0), Deposit::Stored);
+        assert_eq!(book.standing(P, 0, 1, 5), Standing::Ready);
+        assert_eq!(book.standing(P, 0, 2, 5), Standing::Waiting);
+        let done = book.complete(P, 0, &[1]);
+        assert_eq!(done.delivered, vec![(1, vec![1])]);
+        assert!(done.skip_to.is_empty());
+        assert_eq!(book.held_bytes(), 0);
+    }
+
+    #[test]
+    fn leaving_disconnecting_and_skipping_peers_are_not_waited_for() {
+        let mut book = RoundBook::<u8>::default();
+        for p in 1..=3 {
+            book.session_opened(p);
+        }
+        book.left(1);
+        book.session_closed(2);
+        book.skipped(P, 4, 3);
+        assert_eq!(
+            book.standing(P, 4, 1, 0),
+            Standing::Excluded(DropReason::Left)
+        );
+        assert_eq!(
+            book.standing(P, 4, 2, 0),
+            Standing::Excluded(DropReason::Disconnected)
+        );
+        assert_eq!(
+            book.standing(P, 4, 3, 0),
+            Standing::Excluded(DropReason::Skipped)
+        );
+        // Never connected yet: wait (it may still be starting).
+        assert_eq!(book.standing(P, 4, 9, 0), Standing::Waiting);
+        // A member that comes back is waited for again.
+        book.session_opened(2);
+        assert_eq!(book.standing(P, 4, 2, 0), Standing::Waiting);
+    }
+
+    #[test]
+    fn payloads_of_another_topology_version_are_never_used() {
+        let mut book = RoundBook::<u8>::default();
+        book.record_sent(P, 3, 1);
+        assert_eq!(book.deposit(1, P, 3, 8, vec![0; 4], 0), Deposit::Stored);
+        assert_eq!(
+            book.standing(P, 3, 1, 7),
+            Standing::Excluded(DropReason::VersionMismatch)
+        );
+        let done = book.complete(P, 3, &[]);
+        assert!(done.delivered.is_empty());
+        assert!(
+            done.skip_to.is_empty(),
+            "we sent ours, so the peer is not waiting on us"
+        );
+    }
+
+    #[test]
+    fn unused_payloads_we_did_not_answer_get_a_skip() {
+        let mut book = RoundBook::<&str>::default();
+        // Peer 4 counts us as its neighbour; we do not count it.
+        assert_eq!(book.deposit(4, P, 2, 1, vec![1], "to-4"), Deposit::Stored);
+        assert_eq!(book.complete(P, 2, &[]).skip_to, vec![(4, "to-4")]);
+        // Late payloads are answered at once, unless we had sent ours.
+        assert_eq!(
+            book.deposit(5, P, 1, 1, vec![1], "to-5"),
+            Deposit::Late {
+                skip_to: Some("to-5")
+            }
+        );
+        book.record_sent(P, 2, 6);
+        assert_eq!(
+            book.deposit(6, P, 2, 1, vec![1], "to-6"),
+            Deposit::Late { skip_to: None }
+        );
+    }
+
+    #[test]
+    fn replays_and_stale_rounds_are_rejected() {
+        let mut book = RoundBook::<u8>::default();
+        book.session_opened(1);
+        assert_eq!(book.deposit(1, P, 5, 0, vec![], 0), Deposit::Stored);
+        assert_eq!(
+            book.deposit(1, P, 5, 0, vec![], 0),
+            Deposit::Rejected(Reject::Replayed)
+        );
+        book.complete(P, 40, &[]);
+        book.session_opened(2);
+        assert_eq!(
+            book.deposit(2, P, 40 - STALE_ROUNDS - 1, 0, vec![], 0),
+            Deposit::Rejected(Reject::Stale)
+        );
+        // A new session (a replacement with the same id) starts a new sequence.
+        book.session_opened(1);
+        assert_eq!(book.deposit(1, P, 41, 0, vec![], 0), Deposit::Stored);
+    }
+
+    #[test]
+    fn readers_may_run_only_a_window_ahead() {
+        let mut book = RoundBook::<u8>::default();
+        assert!(book.has_room(P, WINDOW));
+        assert!(!book.has_room(P, WINDOW + 1));
+        book.complete(P, 0, &[]);
+        assert!(book.has_room(P, WINDOW + 1));
+        assert!(book.has_room(Purpose::Gradients, 0));
+    }
+}

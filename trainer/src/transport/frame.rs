@@ -1,0 +1,530 @@
+//! The wire format, pure: frame headers, per-session authentication, and message assembly.
+//!
+//! A frame is a 56-byte header, up to [`MAX_CHUNK`] payload bytes, and a 32-byte HMAC-SHA256
+//! tag. The tag covers the session nonce of the receiving side, a per-direction frame counter,
+//! the header and the payload: a frame forged without the job key, replayed from another
+//! connection, reordered or cut short fails the tag. Big messages (parameters) are split into
+//! chunks that share the message header fields and carry their offset.
+//!
+//! Header (little endian): magic `MRMR` · protocol version u8 · kind u8 · reserved u16 ·
+//! job id u64 · sender u32 · payload length u32 · topology version u64 · round u64 ·
+//! message length u64 · offset u64.
+
+use hmac::{Hmac, Mac};
+use sha2::{Digest, Sha256};
+
+use crate::algorithms::Purpose;
+
+pub const MAGIC: [u8; 4] = *b"MRMR";
+/// The first bytes an acceptor sends: this magic and its session nonce.
+pub const CHALLENGE_MAGIC: [u8; 4] = *b"MRMC";
+pub const PROTOCOL_VERSION: u8 = 1;
+pub const HEADER_LEN: usize = 56;
+pub const TAG_LEN: usize = 32;
+pub const NONCE_LEN: usize = 16;
+/// Payload bytes per frame; bigger messages are chunked.
+pub const MAX_CHUNK: usize = 1 << 20;
+
+pub type Nonce = [u8; NONCE_LEN];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[repr(u8)]
+pub enum Kind {
+    /// First frame of a connection: who I am, my nonce, my model's shape.
+    Hello = 1,
+    Parameters = 2,
+    Gradients = 3,
+    /// I am leaving: nothing more will come from me.
+    Leave = 4,
+    /// Send me your parameters and step (a joining member).
+    StateRequest = 5,
+    StateReply = 6,
+    /// Your parameters for this round were not used: do not wait for mine.
+    SkipParameters = 7,
+    SkipGradients = 8,
+}
+
+impl Kind {
+    fn from_byte(b: u8) -> Option<Kind> {
+        Some(match b {
+            1 => Kind::Hello,
+            2 => Kind::Parameters,
+            3 => Kind::Gradients,
+            4 => Kind::Leave,
+            5 => Kind::StateRequest,
+            6 => Kind::StateReply,
+            7 => Kind::SkipParameters,
+            8 => Kind::SkipGradients,
+            _ => return None,
+        })
+    }
+
+    pub fn payload(purpose: Purpose) -> Kind {
+        match purpose {
+            Purpose::Parameters => Kind::Parameters,
+            Purpose::Gradients => Kind::Gradients,
+        }
+    }
+
+    pub fn skip(purpose: Purpose) -> Kind {
+        match purpose {
+            Purpose::Parameters => Kind::SkipParameters,
+            Purpose::Gradients => Kind::SkipGradients,
+        }
+    }
+}
+
+/// Why a frame was refused. Each is counted; none reaches the model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, thiserror::Error)]
+pub enum Reject {
+    #[error("bad magic (not a murmur frame)")]
+    BadMagic,
+    #[error("unsupported protocol version")]
+    UnsupportedVersion,
+    #[error("unknown message kind")]
+    UnknownKind,
+    #[error("frame for another job")]
+    WrongJob,
+    #[error("frame or message larger than allowed")]
+    Oversized,
+    #[error("authentication tag does not match (forged, replayed or corrupted)")]
+    Forged,
+    #[error("connection closed in the middle of a frame")]
+    Truncated,
+    #[error("round too old")]
+    Stale,
+    #[error("round already received from this sender")]
+    Replayed,
+    #[error("chunks out of order or inconsistent")]
+    Malformed,
+    #[error("sender differs from the one that said hello")]
+    WrongSender,
+    #[error("model shape differs from ours")]
+    ShapeMismatch,
+}
+
+impl Reject {
+    pub const ALL: [Reject; 12] = [
+        Reject::BadMagic,
+        Reject::UnsupportedVersion,
+        Reject::UnknownKind,
+        Reject::WrongJob,
+        Reject::Oversized,
+        Reject::Forged,
+        Reject::Truncated,
+        Reject::Stale,
+        Reject::Replayed,
+        Reject::Malformed,
+        Reject::WrongSender,
+        Reject::ShapeMismatch,
+    ];
+
+    /// Label for metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reject::BadMagic => "bad_magic",
+            Reject::UnsupportedVersion => "unsupported_version",
+            Reject::UnknownKind => "unknown_kind",
+            Reject::WrongJob => "wrong_job",
+            Reject::Oversized => "oversized",
+            Reject::Forged => "forged",
+            Reject::Truncated => "truncated",
+            Reject::Stale => "stale",
+            Reject::Replayed => "replayed",
+            Reject::Malformed => "malformed",
+            Reject::WrongSender => "wrong_sender",
+            Reject::ShapeMismatch => "shape_mismatch",
+        }
+    }
+}
+
+/// The 8-byte job id in every header: a hash of `namespace/name`.
+pub fn job_id(namespace: &str, job: &str) -> u64 {
+    let digest = Sha256::digest(format!("{namespace}/{job}").as_bytes());
+    u64::from_le_bytes(digest[..8].try_into().expect("8 bytes"))
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    pub kind: Kind,
+    pub job: u64,
+    pub sender: u32,
+    pub payload_len: u32,
+    pub topology_version: u64,
+    pub round: u64,
+    pub message_len: u64,
+    pub offset: u64,
+}
+
+impl Header {
+    pub fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        b[0..4].copy_from_slice(&MAGIC);
+        b[4] = PROTOCOL_VERSION;
+        b[5] = self.kind as u8;
+        b[8..16].copy_from_slice(&self.job.to_le_bytes());
+        b[16..20].copy_from_slice(&self.sender.to_le_bytes());
+        b[20..24].copy_from_slice(&self.payload_len.to_le_bytes());
+        b[24..32].copy_from_slice(&self.topology_version.to_le_bytes());
+        b[32..40].copy_from_slice(&self.round.to_le_bytes());
+        b[40..48].copy_from_slice(&self.message_len.to_le_bytes());
+        b[48..56].copy_from_slice(&self.offset.to_le_bytes());
+        b
+    }
+
+    /// Check what can be checked before reading the payload: a frame that fails here is never
+    /// read further, so garbage cannot make us allocate.
+    pub fn decode(b: &[u8; HEADER_LEN], job: u64, max_message: u64) -> Result<Header, Reject> {
+        if b[0..4] != MAGIC {
+            return Err(Reject::BadMagic);
+        }
+        if b[4] != PROTOCOL_VERSION {
+            return Err(Reject::UnsupportedVersion);
+        }
+        let kind = Kind::from_byte(b[5]).ok_or(Reject::UnknownKind)?;
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        let header = Header {
+            kind,
+            job: u64_at(8),
+            sender: u32_at(16),
+            payload_len: u32_at(20),
+            topology_version: u64_at(24),
+            round: u64_at(32),
+            message_len: u64_at(40),
+            offset: u64_at(48),
+        };
+        if header.job != job {
+            return Err(Reject::WrongJob);
+        }
+        if header.payload_len as usize > MAX_CHUNK || header.message_len > max_message {
+            return Err(Reject::Oversized);
+        }
+        match header.offset.checked_add(u64::from(header.payload_len)) {
+            Some(end) if end <= header.message_len => {}
+            _ => return Err(Reject::Malformed),
+        }
+        Ok(header)
+    }
+}
+
+/// One direction of a session: the receiver's nonce and a frame counter, under the job key.
+#[derive(Clone)]
+pub struct SessionMac {
+    keyed: Hmac<Sha256>,
+    nonce: Nonce,
+    counter: u64,
+}
+
+impl SessionMac {
+    pub fn new(key: &[u8], nonce: Nonce) -> Self {
+        Self {
+            keyed: Hmac::new_from_slice(key).expect("HMAC takes keys of any length"),
+            nonce,
+            counter: 0,
+        }
+    }
+
+    fn mac(&self, header: &[u8; HEADER_LEN], payload: &[u8]) -> Hmac<Sha256> {
+        let mut mac = self.keyed.clone();
+        mac.update(&self.nonce);
+        mac.update(&self.counter.to_le_bytes());
+        mac.update(header);
+        mac.update(payload);
+        mac
+    }
+
+    /// The tag of the next frame sent in this direction.
+    pub fn seal(&mut self, header: &[u8; HEADER_LEN], payload: &[u8]) -> [u8; TAG_LEN] {
+        let tag = self.mac(header, payload).finalize().into_bytes().into();
+        self.counter += 1;
+        tag
+    }
+
+    /// Check the tag of the next frame received in this direction (constant time).
+    pub fn open(
+        &mut self,
+        header: &[u8; HEADER_LEN],
+        payload: &[u8],
+        tag: &[u8; TAG_LEN],
+    ) -> Result<(), Reject> {
+        self.mac(header, payload)
+            .verify_slice(tag)
+            .map_err(|_| Reject::Forged)?;
+        self.counter += 1;
+        Ok(())
+    }
+}
+
+/// The Hello payload: the dialer's nonce (for frames sent back to it) and its model's shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hello {
+    pub nonce: Nonce,
+    pub layout_fingerprint: u64,
+}
+
+impl Hello {
+    pub const LEN: usize = NONCE_LEN + 8;
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = self.nonce.to_vec();
+        b.extend_from_slice(&self.layout_fingerprint.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Result<Hello, Reject> {
+        if b.len() != Self::LEN {
+            return Err(Reject::Malformed);
+        }
+        Ok(Hello {
+            nonce: b[..NONCE_LEN].try_into().expect("16 bytes"),
+            layout_fingerprint: u64::from_le_bytes(b[NONCE_LEN..].try_into().expect("8 bytes")),
+        })
+    }
+}
+
+/// A complete message: a header's fields and the whole payload.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Message {
+    pub kind: Kind,
+    pub sender: u32,
+    pub topology_version: u64,
+    pub round: u64,
+    pub payload: Vec<u8>,
+}
+
+/// Reassembles chunks into messages. Chunks of one message arrive in order on one connection;
+/// anything else is malformed.
+#[derive(Default)]
+pub struct Assembler {
+    partial: Option<Partial>,
+}
+
+struct Partial {
+    /// The first chunk's header: every later chunk must agree with it.
+    first: Header,
+    payload: Vec<u8>,
+    filled: u64,
+}
+
+impl Assembler {
+    /// Where the payload of the frame with `header` must be read to: a slice of the message
+    /// buffer, so chunks are read in place without another copy.
+    pub fn begin(&mut self, header: &Header) -> Result<&mut [u8], Reject> {
+        let same_message = |p: &Partial| {
+            header.offset == p.filled
+                && (header.kind, header.sender, header.round, header.message_len)
+                    == (
+                        p.first.kind,
+                        p.first.sender,
+                        p.first.round,
+                        p.first.message_len,
+                    )
+        };
+        match &self.partial {
+            None if header.offset == 0 => {
+                self.partial = Some(Partial {
+                    first: *header,
+                    payload: vec![0; header.message_len as usize],
+                    filled: 0,
+                });
+            }
+            Some(p) if same_message(p) => {}
+            _ => return Err(Reject::Malformed),
+        }
+        let p = self.partial.as_mut().expect("set above");
+        let start = header.offset as usize;
+        p.filled = header.offset + u64::from(header.payload_len);
+        Ok(&mut p.payload[start..start + header.payload_len as usize])
+    }
+
+    /// After the frame's tag checked out: the message, if that was its last chunk.
+    pub fn finish(&mut self) -> Option<Message> {
+        if self.partial.as_ref()?.filled < self.partial.as_ref()?.first.message_len {
+            return None;
+        }
+        let Partial { first, payload, .. } = self.partial.take().expect("checked");
+        Some(Message {
+            kind: first.kind,
+            sender: first.sender,
+            topology_version: first.topology_version,
+            round: first.round,
+            payload,
+        })
+    }
+}
+
+/// Split a message into frame headers, each with its payload range.
+pub fn chunks(
+    template: Header,
+    message_len: usize,
+) -> impl Iterator<Item = (Header, std::ops::Range<usize>)> {
+    let count = message_len.div_ceil(MAX_CHUNK).max(1);
+    (0..count).map(move |i| {
+        let start = i * MAX_CHUNK;
+        let end = (start + MAX_CHUNK).min(message_len);
+        (
+            Header {
+                payload_len: (end - start) as u32,
+                message_len: message_len as u64,
+                offset: start as u64,
+                ..template
+            },
+            start..end,
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const JOB: u64 = 0x1234;
+
+    fn header(kind: Kind) -> Header {
+        Header {
+            kind,
+            job: JOB,
+            sender: 3,
+            payload_len: 0,
+            topology_version: 2,
+            round: 9,
+            message_len: 0,
+            offset: 0,
+        }
+    }
+
+    #[test]
+    fn headers_round_trip_and_bad_ones_are_named() {
+        let h = Header {
+            payload_len: 10,
+            message_len: 30,
+            offset: 20,
+            ..header(Kind::Parameters)
+        };
+        let b = h.encode();
+        assert_eq!(Header::decode(&b, JOB, 1 << 30), Ok(h));
+        let mut bad = b;
+        bad[0] = b'X';
+        assert_eq!(Header::decode(&bad, JOB, 1 << 30), Err(Reject::BadMagic));
+        let mut bad = b;
+        bad[4] = 9;
+        assert_eq!(
+            Header::decode(&bad, JOB, 1 << 30),
+            Err(Reject::UnsupportedVersion)
+        );
+        let mut bad = b;
+        bad[5] = 0;
+        assert_eq!(Header::decode(&bad, JOB, 1 << 30), Err(Reject::UnknownKind));
+        assert_eq!(Header::decode(&b, JOB + 1, 1 << 30), Err(Reject::WrongJob));
+        assert_eq!(Header::decode(&b, JOB, 29), Err(Reject::Oversized));
+        let big = Header {
+            payload_len: MAX_CHUNK as u32 + 1,
+            message_len: 1 << 29,
+            offset: 0,
+            ..h
+        };
+        assert_eq!(
+            Header::decode(&big.encode(), JOB, 1 << 30),
+            Err(Reject::Oversized)
+        );
+        let past_end = Header { offset: 25, ..h };
+        assert_eq!(
+            Header::decode(&past_end.encode(), JOB, 1 << 30),
+            Err(Reject::Malformed)
+        );
+        let overflow = Header {
+            offset: u64::MAX,
+            message_len: u64::MAX,
+            ..h
+        };
+        assert_eq!(
+            Header::decode(&overflow.encode(), JOB, u64::MAX),
+            Err(Reject::Malformed)
+        );
+    }
+
+    #[test]
+    fn tags_bind_key_nonce_order_and_content() {
+        let h = header(Kind::Leave).encode();
+        let mut sender = SessionMac::new(b"key", [7; NONCE_LEN]);
+        let t0 = sender.seal(&h, b"a");
+        let t1 = sender.seal(&h, b"a");
+        assert_ne!(t0, t1, "the counter makes every frame's tag unique");
+
+        let mut receiver = SessionMac::new(b"key", [7; NONCE_LEN]);
+        assert_eq!(
+            receiver.open(&h, b"a", &t1),
+            Err(Reject::Forged),
+            "out of order"
+        );
+        assert_eq!(receiver.open(&h, b"a", &t0), Ok(()));
+        assert_eq!(
+            receiver.open(&h, b"a", &t0),
+            Err(Reject::Forged),
+            "replayed"
+        );
+        assert_eq!(
+            receiver.open(&h, b"b", &t1),
+            Err(Reject::Forged),
+            "altered payload"
+        );
+
+        let mut other_key = SessionMac::new(b"other", [7; NONCE_LEN]);
+        assert_eq!(other_key.open(&h, b"a", &t0), Err(Reject::Forged));
+        let mut other_session = SessionMac::new(b"key", [8; NONCE_LEN]);
+        assert_eq!(other_session.open(&h, b"a", &t0), Err(Reject::Forged));
+    }
+
+    #[test]
+    fn chunks_reassemble_into_the_message() {
+        let payload: Vec<u8> = (0..(2 * MAX_CHUNK + 5)).map(|i| i as u8).collect();
+        let template = header(Kind::Parameters);
+        let mut assembler = Assembler::default();
+        let mut messages = Vec::new();
+        let frames: Vec<_> = chunks(template, payload.len()).collect();
+        assert_eq!(frames.len(), 3);
+        for (h, range) in frames {
+            assembler
+                .begin(&h)
+                .unwrap()
+                .copy_from_slice(&payload[range]);
+            messages.extend(assembler.finish());
+        }
+        assert_eq!(messages.len(), 1);
+        assert_eq!(messages[0].payload, payload);
+        assert_eq!(messages[0].round, 9);
+
+        // An empty message is one frame.
+        let (h, range) = chunks(header(Kind::Leave), 0).next().unwrap();
+        assert!(range.is_empty());
+        assert!(assembler.begin(&h).unwrap().is_empty());
+        assert_eq!(assembler.finish().unwrap().kind, Kind::Leave);
+    }
+
+    #[test]
+    fn chunks_out_of_order_are_malformed() {
+        let template = header(Kind::Parameters);
+        let frames: Vec<_> = chunks(template, 2 * MAX_CHUNK).collect();
+        let mut assembler = Assembler::default();
+        assert_eq!(assembler.begin(&frames[1].0).err(), Some(Reject::Malformed));
+        assembler.begin(&frames[0].0).unwrap();
+        assert!(assembler.finish().is_none());
+        let other_round = Header {
+            round: 10,
+            ..frames[1].0
+        };
+        assert_eq!(assembler.begin(&other_round).err(), Some(Reject::Malformed));
+        assert_eq!(assembler.begin(&frames[0].0).err(), Some(Reject::Malformed));
+    }
+
+    #[test]
+    fn hello_round_trips() {
+        let hello = Hello {
+            nonce: [1; NONCE_LEN],
+            layout_fingerprint: 42,
+        };
+        assert_eq!(Hello::decode(&hello.encode()), Ok(hello));
+        assert_eq!(Hello::decode(&[0; 3]), Err(Reject::Malformed));
+    }
+}

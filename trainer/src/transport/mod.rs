@@ -1,0 +1,738 @@
+//! Peers over TCP: the networked implementation of [`Exchange`]. No parameter server and no
+//! coordinator: every member listens, dials the peers it sends to, and averages what arrives.
+//!
+//! Each connection carries one dialer's messages (hello, parameters, gradients, leave, state
+//! requests) one way and the acceptor's answers (skip, state reply) the other. Every frame is
+//! authenticated ([`frame`]); memory is bounded by [`book::WINDOW`] payloads per peer on the
+//! receiving side and a small queue per peer on the sending side, beyond which readers stop
+//! reading (TCP backpressure) and senders drop the message (the peer times out on it).
+
+pub mod book;
+pub mod frame;
+mod session;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, timeout};
+
+use murmur_core::contract::DropReason;
+use murmur_core::topology::MemberId;
+
+use crate::algorithms::{Exchange, Purpose};
+use book::{Deposit, RoundBook, Standing};
+use frame::{Assembler, Hello, Kind, Reject, SessionMac};
+use session::{ReadError, read_message, template, write_message};
+
+/// Messages queued per peer on the sending side.
+const SEND_QUEUE: usize = 4;
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+#[derive(Clone, Debug)]
+pub struct TransportConfig {
+    /// [`frame::job_id`] of this job.
+    pub job: u64,
+    pub me: MemberId,
+    pub key: Vec<u8>,
+    /// [`crate::model::Layout::fingerprint`]: peers with another model shape are refused.
+    pub layout_fingerprint: u64,
+    /// Largest message accepted: a full uncompressed parameter buffer and a little more.
+    pub max_message: u64,
+    pub round_timeout: Duration,
+}
+
+/// Counters the trainer exports as metrics.
+#[derive(Default)]
+pub struct Stats {
+    bytes_in: AtomicU64,
+    bytes_out: AtomicU64,
+    rejected: [AtomicU64; Reject::ALL.len()],
+}
+
+impl Stats {
+    fn add_in(&self, n: usize) {
+        self.bytes_in.fetch_add(n as u64, Ordering::Relaxed);
+    }
+    fn add_out(&self, n: usize) {
+        self.bytes_out.fetch_add(n as u64, Ordering::Relaxed);
+    }
+    fn reject(&self, reason: Reject) {
+        let i = Reject::ALL
+            .iter()
+            .position(|r| *r == reason)
+            .expect("listed");
+        self.rejected[i].fetch_add(1, Ordering::Relaxed);
+    }
+    pub fn bytes_in(&self) -> u64 {
+        self.bytes_in.load(Ordering::Relaxed)
+    }
+    pub fn bytes_out(&self) -> u64 {
+        self.bytes_out.load(Ordering::Relaxed)
+    }
+    /// Rejected frames by reason.
+    pub fn rejected(&self) -> Vec<(Reject, u64)> {
+        Reject::ALL
+            .iter()
+            .zip(&self.rejected)
+            .map(|(r, n)| (*r, n.load(Ordering::Relaxed)))
+            .collect()
+    }
+    pub fn rejected_total(&self) -> u64 {
+        self.rejected
+            .iter()
+            .map(|n| n.load(Ordering::Relaxed))
+            .sum()
+    }
+}
+
+struct Outgoing {
+    kind: Kind,
+    round: u64,
+    version: u64,
+    payload: Arc<Vec<u8>>,
+    /// Told once the message is written (leave waits on it before the process exits).
+    written: Option<oneshot::Sender<()>>,
+}
+
+type ReplyTx = mpsc::Sender<Outgoing>;
+
+/// A joining member asks for our parameters; answer with [`StateRequest::reply`].
+pub struct StateRequest {
+    pub from: MemberId,
+    reply: ReplyTx,
+}
+
+/// A neighbour's parameters and step, for a joining member.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StateReply {
+    pub from: MemberId,
+    pub step: u64,
+    pub topology_version: u64,
+    pub parameters: Vec<f32>,
+}
+
+/// A neighbour missing from one of our rounds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dropped {
+    pub peer: MemberId,
+    pub purpose: Purpose,
+    pub round: u64,
+    pub reason: DropReason,
+}
+
+struct Dialer {
+    address: String,
+    queue: ReplyTx,
+    task: JoinHandle<()>,
+}
+
+struct Shared {
+    config: TransportConfig,
+    version: AtomicU64,
+    book: Mutex<RoundBook<ReplyTx>>,
+    /// Rung on every change a waiting round or the trainer loop may care about.
+    changed: Notify,
+    stats: Stats,
+    state_requests: Mutex<Vec<StateRequest>>,
+    state_replies: Mutex<Vec<StateReply>>,
+    dialers: Mutex<BTreeMap<MemberId, Dialer>>,
+    addresses: Mutex<BTreeMap<MemberId, String>>,
+    drops: Mutex<Vec<Dropped>>,
+    /// Accepted connections, so that [`Transport::close`] can cut them.
+    sessions: Mutex<Vec<tokio::task::AbortHandle>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panicking task cannot leave these maps half-updated in a way that matters more than
+    // stopping the trainer would.
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The TCP peer transport of one member.
+#[derive(Clone)]
+pub struct Transport {
+    shared: Arc<Shared>,
+    local_addr: SocketAddr,
+    accept_task: Arc<JoinHandle<()>>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        for (_, d) in std::mem::take(&mut *lock(&self.dialers)) {
+            d.task.abort();
+        }
+    }
+}
+
+impl Transport {
+    /// Listen on `address` and start accepting peers.
+    pub async fn bind(address: &str, config: TransportConfig) -> std::io::Result<Transport> {
+        let listener = TcpListener::bind(address).await?;
+        let local_addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            config,
+            version: AtomicU64::new(0),
+            book: Mutex::new(RoundBook::default()),
+            changed: Notify::new(),
+            stats: Stats::default(),
+            state_requests: Mutex::new(Vec::new()),
+            state_replies: Mutex::new(Vec::new()),
+            dialers: Mutex::new(BTreeMap::new()),
+            addresses: Mutex::new(BTreeMap::new()),
+            drops: Mutex::new(Vec::new()),
+            sessions: Mutex::new(Vec::new()),
+        });
+        let weak = Arc::downgrade(&shared);
+        let accept_task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                };
+                let Some(shared) = weak.upgrade() else { return };
+                let session = tokio::spawn(serve_incoming(shared.clone(), stream));
+                let mut sessions = lock(&shared.sessions);
+                sessions.retain(|s| !s.is_finished());
+                sessions.push(session.abort_handle());
+            }
+        });
+        Ok(Transport {
+            shared,
+            local_addr,
+            accept_task: Arc::new(accept_task),
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    pub fn stats(&self) -> &Stats {
+        &self.shared.stats
+    }
+
+    pub fn me(&self) -> MemberId {
+        self.shared.config.me
+    }
+
+    pub fn topology_version(&self) -> u64 {
+        self.shared.version.load(Ordering::Relaxed)
+    }
+
+    /// Follow a topology version: stamp it on what we send, and re-dial members whose address
+    /// changed (a replacement on another node). Call at a round boundary only.
+    pub fn set_topology(&self, version: u64, addresses: BTreeMap<MemberId, String>) {
+        self.shared.version.store(version, Ordering::Relaxed);
+        let mut dialers = lock(&self.shared.dialers);
+        dialers.retain(|id, d| {
+            let keep = addresses.get(id) == Some(&d.address);
+            if !keep {
+                d.task.abort();
+            }
+            keep
+        });
+        *lock(&self.shared.addresses) = addresses;
+    }
+
+    /// Dial `peers` now (rather than on the first message), so they hear our hello early.
+    pub fn connect(&self, peers: &[MemberId]) {
+        for &p in peers {
+            self.queue(p);
+        }
+    }
+
+    fn queue(&self, peer: MemberId) -> Option<ReplyTx> {
+        let mut dialers = lock(&self.shared.dialers);
+        if let Some(d) = dialers.get(&peer)
+            && !d.task.is_finished()
+        {
+            return Some(d.queue.clone());
+        }
+        let address = lock(&self.shared.addresses).get(&peer)?.clone();
+        let (tx, rx) = mpsc::channel(SEND_QUEUE);
+        let task = tokio::spawn(dial(
+            Arc::downgrade(&self.shared),
+            peer,
+            address.clone(),
+            rx,
+        ));
+        dialers.insert(
+            peer,
+            Dialer {
+                address,
+                queue: tx.clone(),
+                task,
+            },
+        );
+        Some(tx)
+    }
+
+    /// Queue a message for `to`; false when it cannot be queued (no address, queue full).
+    fn send(&self, to: MemberId, kind: Kind, round: u64, payload: Vec<u8>) -> bool {
+        let Some(queue) = self.queue(to) else {
+            return false;
+        };
+        queue
+            .try_send(Outgoing {
+                kind,
+                round,
+                version: self.topology_version(),
+                payload: Arc::new(payload),
+                written: None,
+            })
+            .is_ok()
+    }
+
+    /// Members with a live connection to us.
+    pub fn connected_peers(&self) -> BTreeSet<MemberId> {
+        let book = lock(&self.shared.book);
+        lock(&self.shared.addresses)
+            .keys()
+            .copied()
+            .filter(|&p| book.is_connected(p))
+            .collect()
+    }
+
+    /// Wait until something arrives or changes (a payload, a request, a connection).
+    pub async fn changed(&self, deadline: Instant) {
+        let _ = tokio::time::timeout_at(deadline, self.shared.changed.notified()).await;
+    }
+
+    pub fn take_drops(&self) -> Vec<Dropped> {
+        std::mem::take(&mut *lock(&self.shared.drops))
+    }
+
+    pub fn take_state_requests(&self) -> Vec<StateRequest> {
+        std::mem::take(&mut *lock(&self.shared.state_requests))
+    }
+
+    pub fn take_state_replies(&self) -> Vec<StateReply> {
+        std::mem::take(&mut *lock(&self.shared.state_replies))
+    }
+
+    /// Ask `peer` for its parameters and step.
+    pub fn request_state(&self, peer: MemberId) -> bool {
+        self.send(peer, Kind::StateRequest, 0, Vec::new())
+    }
+
+    /// Answer a state request with our step and parameters.
+    pub fn reply_state(&self, request: StateRequest, step: u64, parameters: &[f32]) {
+        let payload: Vec<u8> = parameters.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let _ = request.reply.try_send(Outgoing {
+            kind: Kind::StateReply,
+            round: step,
+            version: self.topology_version(),
+            payload: Arc::new(payload),
+            written: None,
+        });
+    }
+
+    /// Tell every peer we dialed that nothing more will come, and wait (at most `within`) until
+    /// everything queued, the leave included, is written.
+    pub async fn leave(&self, within: Duration) {
+        let queues: Vec<ReplyTx> = lock(&self.shared.dialers)
+            .values()
+            .map(|d| d.queue.clone())
+            .collect();
+        let mut written = Vec::new();
+        for q in queues {
+            let (tx, rx) = oneshot::channel();
+            let leave = Outgoing {
+                kind: Kind::Leave,
+                round: 0,
+                version: self.topology_version(),
+                payload: Arc::new(Vec::new()),
+                written: Some(tx),
+            };
+            if let Ok(Ok(())) = timeout(within, q.send(leave)).await {
+                written.push(rx);
+            }
+        }
+        let _ = timeout(within, async {
+            for rx in written {
+                let _ = rx.await;
+            }
+        })
+        .await;
+    }
+}
+
+impl Transport {
+    /// Stop listening and cut every connection at once, as if the process died.
+    pub fn close(&self) {
+        self.accept_task.abort();
+        for s in std::mem::take(&mut *lock(&self.shared.sessions)) {
+            s.abort();
+        }
+        for (_, d) in std::mem::take(&mut *lock(&self.shared.dialers)) {
+            d.task.abort();
+        }
+    }
+}
+
+impl Drop for Transport {
+    fn drop(&mut self) {
+        if Arc::strong_count(&self.accept_task) == 1 {
+            self.accept_task.abort();
+        }
+    }
+}
+
+impl Exchange for Transport {
+    async fn exchange(
+        &mut self,
+        round: u64,
+        purpose: Purpose,
+        outgoing: Vec<(MemberId, Vec<u8>)>,
+        from: &[MemberId],
+    ) -> Vec<(MemberId, Vec<u8>)> {
+        let version = self.topology_version();
+        for (to, payload) in outgoing {
+            lock(&self.shared.book).record_sent(purpose, round, to);
+            self.send(to, Kind::payload(purpose), round, payload);
+        }
+        let deadline = Instant::now() + self.shared.config.round_timeout;
+        let mut excluded = BTreeMap::new();
+        let used: Vec<MemberId> = loop {
+            // Register for the next change before looking, so none is missed in between.
+            let notified = self.shared.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let (ready, waiting) = {
+                let book = lock(&self.shared.book);
+                let mut ready = Vec::new();
+                let mut waiting = Vec::new();
+                for &p in from {
+                    match book.standing(purpose, round, p, version) {
+                        Standing::Ready => ready.push(p),
+                        Standing::Excluded(reason) => {
+                            excluded.insert(p, reason);
+                        }
+                        Standing::Waiting => waiting.push(p),
+                    }
+                }
+                (ready, waiting)
+            };
+            if waiting.is_empty() || Instant::now() >= deadline {
+                for p in waiting {
+                    excluded.insert(p, DropReason::Timeout);
+                }
+                break ready;
+            }
+            let _ = tokio::time::timeout_at(deadline, notified).await;
+        };
+        let done = lock(&self.shared.book).complete(purpose, round, &used);
+        // Readers held back by the window may go on.
+        self.shared.changed.notify_waiters();
+        for (_, reply) in done.skip_to {
+            let _ = reply.try_send(Outgoing {
+                kind: Kind::skip(purpose),
+                round,
+                version,
+                payload: Arc::new(Vec::new()),
+                written: None,
+            });
+        }
+        lock(&self.shared.drops).extend(excluded.into_iter().map(|(peer, reason)| Dropped {
+            peer,
+            purpose,
+            round,
+            reason,
+        }));
+        done.delivered
+    }
+}
+
+fn purpose_of(kind: Kind) -> Option<Purpose> {
+    match kind {
+        Kind::Parameters | Kind::SkipParameters => Some(Purpose::Parameters),
+        Kind::Gradients | Kind::SkipGradients => Some(Purpose::Gradients),
+        _ => None,
+    }
+}
+
+/// One accepted connection: challenge, hello, then the dialer's messages until it closes.
+async fn serve_incoming(shared: Arc<Shared>, stream: TcpStream) {
+    let _ = stream.set_nodelay(true);
+    let (mut reader, mut writer) = stream.into_split();
+    let config = &shared.config;
+    let nonce = session::fresh_nonce();
+    if session::send_challenge(&mut writer, &nonce).await.is_err() {
+        return;
+    }
+    let mut opener = SessionMac::new(&config.key, nonce);
+    let mut assembler = Assembler::default();
+    // Until the hello checks out, nothing bigger than a hello is read.
+    let first = timeout(
+        HANDSHAKE_TIMEOUT,
+        read_message(
+            &mut reader,
+            &mut opener,
+            &mut assembler,
+            config.job,
+            Hello::LEN as u64,
+            &shared.stats,
+        ),
+    )
+    .await;
+    let hello_message = match first {
+        Ok(Ok(m)) if m.kind == Kind::Hello => m,
+        Ok(Ok(_)) => return shared.stats.reject(Reject::Malformed),
+        Ok(Err(ReadError::Rejected(r))) => return shared.stats.reject(r),
+        _ => return,
+    };
+    let hello = match Hello::decode(&hello_message.payload) {
+        Ok(h) => h,
+        Err(r) => return shared.stats.reject(r),
+    };
+    if hello.layout_fingerprint != config.layout_fingerprint {
+        return shared.stats.reject(Reject::ShapeMismatch);
+    }
+    let peer = hello_message.sender;
+
+    // Answers (skip, state reply) go back on this connection, sealed with the dialer's nonce.
+    let (reply_tx, mut reply_rx) = mpsc::channel::<Outgoing>(SEND_QUEUE);
+    let mut sealer = SessionMac::new(&config.key, hello.nonce);
+    let stats_owner = shared.clone();
+    let (job, me) = (config.job, config.me);
+    let replier = tokio::spawn(async move {
+        while let Some(m) = reply_rx.recv().await {
+            let t = template(m.kind, job, me, m.version, m.round);
+            if write_message(&mut writer, &mut sealer, t, &m.payload, &stats_owner.stats)
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+    });
+
+    lock(&shared.book).session_opened(peer);
+    shared.changed.notify_waiters();
+    loop {
+        let message = read_message(
+            &mut reader,
+            &mut opener,
+            &mut assembler,
+            config.job,
+            config.max_message,
+            &shared.stats,
+        )
+        .await;
+        let message = match message {
+            Ok(m) if m.sender != peer => {
+                shared.stats.reject(Reject::WrongSender);
+                break;
+            }
+            Ok(m) => m,
+            Err(ReadError::Rejected(r)) => {
+                shared.stats.reject(r);
+                break;
+            }
+            Err(_) => break,
+        };
+        match message.kind {
+            Kind::Parameters | Kind::Gradients => {
+                let purpose = purpose_of(message.kind).expect("payload kind");
+                // Backpressure: a peer far ahead waits in its TCP window, not in our memory.
+                loop {
+                    let notified = shared.changed.notified();
+                    tokio::pin!(notified);
+                    notified.as_mut().enable();
+                    if lock(&shared.book).has_room(purpose, message.round) {
+                        break;
+                    }
+                    notified.await;
+                }
+                let deposit = lock(&shared.book).deposit(
+                    peer,
+                    purpose,
+                    message.round,
+                    message.topology_version,
+                    message.payload,
+                    reply_tx.clone(),
+                );
+                match deposit {
+                    Deposit::Stored => shared.changed.notify_waiters(),
+                    Deposit::Late { skip_to: Some(tx) } => {
+                        let _ = tx.try_send(Outgoing {
+                            kind: Kind::skip(purpose),
+                            round: message.round,
+                            version: shared.version.load(Ordering::Relaxed),
+                            payload: Arc::new(Vec::new()),
+                            written: None,
+                        });
+                    }
+                    Deposit::Late { skip_to: None } => {}
+                    Deposit::Rejected(r) => shared.stats.reject(r),
+                }
+            }
+            Kind::Leave => {
+                lock(&shared.book).left(peer);
+                shared.changed.notify_waiters();
+            }
+            Kind::StateRequest => {
+                lock(&shared.state_requests).push(StateRequest {
+                    from: peer,
+                    reply: reply_tx.clone(),
+                });
+                shared.changed.notify_waiters();
+            }
+            Kind::Hello | Kind::StateReply | Kind::SkipParameters | Kind::SkipGradients => {
+                shared.stats.reject(Reject::Malformed);
+                break;
+            }
+        }
+    }
+    lock(&shared.book).session_closed(peer);
+    shared.changed.notify_waiters();
+    // Let queued answers go out, then stop.
+    drop(reply_tx);
+    let _ = timeout(HANDSHAKE_TIMEOUT, replier).await;
+}
+
+/// Keep a connection to `peer` up and write its queue to it, re-dialing with backoff.
+async fn dial(
+    shared: std::sync::Weak<Shared>,
+    peer: MemberId,
+    address: String,
+    mut queue: mpsc::Receiver<Outgoing>,
+) {
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        let connected = timeout(CONNECT_TIMEOUT, TcpStream::connect(&address)).await;
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        match connected {
+            Ok(Ok(stream)) => {
+                backoff = Duration::from_millis(50);
+                if run_outgoing(&shared, peer, stream, &mut queue).await {
+                    return;
+                }
+            }
+            _ => {
+                drop(shared);
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+        }
+    }
+}
+
+/// One outgoing connection. Returns true when the queue is closed (stop), false when the
+/// connection broke (re-dial).
+async fn run_outgoing(
+    shared: &Arc<Shared>,
+    peer: MemberId,
+    stream: TcpStream,
+    queue: &mut mpsc::Receiver<Outgoing>,
+) -> bool {
+    let _ = stream.set_nodelay(true);
+    let (mut reader, mut writer) = stream.into_split();
+    let config = &shared.config;
+    let Ok(Ok(challenge)) = timeout(HANDSHAKE_TIMEOUT, session::read_challenge(&mut reader)).await
+    else {
+        return false;
+    };
+    let mut sealer = SessionMac::new(&config.key, challenge);
+    let my_nonce = session::fresh_nonce();
+    let hello = Hello {
+        nonce: my_nonce,
+        layout_fingerprint: config.layout_fingerprint,
+    };
+    let t = template(
+        Kind::Hello,
+        config.job,
+        config.me,
+        shared.version.load(Ordering::Relaxed),
+        0,
+    );
+    if write_message(&mut writer, &mut sealer, t, &hello.encode(), &shared.stats)
+        .await
+        .is_err()
+    {
+        return false;
+    }
+
+    // The acceptor's answers: skips and state replies.
+    let answers = {
+        let shared = shared.clone();
+        let mut opener = SessionMac::new(&config.key, my_nonce);
+        tokio::spawn(async move {
+            let mut assembler = Assembler::default();
+            loop {
+                let message = read_message(
+                    &mut reader,
+                    &mut opener,
+                    &mut assembler,
+                    shared.config.job,
+                    shared.config.max_message,
+                    &shared.stats,
+                )
+                .await;
+                let message = match message {
+                    Ok(m) if m.sender != peer => {
+                        shared.stats.reject(Reject::WrongSender);
+                        return;
+                    }
+                    Ok(m) => m,
+                    Err(ReadError::Rejected(r)) => return shared.stats.reject(r),
+                    Err(_) => return,
+                };
+                match message.kind {
+                    Kind::SkipParameters | Kind::SkipGradients => {
+                        let purpose = purpose_of(message.kind).expect("skip kind");
+                        lock(&shared.book).skipped(purpose, message.round, peer);
+                    }
+                    Kind::StateReply if message.payload.len().is_multiple_of(4) => {
+                        let parameters = message
+                            .payload
+                            .chunks_exact(4)
+                            .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
+                            .collect();
+                        lock(&shared.state_replies).push(StateReply {
+                            from: peer,
+                            step: message.round,
+                            topology_version: message.topology_version,
+                            parameters,
+                        });
+                    }
+                    _ => return shared.stats.reject(Reject::Malformed),
+                }
+                shared.changed.notify_waiters();
+            }
+        })
+    };
+    tokio::pin!(answers);
+    loop {
+        tokio::select! {
+            next = queue.recv() => {
+                let Some(m) = next else {
+                    answers.abort();
+                    return true;
+                };
+                let t = template(m.kind, config.job, config.me, m.version, m.round);
+                if write_message(&mut writer, &mut sealer, t, &m.payload, &shared.stats).await.is_err() {
+                    answers.abort();
+                    return false;
+                }
+                if let Some(done) = m.written {
+                    let _ = done.send(());
+                }
+            }
+            _ = &mut answers => return false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,181 @@
+//! Transports on loopback, in one process: rounds, departures, skips, state transfer.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::*;
+
+const TIMEOUT: Duration = Duration::from_secs(5);
+
+fn config(me: MemberId) -> TransportConfig {
+    TransportConfig {
+        job: frame::job_id("test", "ring"),
+        me,
+        key: b"a job key".to_vec(),
+        layout_fingerprint: 77,
+        max_message: 4 << 20,
+        round_timeout: TIMEOUT,
+    }
+}
+
+async fn members(n: u32) -> Vec<Transport> {
+    let mut ts = Vec::new();
+    for id in 0..n {
+        ts.push(Transport::bind("127.0.0.1:0", config(id)).await.unwrap());
+    }
+    let addresses: BTreeMap<MemberId, String> = ts
+        .iter()
+        .map(|t| (t.me(), t.local_addr().to_string()))
+        .collect();
+    for t in &ts {
+        t.set_topology(1, addresses.clone());
+    }
+    ts
+}
+
+/// Every member sends `me` to each of `peers` and collects from them.
+async fn round(t: &mut Transport, round: u64, peers: &[MemberId]) -> Vec<(MemberId, Vec<u8>)> {
+    let me = t.me() as u8;
+    let outgoing = peers.iter().map(|&p| (p, vec![me; 3])).collect();
+    t.exchange(round, Purpose::Parameters, outgoing, peers)
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ring_exchanges_every_round() {
+    let ts = members(3).await;
+    let mut handles = Vec::new();
+    for mut t in ts {
+        handles.push(tokio::spawn(async move {
+            let me = t.me();
+            let peers = vec![(me + 1) % 3, (me + 2) % 3];
+            for r in 0..5 {
+                let got = round(&mut t, r, &peers).await;
+                let mut from: Vec<_> = got.iter().map(|(p, b)| (*p, b[0])).collect();
+                from.sort();
+                let expected: Vec<_> = {
+                    let mut e: Vec<_> = peers.iter().map(|&p| (p, p as u8)).collect();
+                    e.sort();
+                    e
+                };
+                assert_eq!(from, expected, "member {me} round {r}");
+            }
+            assert!(t.take_drops().is_empty());
+            assert_eq!(t.stats().rejected_total(), 0);
+            t
+        }));
+    }
+    for h in handles {
+        h.await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_peer_is_dropped_at_once_not_after_the_timeout() {
+    let mut ts = members(2).await;
+    let mut b = ts.pop().unwrap();
+    let mut a = ts.pop().unwrap();
+    let (ra, rb) = tokio::join!(round(&mut a, 0, &[1]), round(&mut b, 0, &[0]));
+    assert_eq!((ra.len(), rb.len()), (1, 1));
+    b.close(); // the process dies: its sockets close
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = Instant::now();
+    let got = round(&mut a, 1, &[1]).await;
+    assert!(got.is_empty());
+    assert!(started.elapsed() < TIMEOUT / 2, "{:?}", started.elapsed());
+    let drops = a.take_drops();
+    assert_eq!(drops.len(), 1);
+    assert_eq!(drops[0].reason, DropReason::Disconnected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leaving_peers_and_non_neighbours_do_not_cost_a_timeout() {
+    let mut ts = members(3).await;
+    let c = ts.pop().unwrap();
+    let mut b = ts.pop().unwrap();
+    let mut a = ts.pop().unwrap();
+    // a counts b as a neighbour; b (another topology) does not count a, and answers "skip".
+    let started = Instant::now();
+    let (ra, rb) = tokio::join!(round(&mut a, 0, &[1]), round(&mut b, 0, &[]));
+    assert!(ra.is_empty() && rb.is_empty());
+    assert_eq!(a.take_drops()[0].reason, DropReason::Skipped);
+    // c leaves; a, still counting on c, goes on at once.
+    a.connect(&[2]);
+    c.connect(&[0]);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    c.leave(Duration::from_secs(1)).await;
+    let got = round(&mut a, 1, &[2]).await;
+    assert!(got.is_empty());
+    assert_eq!(a.take_drops()[0].reason, DropReason::Left);
+    assert!(started.elapsed() < TIMEOUT / 2, "{:?}", started.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payloads_of_another_topology_version_are_not_averaged() {
+    let mut ts = members(2).await;
+    let mut b = ts.pop().unwrap();
+    let mut a = ts.pop().unwrap();
+    let addresses: BTreeMap<MemberId, String> = [(0, a.local_addr()), (1, b.local_addr())]
+        .into_iter()
+        .map(|(id, addr)| (id, addr.to_string()))
+        .collect();
+    b.set_topology(2, addresses);
+    let (ra, rb) = tokio::join!(round(&mut a, 0, &[1]), round(&mut b, 0, &[0]));
+    assert!(ra.is_empty() && rb.is_empty());
+    assert_eq!(a.take_drops()[0].reason, DropReason::VersionMismatch);
+    assert_eq!(b.take_drops()[0].reason, DropReason::VersionMismatch);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_joining_member_fetches_state_from_a_neighbour() {
+    let ts = members(2).await;
+    let (a, b) = (ts[0].clone(), ts[1].clone());
+    assert!(b.request_state(0));
+    let deadline = Instant::now() + TIMEOUT;
+    let request = loop {
+        if let Some(r) = a.take_state_requests().pop() {
+            break r;
+        }
+        assert!(Instant::now() < deadline, "no state request arrived");
+        a.changed(deadline).await;
+    };
+    assert_eq!(request.from, 1);
+    let parameters: Vec<f32> = (0..300_000).map(|i| i as f32 * 0.5).collect();
+    a.reply_state(request, 42, &parameters);
+    let reply = loop {
+        if let Some(r) = b.take_state_replies().pop() {
+            break r;
+        }
+        assert!(Instant::now() < deadline, "no state reply arrived");
+        b.changed(deadline).await;
+    };
+    assert_eq!((reply.from, reply.step, reply.topology_version), (0, 42, 1));
+    assert_eq!(reply.parameters, parameters);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_with_another_model_shape_are_refused() {
+    let ts = members(1).await;
+    let mut odd = config(5);
+    odd.layout_fingerprint = 78;
+    let other = Transport::bind("127.0.0.1:0", odd).await.unwrap();
+    other.set_topology(1, [(0, ts[0].local_addr().to_string())].into());
+    other.connect(&[0]);
+    let deadline = Instant::now() + TIMEOUT;
+    while ts[0].stats().rejected_total() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the odd member was never refused"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let shape = ts[0]
+        .stats()
+        .rejected()
+        .into_iter()
+        .find(|(r, _)| *r == Reject::ShapeMismatch)
+        .unwrap();
+    assert!(shape.1 >= 1);
+}
