@@ -4,9 +4,11 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use murmur_core::api::{AlgorithmKind, ModelKind, OptimizerKind};
+use murmur_core::contract::TrainerEnv;
 use murmur_core::topology::TopologyOptions;
 use murmur_trainer::compression::Compression;
 use murmur_trainer::data::{self, DataError, partition::Partition};
+use murmur_trainer::runtime::{self, RunError, RunOptions, RunSetup};
 use murmur_trainer::simulator::{self, SimulationConfig, SimulationError, TopologyChoice, output};
 
 #[derive(Parser, Debug)]
@@ -24,6 +26,25 @@ pub struct Cli {
 enum Command {
     /// Simulate N members in one process on one or more topologies (same data, seed and steps).
     Simulate(SimulateArgs),
+    /// Run one member of a job: the process in each pod and each local process. Configured by
+    /// the MURMUR_* environment variables (the contract between the planes).
+    Run(RunArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct RunArgs {
+    /// Read the job spec from this manifest instead of MURMUR_JOB_SPEC (bare-metal runs).
+    #[arg(long)]
+    manifest: Option<PathBuf>,
+    /// After SIGTERM, exit within this long (spot notices give 30 s).
+    #[arg(long, default_value = "20s")]
+    grace_period: murmur_core::api::Duration,
+    /// Evaluate on the test split every this many steps.
+    #[arg(long, default_value_t = 25)]
+    eval_every: u64,
+    /// How long a starting member waits for its neighbours before training without them.
+    #[arg(long, default_value = "30s")]
+    startup_timeout: murmur_core::api::Duration,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -118,12 +139,25 @@ pub enum CliError {
     Simulation(#[from] SimulationError),
     #[error(transparent)]
     Output(#[from] output::OutputError),
+    #[error(transparent)]
+    Env(#[from] murmur_core::contract::EnvError),
+    #[error(transparent)]
+    Manifest(#[from] murmur_core::api::ManifestError),
+    #[error(transparent)]
+    Run(#[from] RunError),
 }
 
 impl CliError {
     pub fn exit_code(&self) -> u8 {
         match self {
-            CliError::Flag(_) | CliError::Data(_) => 2,
+            CliError::Flag(_) | CliError::Data(_) | CliError::Env(_) | CliError::Manifest(_) => 2,
+            CliError::Run(
+                RunError::KeyFile { .. }
+                | RunError::EmptyKey { .. }
+                | RunError::Spec(_)
+                | RunError::NoTopologySource
+                | RunError::Data(_),
+            ) => 2,
             CliError::Simulation(SimulationError::Config(_) | SimulationError::Topology(_)) => 2,
             _ => 1,
         }
@@ -200,7 +234,69 @@ fn compression(text: &str) -> Result<Compression, CliError> {
 }
 
 pub fn run(cli: Cli) -> Result<(), CliError> {
-    let Command::Simulate(args) = cli.command;
+    match cli.command {
+        Command::Simulate(args) => simulate(args),
+        Command::Run(args) => run_member(args),
+    }
+}
+
+fn run_member(args: RunArgs) -> Result<(), CliError> {
+    let env = TrainerEnv::from_lookup(|k| std::env::var(k).ok())?;
+    let spec = match &args.manifest {
+        Some(path) => murmur_core::api::load_manifest(path)?.spec,
+        None => runtime::spec_from_env(&env)?.ok_or_else(|| {
+            CliError::Flag(format!(
+                "no job spec: set {} (JSON) or pass --manifest FILE",
+                murmur_core::contract::env::JOB_SPEC
+            ))
+        })?,
+    };
+    let key = runtime::read_key(&env.peer_key_file)?;
+    let backend = env.backend;
+    let setup = RunSetup {
+        env,
+        spec,
+        key,
+        options: RunOptions {
+            grace_period: args.grace_period.as_std(),
+            eval_every: args.eval_every,
+            startup_timeout: args.startup_timeout.as_std(),
+        },
+    };
+    // The training loop holds the main thread; peers and HTTP run on the workers.
+    let tokio = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    let outcome = match backend {
+        murmur_core::api::Backend::Cpu => tokio.block_on(runtime::run::<
+            burn::backend::Autodiff<burn::backend::NdArray<f32>>,
+        >(setup, Default::default()))?,
+        #[cfg(feature = "cuda")]
+        murmur_core::api::Backend::Cuda => {
+            cuda_driver_present()?;
+            tokio.block_on(
+                runtime::run::<burn::backend::Autodiff<burn::backend::Cuda>>(
+                    setup,
+                    Default::default(),
+                ),
+            )?
+        }
+        #[cfg(not(feature = "cuda"))]
+        murmur_core::api::Backend::Cuda => {
+            return Err(CliError::Flag(
+                "MURMUR_BACKEND=cuda: this murmur-trainer was built without CUDA; rebuild with `cargo build --release -p murmur-trainer --features cuda`".into(),
+            ));
+        }
+    };
+    tracing::info!(?outcome, "exiting");
+    // Detached tasks (HTTP, dialers) end with the process.
+    tokio.shutdown_timeout(std::time::Duration::from_millis(200));
+    Ok(())
+}
+
+fn simulate(args: SimulateArgs) -> Result<(), CliError> {
     let topologies = args
         .topology
         .iter()

@@ -5,5 +5,6 @@ pub mod algorithms;
 pub mod compression;
 pub mod data;
 pub mod model;
+pub mod runtime;
 pub mod simulator;
 pub mod transport;

@@ -1,12 +1,25 @@
-//! `murmur-trainer`: the trainer process. `simulate` runs many virtual members in one process.
+//! `murmur-trainer`: the trainer process. `run` is one member of a job; `simulate` runs many
+//! virtual members in one process.
 
 mod cli;
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
+use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
+    // JSON logs when a machine reads them (pods, `murmur run`), plain text at a terminal.
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    if std::io::stdout().is_terminal() {
+        tracing_subscriber::fmt().with_env_filter(filter).init();
+    } else {
+        tracing_subscriber::fmt()
+            .json()
+            .with_env_filter(filter)
+            .init();
+    }
     match cli::run(cli::Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

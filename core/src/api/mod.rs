@@ -9,7 +9,7 @@ pub mod status;
 use kube::core::CustomResourceExt;
 
 pub use duration::Duration;
-pub use manifest::{ManifestError, Violation, load_manifest, parse_manifest};
+pub use manifest::{ManifestError, Violation, load_manifest, parse_manifest, validate};
 pub use spec::*;
 pub use status::*;
 

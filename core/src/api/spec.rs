@@ -191,6 +191,15 @@ pub struct AlgorithmSpec {
     pub group_size: Option<u32>,
 }
 
+impl AlgorithmSpec {
+    /// Moshpit's grid side when `groupSize` is not set.
+    pub const DEFAULT_GROUP_SIZE: u32 = 4;
+
+    pub fn group_size(&self) -> usize {
+        self.group_size.unwrap_or(Self::DEFAULT_GROUP_SIZE) as usize
+    }
+}
+
 fn default_average_every() -> u32 {
     1
 }

@@ -18,7 +18,7 @@ pub struct TopologyOptions {
     #[cfg_attr(feature = "cli", arg(long))]
     pub clumps: Option<usize>,
     /// moshpit: grid side (members per group).
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = 4))]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = crate::api::AlgorithmSpec::DEFAULT_GROUP_SIZE as usize))]
     pub group_size: usize,
 }
 

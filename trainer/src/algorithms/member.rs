@@ -8,6 +8,7 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::momentum::MomentumConfig;
 use burn::optim::{Adam, AdamConfig, GradientsParams, Optimizer, Sgd, SgdConfig};
+use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Int, Tensor, TensorData};
 use rand::SeedableRng;
@@ -17,7 +18,7 @@ use rand_chacha::ChaCha8Rng;
 use murmur_core::api::{AlgorithmKind, OptimizerKind};
 use murmur_core::topology::MemberId;
 
-use super::mixing::{gossip_partner, mean, weighted_average};
+use super::mixing::{distance, gossip_partner, mean, weighted_average};
 use super::{Exchange, Neighbourhood, Purpose};
 use crate::compression::{Compression, Decoder, Encoder};
 use crate::data::{Dataset, IMAGE_PIXELS};
@@ -43,6 +44,15 @@ pub enum MemberError {
     Flat(#[from] FlatError),
     #[error("member {member} has no training examples")]
     EmptyShard { member: MemberId },
+    #[error("{what} record: {message}")]
+    Record { what: &'static str, message: String },
+}
+
+fn record_error(what: &'static str) -> impl Fn(burn::record::RecorderError) -> MemberError {
+    move |e| MemberError::Record {
+        what,
+        message: e.to_string(),
+    }
 }
 
 pub enum Optim<B: AutodiffBackend> {
@@ -71,6 +81,36 @@ impl<B: AutodiffBackend> Optim<B> {
             Optim::Adam(o) => o.step(lr, model, grads),
         }
     }
+
+    /// The optimizer state (momentum, Adam moments) as bytes, keyed by parameter id.
+    fn to_bytes(&self) -> Result<Vec<u8>, MemberError> {
+        let recorder = NamedMpkBytesRecorder::<FullPrecisionSettings>::new();
+        match self {
+            Optim::Sgd(o) => Recorder::<B>::record(&recorder, o.to_record(), ()),
+            Optim::Adam(o) => Recorder::<B>::record(&recorder, o.to_record(), ()),
+        }
+        .map_err(record_error("optimizer"))
+    }
+
+    fn load_bytes(self, bytes: Vec<u8>, device: &B::Device) -> Result<Self, MemberError> {
+        let recorder = NamedMpkBytesRecorder::<FullPrecisionSettings>::new();
+        Ok(match self {
+            Optim::Sgd(o) => Optim::Sgd(
+                o.load_record(
+                    recorder
+                        .load(bytes, device)
+                        .map_err(record_error("optimizer"))?,
+                ),
+            ),
+            Optim::Adam(o) => Optim::Adam(
+                o.load_record(
+                    recorder
+                        .load(bytes, device)
+                        .map_err(record_error("optimizer"))?,
+                ),
+            ),
+        })
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -78,6 +118,9 @@ pub struct StepReport {
     pub loss: f64,
     /// Peers that delivered in this step's rounds.
     pub heard_from: usize,
+    /// Distance from this member's parameters to the mean of its own and what its peers sent,
+    /// when an averaging round took place: what one member can see of the consensus distance.
+    pub local_disagreement: Option<f64>,
 }
 
 pub struct Member<B: AutodiffBackend> {
@@ -138,6 +181,56 @@ impl<B: AutodiffBackend> Member<B> {
         let (model, values, _) = model::export(self.model.take().expect("model present"));
         self.model = Some(model);
         values
+    }
+
+    /// Replace the parameters (state transfer from a peer); the optimizer state stays.
+    pub fn set_parameters(&mut self, values: &[f32]) -> Result<(), MemberError> {
+        let model = self.model.take().expect("model present");
+        match model::import(model.clone(), values, &self.layout) {
+            Ok(m) => {
+                self.model = Some(m);
+                Ok(())
+            }
+            Err(e) => {
+                self.model = Some(model);
+                Err(e.into())
+            }
+        }
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// Model and optimizer state as burn records (named MessagePack), for checkpoints.
+    pub fn records(&self) -> Result<(Vec<u8>, Vec<u8>), MemberError> {
+        let recorder = NamedMpkBytesRecorder::<FullPrecisionSettings>::new();
+        let model = Recorder::<B>::record(&recorder, self.model().clone().into_record(), ())
+            .map_err(record_error("model"))?;
+        Ok((model, self.optim.to_bytes()?))
+    }
+
+    /// Restore what [`records`](Self::records) wrote. Parameter ids come back with the model,
+    /// so the optimizer state, keyed by them, attaches again.
+    pub fn restore(&mut self, model: Vec<u8>, optimizer: Vec<u8>) -> Result<(), MemberError> {
+        let recorder = NamedMpkBytesRecorder::<FullPrecisionSettings>::new();
+        let record = recorder
+            .load(model, &self.device)
+            .map_err(record_error("model"))?;
+        let restored = self.model().clone().load_record(record);
+        if model::layout(&restored) != self.layout {
+            return Err(MemberError::Record {
+                what: "model",
+                message: "its parameter shapes differ from this model's".into(),
+            });
+        }
+        let optim = std::mem::replace(
+            &mut self.optim,
+            Optim::new(self.config.optimizer, self.config.momentum),
+        );
+        self.optim = optim.load_bytes(optimizer, &self.device)?;
+        self.model = Some(restored);
+        Ok(())
     }
 
     /// Test accuracy and mean cross-entropy of this member's model.
@@ -312,6 +405,7 @@ impl<B: AutodiffBackend> Member<B> {
         let model = self.model.take().expect("model present");
         let (loss_value, mut grads) = self.gradients(&model);
         let mut heard_from = 0;
+        let mut local_disagreement = None;
 
         if self.config.algorithm == AlgorithmKind::CliqueAveraging && !hood.clique_mates.is_empty()
         {
@@ -355,6 +449,10 @@ impl<B: AutodiffBackend> Member<B> {
                     .share(ex, round, Purpose::Parameters, &peers, &own)
                     .await;
                 heard_from += received.len();
+                if !received.is_empty() {
+                    let refs: Vec<&[f32]> = received.iter().map(|(_, x)| x.as_slice()).collect();
+                    local_disagreement = Some(distance(&own, &mean(&own, &refs)));
+                }
                 Some(if weighted {
                     let weight = |id: MemberId| {
                         hood.neighbours
@@ -381,6 +479,7 @@ impl<B: AutodiffBackend> Member<B> {
         Ok(StepReport {
             loss: loss_value,
             heard_from,
+            local_disagreement,
         })
     }
 }

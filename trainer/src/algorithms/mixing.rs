@@ -64,6 +64,15 @@ pub fn gossip_partner(
     None
 }
 
+/// Euclidean distance between two parameter buffers.
+pub fn distance(a: &[f32], b: &[f32]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (f64::from(*x) - f64::from(*y)).powi(2))
+        .sum::<f64>()
+        .sqrt()
+}
+
 /// Mean distance of members' parameters to their average: (1/n) sum_i ||x_i - x_bar||.
 pub fn consensus_distance(models: &[&[f32]]) -> f64 {
     let Some(first) = models.first() else {

@@ -101,6 +101,18 @@ pub struct Split {
     pub test: Dataset,
 }
 
+/// Images in the shared proxy batch.
+pub const PROXY_BATCH: usize = 100;
+
+impl Split {
+    /// The fixed batch every member evaluates for its proxy vector: the first test images. The
+    /// same for every member, and never trained on.
+    pub fn proxy_batch(&self) -> Dataset {
+        let n = PROXY_BATCH.min(self.test.len());
+        self.test.subset(&(0..n).collect::<Vec<_>>())
+    }
+}
+
 /// The embedded sample with its fixed split.
 pub fn embedded() -> Split {
     let all = parse_csv(

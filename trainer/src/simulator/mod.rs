@@ -284,10 +284,7 @@ pub fn simulate<B: AutodiffBackend>(
             .zip(&shards)
             .all(|(ix, s)| label_histogram(&data.train.labels, ix) == s.label_histogram())
     );
-    // A fixed proxy batch every member shares: the first 100 test images.
-    let proxy_batch = data
-        .test
-        .subset(&(0..100.min(data.test.len())).collect::<Vec<_>>());
+    let proxy_batch = data.proxy_batch();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("a current-thread runtime");

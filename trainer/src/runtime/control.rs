@@ -1,0 +1,169 @@
+//! The trainer's side of the control endpoint: join report, status and peer events (signed with
+//! the job key), and the topology, from the long-poll endpoint or from a file.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::sync::watch;
+
+use murmur_core::contract::{TopologyDocument, control};
+
+const MAX_BACKOFF: Duration = Duration::from_secs(10);
+const FILE_POLL: Duration = Duration::from_millis(500);
+
+#[derive(Clone)]
+pub struct ControlClient {
+    http: reqwest::Client,
+    base: String,
+    namespace: String,
+    job: String,
+    member: u32,
+    key: Arc<Vec<u8>>,
+}
+
+impl ControlClient {
+    pub fn new(base: &str, namespace: &str, job: &str, member: u32, key: Arc<Vec<u8>>) -> Self {
+        Self {
+            http: reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(3))
+                .build()
+                .expect("a plain HTTP client"),
+            base: base.trim_end_matches('/').to_string(),
+            namespace: namespace.to_string(),
+            job: job.to_string(),
+            member,
+            key,
+        }
+    }
+
+    /// POST `body` to `path`, signed. Errors are strings for the log: nothing here is fatal.
+    async fn post<T: Serialize>(&self, path: &str, body: &T) -> Result<(), String> {
+        let bytes = serde_json::to_vec(body).expect("plain structs");
+        let signature = control::sign(&self.key, &bytes);
+        let response = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .header(control::SIGNATURE_HEADER, signature)
+            .timeout(Duration::from_secs(5))
+            .body(bytes)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        if response.status().is_success() {
+            Ok(())
+        } else {
+            Err(format!("{path}: HTTP {}", response.status()))
+        }
+    }
+
+    /// POST until it succeeds or `attempts` run out, backing off between tries.
+    pub async fn post_retrying<T: Serialize>(&self, path: &str, body: &T, attempts: u32) -> bool {
+        let mut backoff = Duration::from_millis(200);
+        for attempt in 1..=attempts.max(1) {
+            match self.post(path, body).await {
+                Ok(()) => return true,
+                Err(e) => {
+                    tracing::warn!(error = %e, attempt, "control endpoint unreachable; retrying");
+                }
+            }
+            if attempt < attempts {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+        }
+        false
+    }
+
+    pub fn join_path(&self) -> String {
+        control::join_path(&self.namespace, &self.job, self.member)
+    }
+
+    pub fn status_path(&self) -> String {
+        control::status_path(&self.namespace, &self.job, self.member)
+    }
+
+    pub fn peer_events_path(&self) -> String {
+        control::peer_events_path(&self.namespace, &self.job, self.member)
+    }
+
+    /// One long-poll: a document newer than `after`, or `None` when the server held the request
+    /// and nothing changed.
+    async fn topology_after(&self, after: u64) -> Result<Option<TopologyDocument>, String> {
+        let url = format!(
+            "{}{}?after={after}",
+            self.base,
+            control::topology_path(&self.namespace, &self.job)
+        );
+        let response = self
+            .http
+            .get(&url)
+            .timeout(Duration::from_secs(control::LONG_POLL_HOLD_SECONDS + 10))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        match response.status().as_u16() {
+            204 | 304 => Ok(None),
+            200 => {
+                let text = response.text().await.map_err(|e| e.to_string())?;
+                TopologyDocument::parse(&text)
+                    .map(Some)
+                    .map_err(|e| format!("{url}: {e}"))
+            }
+            code => Err(format!("{url}: HTTP {code}")),
+        }
+    }
+}
+
+/// Where the topology comes from.
+#[derive(Clone)]
+pub enum TopologySource {
+    /// A document on disk, re-read when it changes (bare metal, tests).
+    File(PathBuf),
+    /// The control endpoint's long-poll.
+    Control(ControlClient),
+}
+
+/// Publish every newer topology version into `tx`, forever. A source that is unreachable or
+/// serves something invalid is retried with backoff; the trainer keeps its last topology.
+pub async fn follow(source: TopologySource, tx: watch::Sender<Option<Arc<TopologyDocument>>>) {
+    let mut backoff = Duration::from_millis(200);
+    let mut last_error = String::new();
+    loop {
+        let after = tx.borrow().as_ref().map_or(0, |d| d.version);
+        let next = match &source {
+            TopologySource::File(path) => std::fs::read_to_string(path)
+                .map_err(|e| format!("{}: {e}", path.display()))
+                .and_then(|text| {
+                    TopologyDocument::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+                })
+                .map(|doc| (doc.version > after || after == 0).then_some(doc)),
+            TopologySource::Control(client) => client.topology_after(after).await,
+        };
+        match next {
+            Ok(doc) => {
+                backoff = Duration::from_millis(200);
+                last_error.clear();
+                if let Some(doc) = doc
+                    && tx.borrow().as_ref().is_none_or(|d| doc.version > d.version)
+                {
+                    tracing::info!(version = doc.version, kind = %doc.kind, "new topology");
+                    let _ = tx.send(Some(Arc::new(doc)));
+                }
+                if matches!(source, TopologySource::File(_)) {
+                    tokio::time::sleep(FILE_POLL).await;
+                }
+            }
+            Err(e) => {
+                if e != last_error {
+                    tracing::warn!(error = %e, "cannot read the topology; keeping the last one and retrying");
+                    last_error = e;
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+        }
+    }
+}

@@ -1,0 +1,203 @@
+//! Helpers for tests that run real `murmur-trainer run` processes on loopback.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use murmur_core::api::TopologyKind;
+use murmur_core::topology::{self, BuildSpec, MemberProfile};
+
+pub const KEY: &str = "test-job-key-0123456789";
+
+/// A port nobody listens on right now (bind to 0, read it, let go).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub struct Member {
+    pub id: u32,
+    pub peer_port: u16,
+    pub status_port: u16,
+}
+
+/// A job of `n` members on loopback with a static topology file.
+pub struct LocalJob {
+    pub dir: tempfile::TempDir,
+    pub members: Vec<Member>,
+    pub manifest: PathBuf,
+}
+
+impl LocalJob {
+    pub fn new(n: u32, kind: TopologyKind, manifest: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let members: Vec<Member> = (0..n)
+            .map(|id| Member {
+                id,
+                peer_port: free_port(),
+                status_port: free_port(),
+            })
+            .collect();
+        let profiles: Vec<MemberProfile> = (0..n).map(MemberProfile::bare).collect();
+        let topo = topology::build(&BuildSpec::new(kind), &profiles).unwrap();
+        let ports: BTreeMap<u32, u16> = members.iter().map(|m| (m.id, m.peer_port)).collect();
+        let doc = topo.to_document(|id| Some(format!("127.0.0.1:{}", ports[&id])));
+        std::fs::write(
+            dir.path().join("topology.json"),
+            serde_json::to_string_pretty(&doc).unwrap(),
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("peer-key"), format!("{KEY}\n")).unwrap();
+        let manifest_path = dir.path().join("job.yaml");
+        std::fs::write(&manifest_path, manifest).unwrap();
+        Self {
+            dir,
+            members,
+            manifest: manifest_path,
+        }
+    }
+
+    pub fn log_path(&self, id: u32, attempt: u32) -> PathBuf {
+        self.dir.path().join(format!("member-{id}-{attempt}.log"))
+    }
+
+    pub fn spawn(&self, id: u32, attempt: u32, extra_env: &[(&str, String)]) -> Child {
+        let m = &self.members[id as usize];
+        let log = std::fs::File::create(self.log_path(id, attempt)).unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_murmur-trainer"));
+        cmd.args(["run", "--manifest"])
+            .arg(&self.manifest)
+            .args(["--eval-every", "50"])
+            .env("MURMUR_JOB", "loopback")
+            .env("MURMUR_NAMESPACE", "test")
+            .env("MURMUR_MEMBER_ID", id.to_string())
+            .env(
+                "MURMUR_LISTEN_ADDRESS",
+                format!("127.0.0.1:{}", m.peer_port),
+            )
+            .env(
+                "MURMUR_STATUS_ADDRESS",
+                format!("127.0.0.1:{}", m.status_port),
+            )
+            .env("MURMUR_PEER_KEY_FILE", self.dir.path().join("peer-key"))
+            .env(
+                "MURMUR_TOPOLOGY_FILE",
+                self.dir.path().join("topology.json"),
+            )
+            .env_remove("MURMUR_CONTROL_ENDPOINT")
+            .env_remove("MURMUR_JOB_SPEC")
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log);
+        for (k, v) in extra_env {
+            cmd.env(k, v);
+        }
+        cmd.spawn().unwrap()
+    }
+
+    /// GET a path on a member's status port; None if it does not answer.
+    pub fn get(&self, id: u32, path: &str) -> Option<(u16, String)> {
+        http_get(self.members[id as usize].status_port, path)
+    }
+
+    pub fn status(&self, id: u32) -> Option<serde_json::Value> {
+        let (code, body) = self.get(id, "/status")?;
+        (code == 200).then(|| serde_json::from_str(&body).ok())?
+    }
+
+    pub fn step(&self, id: u32) -> Option<u64> {
+        self.status(id)?["step"].as_u64()
+    }
+
+    /// The JSON log lines of one process.
+    pub fn log(&self, id: u32, attempt: u32) -> Vec<serde_json::Value> {
+        read_log(&self.log_path(id, attempt))
+    }
+}
+
+pub fn read_log(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// The fields of the first log line whose message is `message`.
+pub fn logged<'a>(lines: &'a [serde_json::Value], message: &str) -> Option<&'a serde_json::Value> {
+    lines
+        .iter()
+        .map(|l| &l["fields"])
+        .find(|f| f["message"] == message)
+}
+
+/// A bare HTTP/1.1 GET (no client library needed for a test).
+pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let code = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
+    Some((code, body))
+}
+
+/// Wait until `f` holds, or fail after `within`.
+pub fn wait_for(within: Duration, what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Wait for a child to exit, killing it if it outlives `within`.
+pub fn wait_exit(child: &mut Child, within: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Kills its processes when dropped, so a failing test leaves nothing behind.
+#[derive(Default)]
+pub struct Reaper(pub Vec<Child>);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+pub fn signal(child: &Child, sig: &str) {
+    let ok = Command::new("kill")
+        .args([&format!("-{sig}"), &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill -{sig} failed");
+}
