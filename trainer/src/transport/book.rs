@@ -124,6 +124,10 @@ impl<R: Clone> RoundBook<R> {
         self.sent.insert((purpose, round, to));
     }
 
+    pub fn unrecord_sent(&mut self, purpose: Purpose, round: u64, to: MemberId) {
+        self.sent.remove(&(purpose, round, to));
+    }
+
     pub fn skipped(&mut self, purpose: Purpose, round: u64, by: MemberId) {
         if !self.is_completed(purpose, round) {
             self.skips.insert((purpose, round, by));

@@ -396,8 +396,11 @@ impl Exchange for Transport {
     ) -> Vec<(MemberId, Vec<u8>)> {
         let version = self.topology_version();
         for (to, payload) in outgoing {
+            // Recorded before it can arrive, so a quick answer finds it; undone if not queued.
             lock(&self.shared.book).record_sent(purpose, round, to);
-            self.send(to, Kind::payload(purpose), round, payload);
+            if !self.send(to, Kind::payload(purpose), round, payload) {
+                lock(&self.shared.book).unrecord_sent(purpose, round, to);
+            }
         }
         let deadline = Instant::now() + self.shared.config.round_timeout;
         let mut excluded = BTreeMap::new();

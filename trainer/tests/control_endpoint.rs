@@ -1,0 +1,259 @@
+//! Trainers against a control endpoint (a stub of the local runtime's): signed join reports,
+//! a ring until every report is in, then a data-aware topology applied at a round boundary,
+//! statuses and peer events, and an endpoint that goes away for a while.
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use murmur_core::api::TopologyKind;
+use murmur_core::contract::{JoinReport, PeerEvent, TopologyDocument, TrainerStatus, control};
+use murmur_core::topology::{self, BuildSpec, MemberProfile};
+use support::*;
+
+const MANIFEST: &str = "\
+apiVersion: murmur.dev/v1alpha1
+kind: DecentralizedTrainingJob
+metadata: {name: loopback}
+spec:
+  replicas: {min: 2, target: 4, max: 4}
+  topology: {kind: dCliques, cliqueSize: 2}
+  algorithm: {kind: cliqueAveraging, roundTimeout: 2s}
+  training:
+    model: mlp
+    dataset: {source: embedded}
+    partition: {kind: classesPerMember, k: 5}
+    seed: 5
+    batchSize: 32
+    optimizer: {kind: sgd, momentum: 0.9}
+    learningRate: 0.05
+    steps: 400
+";
+
+#[derive(Default)]
+struct Stub {
+    doc: Mutex<Option<TopologyDocument>>,
+    changed: tokio::sync::Notify,
+    joins: Mutex<Vec<JoinReport>>,
+    statuses: Mutex<Vec<TrainerStatus>>,
+    events: Mutex<Vec<PeerEvent>>,
+    bad_signatures: Mutex<u32>,
+    down: AtomicBool,
+}
+
+#[derive(serde::Deserialize)]
+struct After {
+    after: u64,
+}
+
+async fn topology_poll(State(stub): State<Arc<Stub>>, Query(q): Query<After>) -> Response {
+    if stub.down.load(Ordering::Relaxed) {
+        return StatusCode::SERVICE_UNAVAILABLE.into_response();
+    }
+    for _ in 0..2 {
+        let notified = stub.changed.notified();
+        if let Some(doc) = stub.doc.lock().unwrap().clone()
+            && doc.version > q.after
+        {
+            return axum::Json(doc).into_response();
+        }
+        let _ = tokio::time::timeout(Duration::from_millis(500), notified).await;
+    }
+    StatusCode::NO_CONTENT.into_response()
+}
+
+fn signed(stub: &Stub, headers: &HeaderMap, body: &Bytes) -> bool {
+    let ok = headers
+        .get(control::SIGNATURE_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|sig| control::verify(KEY.as_bytes(), body, sig));
+    if !ok {
+        *stub.bad_signatures.lock().unwrap() += 1;
+    }
+    ok
+}
+
+async fn join(
+    State(stub): State<Arc<Stub>>,
+    Path((_, _, id)): Path<(String, String, u32)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> StatusCode {
+    if stub.down.load(Ordering::Relaxed) || !signed(&stub, &headers, &body) {
+        return StatusCode::FORBIDDEN;
+    }
+    let report: JoinReport = serde_json::from_slice(&body).unwrap();
+    assert_eq!(report.member_id, id);
+    let mut joins = stub.joins.lock().unwrap();
+    joins.retain(|j| j.member_id != id);
+    joins.push(report);
+    // Every report in: build the data-aware topology from the histograms alone.
+    if joins.len() == 4 {
+        let mut doc = stub.doc.lock().unwrap();
+        let ring = doc.clone().unwrap();
+        let profiles: Vec<MemberProfile> = joins
+            .iter()
+            .map(|j| MemberProfile {
+                id: j.member_id,
+                histogram: Some(j.label_histogram.iter().map(|&c| c as f64).collect()),
+                proxy: None,
+            })
+            .collect();
+        let mut spec = BuildSpec::new(murmur_core::api::TopologyKind::DCliques);
+        spec.clique_size = 2;
+        let cliques = topology::build(&spec, &profiles).unwrap();
+        let mut next = cliques.to_document(|id| {
+            ring.members
+                .iter()
+                .find(|m| m.id == id)
+                .and_then(|m| m.address.clone())
+        });
+        next.version = ring.version + 1;
+        *doc = Some(next);
+        stub.changed.notify_waiters();
+    }
+    StatusCode::NO_CONTENT
+}
+
+async fn status(State(stub): State<Arc<Stub>>, headers: HeaderMap, body: Bytes) -> StatusCode {
+    if stub.down.load(Ordering::Relaxed) || !signed(&stub, &headers, &body) {
+        return StatusCode::FORBIDDEN;
+    }
+    stub.statuses
+        .lock()
+        .unwrap()
+        .push(serde_json::from_slice(&body).unwrap());
+    StatusCode::NO_CONTENT
+}
+
+async fn peer_event(State(stub): State<Arc<Stub>>, headers: HeaderMap, body: Bytes) -> StatusCode {
+    if stub.down.load(Ordering::Relaxed) || !signed(&stub, &headers, &body) {
+        return StatusCode::FORBIDDEN;
+    }
+    stub.events
+        .lock()
+        .unwrap()
+        .push(serde_json::from_slice(&body).unwrap());
+    StatusCode::NO_CONTENT
+}
+
+fn serve(stub: Arc<Stub>) -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async move {
+            let app = axum::Router::new()
+                .route(
+                    "/api/v1/namespaces/{ns}/jobs/{job}/topology",
+                    get(topology_poll),
+                )
+                .route(
+                    "/api/v1/namespaces/{ns}/jobs/{job}/members/{id}/join",
+                    post(join),
+                )
+                .route(
+                    "/api/v1/namespaces/{ns}/jobs/{job}/members/{id}/status",
+                    post(status),
+                )
+                .route(
+                    "/api/v1/namespaces/{ns}/jobs/{job}/members/{id}/peer-events",
+                    post(peer_event),
+                )
+                .with_state(stub);
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            axum::serve(listener, app).await.unwrap();
+        });
+    });
+    port
+}
+
+#[test]
+fn trainers_follow_the_control_endpoint_from_a_ring_to_data_aware_cliques() {
+    let job = LocalJob::new(4, TopologyKind::Ring, MANIFEST);
+    let ring: TopologyDocument = TopologyDocument::parse(
+        &std::fs::read_to_string(job.dir.path().join("topology.json")).unwrap(),
+    )
+    .unwrap();
+    let stub = Arc::new(Stub::default());
+    *stub.doc.lock().unwrap() = Some(ring);
+    let port = serve(stub.clone());
+    let env = [
+        ("MURMUR_TOPOLOGY_FILE", String::new()),
+        (
+            "MURMUR_CONTROL_ENDPOINT",
+            format!("http://127.0.0.1:{port}"),
+        ),
+    ];
+    let mut procs = Reaper::default();
+    for id in 0..4 {
+        procs.0.push(job.spawn(id, 0, &env));
+    }
+    wait_for(Duration::from_secs(60), "the switch to cliques", || {
+        (0..4).all(|id| {
+            job.status(id)
+                .is_some_and(|s| s["topologyVersion"] == 2 && s["step"].as_u64() > Some(20))
+        })
+    });
+    // The endpoint goes away for a while: training goes on on the last topology.
+    stub.down.store(true, Ordering::Relaxed);
+    let before: Vec<u64> = (0..4).map(|id| job.step(id).unwrap()).collect();
+    wait_for(
+        Duration::from_secs(20),
+        "training while the endpoint is down",
+        || (0..4).all(|id| job.step(id).is_some_and(|s| s > before[id as usize] + 30)),
+    );
+    // Long enough for every member's held poll to come back and fail at least once.
+    std::thread::sleep(Duration::from_secs(2));
+    stub.down.store(false, Ordering::Relaxed);
+
+    for c in &mut procs.0 {
+        let status = wait_exit(c, Duration::from_secs(120)).expect("hung");
+        assert!(status.success(), "{status:?}");
+    }
+    assert_eq!(*stub.bad_signatures.lock().unwrap(), 0);
+    let joins = stub.joins.lock().unwrap();
+    assert_eq!(joins.len(), 4);
+    for j in joins.iter() {
+        assert_eq!(j.label_histogram.len(), 10);
+        assert_eq!(
+            j.label_histogram.iter().filter(|&&c| c > 0).count(),
+            5,
+            "member {} should hold five classes: {:?}",
+            j.member_id,
+            j.label_histogram
+        );
+        assert!(
+            j.proxy_vector.is_none(),
+            "only proxy clumps need proxy vectors"
+        );
+    }
+    let statuses = stub.statuses.lock().unwrap();
+    for id in 0..4u32 {
+        let last = statuses
+            .iter()
+            .rfind(|s| s.member_id == id)
+            .expect("no status");
+        assert_eq!(
+            serde_json::to_value(last.state).unwrap(),
+            "done",
+            "member {id}"
+        );
+        assert_eq!(last.topology_version, 2);
+        assert_eq!(last.progress.step, 400);
+        let lines = job.log(id, 0);
+        assert!(
+            lines.iter().any(|l| l["fields"]["message"]
+                == "cannot read the topology; keeping the last one and retrying"),
+            "member {id} did not notice the endpoint going away"
+        );
+    }
+}

@@ -1,0 +1,164 @@
+//! A member's life with real processes: readiness, SIGTERM (the spot notice), whole-job loss
+//! and resumption from checkpoints.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use murmur_core::api::TopologyKind;
+use support::*;
+
+fn manifest(steps: u64, members: u32, checkpoint_every: Option<u64>) -> String {
+    let checkpoint = checkpoint_every
+        .map(|n| format!("  checkpoint: {{volume: {{kind: emptyDir}}, everySteps: {n}}}\n"))
+        .unwrap_or_default();
+    format!(
+        "\
+apiVersion: murmur.dev/v1alpha1
+kind: DecentralizedTrainingJob
+metadata: {{name: loopback}}
+spec:
+  replicas: {{min: 1, target: {members}, max: {members}}}
+  topology: {{kind: ring}}
+  algorithm: {{kind: dpsgd, roundTimeout: 2s}}
+  training:
+    model: mlp
+    dataset: {{source: embedded}}
+    partition: {{kind: iid}}
+    seed: 11
+    batchSize: 32
+    optimizer: {{kind: sgd, momentum: 0.9}}
+    learningRate: 0.05
+    steps: {steps}
+{checkpoint}"
+    )
+}
+
+#[test]
+fn a_member_is_ready_once_it_has_a_topology_and_leaves_on_sigterm() {
+    let job = LocalJob::new(3, TopologyKind::Ring, &manifest(2_000, 3, Some(1_000)));
+    let topology = job.dir.path().join("topology.json");
+    let held_back = job.dir.path().join("topology.later");
+    std::fs::rename(&topology, &held_back).unwrap();
+    let ckpt = job.dir.path().join("checkpoints");
+    let env = [("MURMUR_CHECKPOINT_DIR", ckpt.display().to_string())];
+    let mut procs = Reaper::default();
+    for id in 0..3 {
+        procs.0.push(job.spawn(id, 0, &env));
+    }
+    // Alive but not ready: no topology yet.
+    wait_for(Duration::from_secs(30), "healthz", || {
+        job.get(0, "/healthz").is_some_and(|(c, _)| c == 200)
+    });
+    assert_eq!(job.get(0, "/readyz").unwrap().0, 503);
+    assert_eq!(job.status(0).unwrap()["state"], "joining");
+    std::fs::rename(&held_back, &topology).unwrap();
+    wait_for(Duration::from_secs(30), "readiness", || {
+        (0..3).all(|id| job.get(id, "/readyz").is_some_and(|(c, _)| c == 200))
+    });
+    wait_for(Duration::from_secs(60), "step 50", || {
+        job.step(1).is_some_and(|s| s >= 50)
+    });
+    let metrics = job.get(1, "/metrics").unwrap().1;
+    for name in [
+        "murmur_trainer_steps_total",
+        "murmur_trainer_rounds_total",
+        "murmur_trainer_loss",
+        "murmur_trainer_bytes_in_total",
+        "murmur_trainer_bytes_out_total",
+        "murmur_trainer_round_seconds_bucket",
+        "murmur_trainer_topology_version 1",
+    ] {
+        assert!(metrics.contains(name), "{name} missing from\n{metrics}");
+    }
+
+    // The spot notice: member 1 finishes its step, says goodbye, checkpoints, exits 0.
+    let survivors_then: Vec<u64> = [0, 2].iter().map(|&id| job.step(id).unwrap()).collect();
+    let noticed = Instant::now();
+    signal(&procs.0[1], "TERM");
+    let status = wait_exit(&mut procs.0[1], Duration::from_secs(20)).expect("not gone in 20 s");
+    let took = noticed.elapsed();
+    assert!(status.success(), "{status:?}");
+    println!("SIGTERM to exit: {took:?}");
+    let lines = job.log(1, 0);
+    let left = logged(&lines, "left the job").expect("no leave logged");
+    let step = left["step"].as_u64().unwrap();
+    let checkpoint = ckpt.join(format!("member-1-step-{step:010}.ckpt"));
+    assert!(checkpoint.exists(), "{} missing", checkpoint.display());
+
+    // Its neighbours drop it as "left" and keep training.
+    wait_for(Duration::from_secs(10), "survivors to go on", || {
+        [0, 2]
+            .iter()
+            .zip(&survivors_then)
+            .all(|(&id, &then)| job.step(id).is_some_and(|s| s > then + 20))
+    });
+    for id in [0, 2] {
+        let lines = job.log(id, 0);
+        assert!(
+            lines.iter().any(
+                |l| l["fields"]["message"] == "neighbour dropped from the round"
+                    && l["fields"]["peer"] == 1
+                    && l["fields"]["reason"] == "left"
+            ),
+            "member {id} never dropped member 1 as left"
+        );
+    }
+    // The others leave too, even mid-run.
+    for i in [0, 2] {
+        signal(&procs.0[i], "TERM");
+    }
+    for i in [0, 2] {
+        let status = wait_exit(&mut procs.0[i], Duration::from_secs(20)).expect("not gone");
+        assert!(status.success());
+    }
+}
+
+#[test]
+fn a_job_whose_members_all_died_resumes_from_the_newest_valid_checkpoint() {
+    let job = LocalJob::new(2, TopologyKind::Ring, &manifest(300, 2, Some(50)));
+    let ckpt = job.dir.path().join("checkpoints");
+    let env = [("MURMUR_CHECKPOINT_DIR", ckpt.display().to_string())];
+    let mut procs = Reaper::default();
+    for id in 0..2 {
+        procs.0.push(job.spawn(id, 0, &env));
+    }
+    wait_for(Duration::from_secs(60), "step 110", || {
+        (0..2).all(|id| job.step(id).is_some_and(|s| s >= 110))
+    });
+    for c in &mut procs.0 {
+        c.kill().unwrap();
+        c.wait().unwrap();
+    }
+    // Damage member 0's newest checkpoint: it must be skipped, not loaded.
+    let newest = ckpt.join("member-0-step-0000000100.ckpt");
+    let mut bytes = std::fs::read(&newest).unwrap();
+    let n = bytes.len();
+    bytes[n / 3] ^= 0xff;
+    std::fs::write(&newest, bytes).unwrap();
+
+    let mut procs = Reaper::default();
+    for id in 0..2 {
+        procs.0.push(job.spawn(id, 1, &env));
+    }
+    for c in &mut procs.0 {
+        let status = wait_exit(c, Duration::from_secs(120)).expect("hung");
+        assert!(status.success(), "{status:?}");
+    }
+    for id in 0..2 {
+        let lines = job.log(id, 1);
+        let resumed = logged(&lines, "resumed from checkpoint").expect("did not resume");
+        assert_eq!(resumed["step"], 100, "member {id}: {resumed}");
+        let skipped = logged(&lines, "skipping a checkpoint").expect("damage not noticed");
+        assert!(
+            skipped["error"]
+                .as_str()
+                .unwrap()
+                .contains("member-0-step-0000000100.ckpt"),
+            "{skipped}"
+        );
+        let done = logged(&lines, "done").expect("did not finish");
+        assert_eq!(done["step"], 300);
+        assert!(done["accuracy"].as_f64().unwrap() >= 0.85, "{done}");
+    }
+}
