@@ -137,6 +137,11 @@ fn a_job_whose_members_all_died_resumes_from_the_newest_valid_checkpoint() {
     bytes[n / 3] ^= 0xff;
     std::fs::write(&newest, bytes).unwrap();
 
+    let out = job.dir.path().join("model");
+    let env = [
+        env[0].clone(),
+        ("MURMUR_OUTPUT_DIR", out.display().to_string()),
+    ];
     let mut procs = Reaper::default();
     for id in 0..2 {
         procs.0.push(job.spawn(id, 1, &env));
@@ -161,4 +166,23 @@ fn a_job_whose_members_all_died_resumes_from_the_newest_valid_checkpoint() {
         assert_eq!(done["step"], 300);
         assert!(done["accuracy"].as_f64().unwrap() >= 0.85, "{done}");
     }
+    // The lowest member wrote the final model, as a burn record and as safetensors.
+    assert!(out.join("model.mpk").exists());
+    let bytes = std::fs::read(out.join("model.safetensors")).unwrap();
+    let tensors = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut names: Vec<(String, Vec<usize>)> = tensors
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| (name, view.shape().to_vec()))
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        vec![
+            ("hidden.bias".to_string(), vec![256]),
+            ("hidden.weight".to_string(), vec![784, 256]),
+            ("output.bias".to_string(), vec![10]),
+            ("output.weight".to_string(), vec![256, 10]),
+        ]
+    );
 }

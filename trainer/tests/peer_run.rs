@@ -102,6 +102,18 @@ fn a_ring_trains_through_a_sigkill_and_a_restart() {
     let transferred = logged(&lines, "state transferred from a neighbour")
         .expect("the replacement did not fetch state from a neighbour");
     assert!(transferred["step"].as_u64().unwrap() > 100);
+    let spawned = lines.first().expect("the replacement logged nothing")["timestamp"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let first = lines
+        .iter()
+        .find(|l| l["fields"]["message"] == "first averaging round with peers")
+        .expect("the replacement never averaged with a peer");
+    println!(
+        "replacement: first log line {spawned}, first averaging round {}",
+        first["timestamp"]
+    );
     let survivors: Vec<_> = [1, 3].iter().map(|&id| job.log(id, 0)).collect();
     assert!(
         survivors.iter().all(|l| l.iter().any(|line| {

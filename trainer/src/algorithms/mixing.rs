@@ -14,25 +14,31 @@ use murmur_core::topology::MemberId;
 /// timed out drops out and the remaining weights are renormalised, so the round still completes.
 pub fn weighted_average(own: &[f32], self_weight: f64, received: &[(f64, &[f32])]) -> Vec<f32> {
     let total: f64 = self_weight + received.iter().map(|(w, _)| w).sum::<f64>();
-    let mut out: Vec<f64> = own.iter().map(|&v| f64::from(v) * self_weight).collect();
-    for (w, x) in received {
-        for (o, v) in out.iter_mut().zip(x.iter()) {
-            *o += w * f64::from(*v);
+    // Sums run in f64 one cache-sized block at a time: exact enough, and no f64 copy of the
+    // whole model (which for 10M parameters is 80 MB of page faults per round).
+    const BLOCK: usize = 2048;
+    let mut acc = [0f64; BLOCK];
+    let mut out = Vec::with_capacity(own.len());
+    for start in (0..own.len()).step_by(BLOCK) {
+        let end = (start + BLOCK).min(own.len());
+        let acc = &mut acc[..end - start];
+        for (a, v) in acc.iter_mut().zip(&own[start..end]) {
+            *a = f64::from(*v) * self_weight;
         }
+        for (w, x) in received {
+            for (a, v) in acc.iter_mut().zip(&x[start..end]) {
+                *a += w * f64::from(*v);
+            }
+        }
+        out.extend(acc.iter().map(|a| (a / total) as f32));
     }
-    out.into_iter().map(|v| (v / total) as f32).collect()
+    out
 }
 
 /// Uniform mean of `own` and everything received (clique gradients, Moshpit groups).
 pub fn mean(own: &[f32], received: &[&[f32]]) -> Vec<f32> {
-    let n = (1 + received.len()) as f64;
-    let mut out: Vec<f64> = own.iter().map(|&v| f64::from(v)).collect();
-    for x in received {
-        for (o, v) in out.iter_mut().zip(x.iter()) {
-            *o += f64::from(*v);
-        }
-    }
-    out.into_iter().map(|v| (v / n) as f32).collect()
+    let weighted: Vec<(f64, &[f32])> = received.iter().map(|x| (1.0, *x)).collect();
+    weighted_average(own, 1.0, &weighted)
 }
 
 /// The gossip partner of `me` in `round`: a random maximal matching of the graph's edges, drawn

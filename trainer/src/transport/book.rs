@@ -94,9 +94,22 @@ impl<R: Clone> RoundBook<R> {
     }
 
     /// Whether a payload for `round` may be stored now, or its reader must wait (backpressure).
+    /// Before our first round we cannot tell ahead from behind (a replacement starts mid-job),
+    /// so nothing is held back; senders queue only a few messages per peer anyway.
     pub fn has_room(&self, purpose: Purpose, round: u64) -> bool {
-        let next = self.completed.get(&purpose).map_or(0, |c| c + 1);
-        round <= next + WINDOW
+        self.completed
+            .get(&purpose)
+            .is_none_or(|c| round <= c + 1 + WINDOW)
+    }
+
+    /// Whether a payload of ours for `(purpose, round)`, still queued (the peer was unreachable),
+    /// is of no use any more: we are more than [`WINDOW`] rounds past it, so any peer that
+    /// counted on it has long dropped us from that round. (A round we only just finished is
+    /// still owed: a slower neighbour may be waiting for it.)
+    pub fn is_outdated(&self, purpose: Purpose, round: u64) -> bool {
+        self.completed
+            .get(&purpose)
+            .is_some_and(|&c| round + WINDOW < c)
     }
 
     pub fn session_opened(&mut self, peer: MemberId) {
@@ -335,10 +348,14 @@ mod tests {
     #[test]
     fn readers_may_run_only_a_window_ahead() {
         let mut book = RoundBook::<u8>::default();
-        assert!(book.has_room(P, WINDOW));
-        assert!(!book.has_room(P, WINDOW + 1));
-        book.complete(P, 0, &[]);
-        assert!(book.has_room(P, WINDOW + 1));
+        assert!(
+            book.has_room(P, 1_000),
+            "a fresh member may be joining mid-job"
+        );
+        book.complete(P, 10, &[]);
+        assert!(book.has_room(P, 11 + WINDOW));
+        assert!(!book.has_room(P, 12 + WINDOW));
         assert!(book.has_room(Purpose::Gradients, 0));
+        assert!(book.is_outdated(P, 7) && !book.is_outdated(P, 8));
     }
 }

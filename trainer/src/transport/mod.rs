@@ -132,6 +132,8 @@ struct Dialer {
     address: String,
     queue: ReplyTx,
     task: JoinHandle<()>,
+    /// Cuts a re-dial backoff short: the peer just connected to us, so it is up again.
+    kick: Arc<Notify>,
 }
 
 struct Shared {
@@ -258,11 +260,13 @@ impl Transport {
         }
         let address = lock(&self.shared.addresses).get(&peer)?.clone();
         let (tx, rx) = mpsc::channel(SEND_QUEUE);
+        let kick = Arc::new(Notify::new());
         let task = tokio::spawn(dial(
             Arc::downgrade(&self.shared),
             peer,
             address.clone(),
             rx,
+            kick.clone(),
         ));
         dialers.insert(
             peer,
@@ -270,6 +274,7 @@ impl Transport {
                 address,
                 queue: tx.clone(),
                 task,
+                kick,
             },
         );
         Some(tx)
@@ -519,6 +524,9 @@ async fn serve_incoming(shared: Arc<Shared>, stream: TcpStream) {
     });
 
     lock(&shared.book).session_opened(peer);
+    if let Some(d) = lock(&shared.dialers).get(&peer) {
+        d.kick.notify_one();
+    }
     shared.changed.notify_waiters();
     loop {
         let message = read_message(
@@ -608,6 +616,7 @@ async fn dial(
     peer: MemberId,
     address: String,
     mut queue: mpsc::Receiver<Outgoing>,
+    kick: Arc<Notify>,
 ) {
     let mut backoff = Duration::from_millis(50);
     loop {
@@ -624,7 +633,10 @@ async fn dial(
             }
             _ => {
                 drop(shared);
-                tokio::time::sleep(backoff).await;
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = kick.notified() => {}
+                }
                 backoff = (backoff * 2).min(MAX_BACKOFF);
             }
         }
@@ -723,6 +735,13 @@ async fn run_outgoing(
                     answers.abort();
                     return true;
                 };
+                // Queued while the peer was unreachable, for a round long finished.
+                if let Some(purpose) = purpose_of(m.kind)
+                    && matches!(m.kind, Kind::Parameters | Kind::Gradients)
+                    && lock(&shared.book).is_outdated(purpose, m.round)
+                {
+                    continue;
+                }
                 let t = template(m.kind, config.job, config.me, m.version, m.round);
                 if write_message(&mut writer, &mut sealer, t, &m.payload, &shared.stats).await.is_err() {
                     answers.abort();

@@ -13,13 +13,25 @@ use murmur_core::topology::{self, BuildSpec, MemberProfile};
 
 pub const KEY: &str = "test-job-key-0123456789";
 
-/// A port nobody listens on right now (bind to 0, read it, let go).
+/// A port nobody listens on right now, below Linux's ephemeral range (32768 and up): a port
+/// the kernel handed out for `bind(0)` can be taken by any outgoing connection (a dialing peer)
+/// before the trainer binds it. Each test process walks its own stretch of ports.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU16, Ordering};
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let _ = NEXT.compare_exchange(
+        0,
+        10_000 + (std::process::id() % 200) as u16 * 100,
+        Ordering::SeqCst,
+        Ordering::SeqCst,
+    );
+    loop {
+        let port = NEXT.fetch_add(1, Ordering::SeqCst);
+        assert!(port < 32_000, "ran out of test ports");
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 pub struct Member {
@@ -37,7 +49,12 @@ pub struct LocalJob {
 
 impl LocalJob {
     pub fn new(n: u32, kind: TopologyKind, manifest: &str) -> Self {
-        let dir = tempfile::tempdir().unwrap();
+        let mut dir = tempfile::tempdir().unwrap();
+        // MURMUR_KEEP_TEST_DIRS=1 keeps logs and checkpoints for a post-mortem.
+        if std::env::var_os("MURMUR_KEEP_TEST_DIRS").is_some() {
+            dir.disable_cleanup(true);
+            eprintln!("keeping {}", dir.path().display());
+        }
         let members: Vec<Member> = (0..n)
             .map(|id| Member {
                 id,

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The peer-exchange figures beside their references, measured in one go on this machine:
+#   - two trainers exchanging a 10M-parameter fp32 model vs iperf3 over loopback (both ways);
+#   - an 8-trainer ring averaging round vs torch.distributed gloo all_reduce of the same tensor.
+# Needs iperf3 (apt-get install iperf3) and, for the gloo figure, torch (pip install torch numpy).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+port=$((20000 + RANDOM % 20000))
+iperf3 -s -p "$port" -1 >/dev/null 2>&1 &
+sleep 0.5
+iperf_bidir=$(iperf3 -c 127.0.0.1 -p "$port" -t 5 --bidir -J | python3 -c '
+import json, sys
+end = json.load(sys.stdin)["end"]
+print((end["sum_received"]["bits_per_second"] + end["sum_received_bidir_reverse"]["bits_per_second"]) / 8e9)')
+wait
+
+bench=$(cargo bench -q -p murmur-trainer --bench peer_exchange 2>/dev/null)
+echo "$bench"
+gloo=$(python3 trainer/bench/allreduce_gloo.py 2>/dev/null | tail -3 || true)
+echo "$gloo"
+
+get() { grep "^$1=" <<<"$2" | cut -d= -f2; }
+pair=$(get pair_exchange_gbytes_per_second "$bench")
+ring=$(get ring_round_seconds "$bench")
+gloo_s=$(get gloo_allreduce_seconds "$gloo")
+python3 - "$pair" "$iperf_bidir" "$ring" "${gloo_s:-}" <<'PY'
+import sys
+pair, iperf, ring = map(float, sys.argv[1:4])
+print(f"iperf3_bidir_gbytes_per_second={iperf:.3f}")
+print(f"pair_vs_iperf3={pair / iperf:.2f}   (aim >= 0.70)")
+if sys.argv[4]:
+    gloo = float(sys.argv[4])
+    print(f"ring_round_vs_gloo_allreduce={ring / gloo:.2f}   (time ratio; aim <= 1.00)")
+else:
+    print("ring_round_vs_gloo_allreduce=n/a (torch not installed)")
+PY
