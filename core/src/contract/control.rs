@@ -55,6 +55,8 @@ pub enum DropReason {
     VersionMismatch,
     /// It did not count us among its peers this round (another version, another group).
     Skipped,
+    /// It is joining: it asked for our state and has not trained a round yet.
+    Joining,
     /// Its payload did not decode.
     Undecodable,
 }
@@ -67,6 +69,7 @@ impl DropReason {
             DropReason::Left => "left",
             DropReason::VersionMismatch => "versionMismatch",
             DropReason::Skipped => "skipped",
+            DropReason::Joining => "joining",
             DropReason::Undecodable => "undecodable",
         }
     }

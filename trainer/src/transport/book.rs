@@ -36,6 +36,8 @@ struct Peer {
     live_sessions: u32,
     ever_connected: bool,
     left: bool,
+    /// Asked for our state mid-job and has not delivered a payload since: not waited for.
+    joining: bool,
     /// Highest round delivered per purpose in the current session (duplicates are replays).
     last_round: BTreeMap<Purpose, u64>,
 }
@@ -117,7 +119,17 @@ impl<R: Clone> RoundBook<R> {
         p.live_sessions += 1;
         p.ever_connected = true;
         p.left = false;
+        p.joining = false;
         p.last_round.clear();
+    }
+
+    /// `peer` asked for our state. Mid-job that means it is joining: until its first payload,
+    /// rounds do not wait for it (they would wait a round timeout, holding up the very state
+    /// reply it waits for). At the start of a job everyone asks everyone, and all are waited for.
+    pub fn state_requested(&mut self, peer: MemberId) {
+        if !self.completed.is_empty() {
+            self.peers.entry(peer).or_default().joining = true;
+        }
     }
 
     pub fn session_closed(&mut self, peer: MemberId) {
@@ -163,6 +175,7 @@ impl<R: Clone> RoundBook<R> {
         }
         peer.last_round.insert(purpose, round);
         peer.left = false;
+        peer.joining = false;
         let completed = self.completed.get(&purpose).copied();
         if completed.is_some_and(|c| round + STALE_ROUNDS < c) {
             return Deposit::Rejected(Reject::Stale);
@@ -198,6 +211,7 @@ impl<R: Clone> RoundBook<R> {
         }
         match self.peers.get(&peer) {
             Some(p) if p.left => Standing::Excluded(DropReason::Left),
+            Some(p) if p.joining => Standing::Excluded(DropReason::Joining),
             Some(p) if p.ever_connected && p.live_sessions == 0 => {
                 Standing::Excluded(DropReason::Disconnected)
             }
@@ -286,6 +300,25 @@ mod tests {
         // A member that comes back is waited for again.
         book.session_opened(2);
         assert_eq!(book.standing(P, 4, 2, 0), Standing::Waiting);
+    }
+
+    #[test]
+    fn a_member_joining_mid_job_is_not_waited_for_until_it_delivers() {
+        let mut book = RoundBook::<u8>::default();
+        book.session_opened(1);
+        // At the start everyone asks everyone for state: all are waited for.
+        book.state_requested(1);
+        assert_eq!(book.standing(P, 0, 1, 0), Standing::Waiting);
+        book.complete(P, 0, &[]);
+        // Mid-job, a state request means a replacement that is not training yet.
+        book.state_requested(1);
+        assert_eq!(
+            book.standing(P, 1, 1, 0),
+            Standing::Excluded(DropReason::Joining)
+        );
+        assert_eq!(book.deposit(1, P, 2, 0, vec![1], 0), Deposit::Stored);
+        assert_eq!(book.standing(P, 2, 1, 0), Standing::Ready);
+        assert_eq!(book.standing(P, 3, 1, 0), Standing::Waiting);
     }
 
     #[test]

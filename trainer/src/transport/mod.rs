@@ -30,7 +30,7 @@ use book::{Deposit, RoundBook, Standing};
 use frame::{Assembler, Hello, Kind, Reject, SessionMac};
 use session::{ReadError, read_message, template, write_message};
 
-/// Messages queued per peer on the sending side.
+/// Messages queued per peer on the sending side (newest win: see [`SendQueue`]).
 const SEND_QUEUE: usize = 4;
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -104,6 +104,41 @@ struct Outgoing {
 
 type ReplyTx = mpsc::Sender<Outgoing>;
 
+/// What waits to be written to one peer. Bounded, and when full the *oldest* message goes: while
+/// a peer is unreachable (restarting after a preemption), what matters on its return is our
+/// latest rounds, not the first few it missed.
+#[derive(Default)]
+struct SendQueue {
+    items: Mutex<std::collections::VecDeque<Outgoing>>,
+    ready: Notify,
+}
+
+impl SendQueue {
+    /// Queue `m`; returns the message evicted to make room, if any.
+    fn push(&self, m: Outgoing) -> Option<Outgoing> {
+        let mut items = lock(&self.items);
+        let evicted = (items.len() >= SEND_QUEUE)
+            .then(|| items.pop_front())
+            .flatten();
+        items.push_back(m);
+        drop(items);
+        self.ready.notify_one();
+        evicted
+    }
+
+    async fn pop(&self) -> Outgoing {
+        loop {
+            let ready = self.ready.notified();
+            tokio::pin!(ready);
+            ready.as_mut().enable();
+            if let Some(m) = lock(&self.items).pop_front() {
+                return m;
+            }
+            ready.await;
+        }
+    }
+}
+
 /// A joining member asks for our parameters; answer with [`StateRequest::reply`].
 pub struct StateRequest {
     pub from: MemberId,
@@ -130,7 +165,7 @@ pub struct Dropped {
 
 struct Dialer {
     address: String,
-    queue: ReplyTx,
+    queue: Arc<SendQueue>,
     task: JoinHandle<()>,
     /// Cuts a re-dial backoff short: the peer just connected to us, so it is up again.
     kick: Arc<Notify>,
@@ -251,7 +286,7 @@ impl Transport {
         }
     }
 
-    fn queue(&self, peer: MemberId) -> Option<ReplyTx> {
+    fn queue(&self, peer: MemberId) -> Option<Arc<SendQueue>> {
         let mut dialers = lock(&self.shared.dialers);
         if let Some(d) = dialers.get(&peer)
             && !d.task.is_finished()
@@ -259,41 +294,47 @@ impl Transport {
             return Some(d.queue.clone());
         }
         let address = lock(&self.shared.addresses).get(&peer)?.clone();
-        let (tx, rx) = mpsc::channel(SEND_QUEUE);
+        let queue = Arc::new(SendQueue::default());
         let kick = Arc::new(Notify::new());
         let task = tokio::spawn(dial(
             Arc::downgrade(&self.shared),
             peer,
             address.clone(),
-            rx,
+            queue.clone(),
             kick.clone(),
         ));
         dialers.insert(
             peer,
             Dialer {
                 address,
-                queue: tx.clone(),
+                queue: queue.clone(),
                 task,
                 kick,
             },
         );
-        Some(tx)
+        Some(queue)
     }
 
-    /// Queue a message for `to`; false when it cannot be queued (no address, queue full).
+    /// Queue a message for `to`; false when `to` has no address. A payload pushed out of a full
+    /// queue is no longer counted as sent, so its peer is answered "skip" if it asks.
     fn send(&self, to: MemberId, kind: Kind, round: u64, payload: Vec<u8>) -> bool {
         let Some(queue) = self.queue(to) else {
             return false;
         };
-        queue
-            .try_send(Outgoing {
-                kind,
-                round,
-                version: self.topology_version(),
-                payload: Arc::new(payload),
-                written: None,
-            })
-            .is_ok()
+        let evicted = queue.push(Outgoing {
+            kind,
+            round,
+            version: self.topology_version(),
+            payload: Arc::new(payload),
+            written: None,
+        });
+        if let Some(old) = evicted
+            && let Some(purpose) = purpose_of(old.kind)
+            && matches!(old.kind, Kind::Parameters | Kind::Gradients)
+        {
+            lock(&self.shared.book).unrecord_sent(purpose, old.round, to);
+        }
+        true
     }
 
     /// Members with a live connection to us.
@@ -343,23 +384,21 @@ impl Transport {
     /// Tell every peer we dialed that nothing more will come, and wait (at most `within`) until
     /// everything queued, the leave included, is written.
     pub async fn leave(&self, within: Duration) {
-        let queues: Vec<ReplyTx> = lock(&self.shared.dialers)
+        let queues: Vec<Arc<SendQueue>> = lock(&self.shared.dialers)
             .values()
             .map(|d| d.queue.clone())
             .collect();
         let mut written = Vec::new();
         for q in queues {
             let (tx, rx) = oneshot::channel();
-            let leave = Outgoing {
+            q.push(Outgoing {
                 kind: Kind::Leave,
                 round: 0,
                 version: self.topology_version(),
                 payload: Arc::new(Vec::new()),
                 written: Some(tx),
-            };
-            if let Ok(Ok(())) = timeout(within, q.send(leave)).await {
-                written.push(rx);
-            }
+            });
+            written.push(rx);
         }
         let _ = timeout(within, async {
             for rx in written {
@@ -591,6 +630,7 @@ async fn serve_incoming(shared: Arc<Shared>, stream: TcpStream) {
                 shared.changed.notify_waiters();
             }
             Kind::StateRequest => {
+                lock(&shared.book).state_requested(peer);
                 lock(&shared.state_requests).push(StateRequest {
                     from: peer,
                     reply: reply_tx.clone(),
@@ -615,7 +655,7 @@ async fn dial(
     shared: std::sync::Weak<Shared>,
     peer: MemberId,
     address: String,
-    mut queue: mpsc::Receiver<Outgoing>,
+    queue: Arc<SendQueue>,
     kick: Arc<Notify>,
 ) {
     let mut backoff = Duration::from_millis(50);
@@ -627,9 +667,7 @@ async fn dial(
         match connected {
             Ok(Ok(stream)) => {
                 backoff = Duration::from_millis(50);
-                if run_outgoing(&shared, peer, stream, &mut queue).await {
-                    return;
-                }
+                run_outgoing(&shared, peer, stream, &queue).await;
             }
             _ => {
                 drop(shared);
@@ -643,20 +681,15 @@ async fn dial(
     }
 }
 
-/// One outgoing connection. Returns true when the queue is closed (stop), false when the
-/// connection broke (re-dial).
-async fn run_outgoing(
-    shared: &Arc<Shared>,
-    peer: MemberId,
-    stream: TcpStream,
-    queue: &mut mpsc::Receiver<Outgoing>,
-) -> bool {
+/// One outgoing connection, until it breaks (the dialer then re-dials). The dialer task is
+/// aborted when its peer leaves the topology or the transport closes.
+async fn run_outgoing(shared: &Arc<Shared>, peer: MemberId, stream: TcpStream, queue: &SendQueue) {
     let _ = stream.set_nodelay(true);
     let (mut reader, mut writer) = stream.into_split();
     let config = &shared.config;
     let Ok(Ok(challenge)) = timeout(HANDSHAKE_TIMEOUT, session::read_challenge(&mut reader)).await
     else {
-        return false;
+        return;
     };
     let mut sealer = SessionMac::new(&config.key, challenge);
     let my_nonce = session::fresh_nonce();
@@ -675,7 +708,7 @@ async fn run_outgoing(
         .await
         .is_err()
     {
-        return false;
+        return;
     }
 
     // The acceptor's answers: skips and state replies.
@@ -730,11 +763,7 @@ async fn run_outgoing(
     tokio::pin!(answers);
     loop {
         tokio::select! {
-            next = queue.recv() => {
-                let Some(m) = next else {
-                    answers.abort();
-                    return true;
-                };
+            m = queue.pop() => {
                 // Queued while the peer was unreachable, for a round long finished.
                 if let Some(purpose) = purpose_of(m.kind)
                     && matches!(m.kind, Kind::Parameters | Kind::Gradients)
@@ -745,13 +774,13 @@ async fn run_outgoing(
                 let t = template(m.kind, config.job, config.me, m.version, m.round);
                 if write_message(&mut writer, &mut sealer, t, &m.payload, &shared.stats).await.is_err() {
                     answers.abort();
-                    return false;
+                    return;
                 }
                 if let Some(done) = m.written {
                     let _ = done.send(());
                 }
             }
-            _ = &mut answers => return false,
+            _ = &mut answers => return,
         }
     }
 }
