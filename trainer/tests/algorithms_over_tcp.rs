@@ -1,0 +1,83 @@
+//! Gossip and Moshpit pick their peers anew every round; over TCP, every process must pick the
+//! same ones, or rounds would stall on round timeouts. Real processes, no timeouts allowed.
+
+mod support;
+
+use std::time::Duration;
+
+use murmur_core::api::TopologyKind;
+use support::*;
+
+fn manifest(topology: &str, algorithm: &str) -> String {
+    format!(
+        "\
+apiVersion: murmur.dev/v1alpha1
+kind: DecentralizedTrainingJob
+metadata: {{name: loopback}}
+spec:
+  replicas: {{min: 2, target: 4, max: 4}}
+  topology: {{kind: {topology}}}
+  algorithm: {algorithm}
+  training:
+    model: mlp
+    dataset: {{source: embedded}}
+    partition: {{kind: iid}}
+    seed: 13
+    batchSize: 32
+    optimizer: {{kind: sgd, momentum: 0.9}}
+    learningRate: 0.05
+    steps: 300
+"
+    )
+}
+
+fn run(kind: TopologyKind, manifest: &str) {
+    let job = LocalJob::new(4, kind, manifest);
+    let mut procs = Reaper::default();
+    for id in 0..4 {
+        procs.0.push(job.spawn(id, 0, &[]));
+    }
+    for c in &mut procs.0 {
+        let status = wait_exit(c, Duration::from_secs(180)).expect("a member hung");
+        assert!(status.success(), "{status:?}");
+    }
+    for id in 0..4 {
+        let lines = job.log(id, 0);
+        let timeouts = lines
+            .iter()
+            .filter(|l| l["fields"]["reason"] == "timeout")
+            .count();
+        assert_eq!(
+            timeouts, 0,
+            "member {id} waited out {timeouts} round timeouts"
+        );
+        assert!(
+            logged(&lines, "first averaging round with peers").is_some(),
+            "member {id} never averaged"
+        );
+        let done = logged(&lines, "done").expect("did not finish");
+        assert!(
+            done["accuracy"].as_f64().unwrap() >= 0.85,
+            "member {id}: {done}"
+        );
+    }
+}
+
+#[test]
+fn gossip_partners_agree_across_processes() {
+    run(
+        TopologyKind::Ring,
+        &manifest("ring", "{kind: gossip, roundTimeout: 5s}"),
+    );
+}
+
+#[test]
+fn moshpit_groups_agree_across_processes() {
+    run(
+        TopologyKind::FullyConnected,
+        &manifest(
+            "fullyConnected",
+            "{kind: moshpit, groupSize: 2, roundTimeout: 5s}",
+        ),
+    );
+}
