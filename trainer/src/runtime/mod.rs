@@ -28,7 +28,7 @@ use murmur_core::topology::MemberId;
 use crate::algorithms::{Exchange, Member, MemberError, Neighbourhood, Purpose};
 use crate::data::{self, DataError, Dataset};
 use crate::model::{Layout, Model};
-use crate::transport::{Transport, TransportConfig, frame};
+use crate::transport::{StateReply, Transport, TransportConfig, frame};
 
 pub use checkpoint::{Checkpoint, CheckpointError, CheckpointMeta, newest_valid};
 pub use control::{ControlClient, TopologySource};
@@ -350,17 +350,14 @@ impl<B: AutodiffBackend> Trainer<B> {
             self.transport.request_state(n);
         }
         let deadline = Instant::now() + timeout;
-        let mut replies = Vec::new();
+        let mut replies: Vec<StateReply> = Vec::new();
         loop {
             self.serve_state_requests();
             replies.extend(self.transport.take_state_replies());
             let connected = self.transport.connected_peers();
-            let everyone = neighbours.iter().all(|n| {
-                connected.contains(n)
-                    && replies
-                        .iter()
-                        .any(|r: &crate::transport::StateReply| r.from == *n)
-            });
+            let everyone = neighbours
+                .iter()
+                .all(|n| connected.contains(n) && replies.iter().any(|r| r.from == *n));
             let ahead = replies.iter().any(|r| r.step > self.step);
             if everyone || ahead || self.stop.raised() {
                 break;
