@@ -179,3 +179,33 @@ async fn members_with_another_model_shape_are_refused() {
         .unwrap();
     assert!(shape.1 >= 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_running_ahead_is_held_back_by_tcp_not_by_memory() {
+    let mut ts = members(2).await;
+    let b = ts.pop().unwrap();
+    let mut a = ts.pop().unwrap();
+    // Round 0 together, so `a` knows where it stands.
+    let mut b0 = b.clone();
+    let (ra, rb) = tokio::join!(round(&mut a, 0, &[1]), round(&mut b0, 0, &[0]));
+    assert_eq!((ra.len(), rb.len()), (1, 1));
+    // `b` races ahead with ten rounds of 1 KiB payloads; `a` stays at round 0.
+    for r in 1..=10 {
+        while !b.send(0, Kind::Parameters, r, vec![7; 1024]) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let held = lock(&a.shared.book).held_bytes();
+    assert_eq!(
+        held,
+        (book::WINDOW as usize + 1) * 1024,
+        "rounds 1..=3 only"
+    );
+    // As `a` moves on, the rest flows in.
+    for r in 1..=10 {
+        let got = a.exchange(r, Purpose::Parameters, vec![], &[1]).await;
+        assert_eq!(got.len(), 1, "round {r}");
+    }
+}
