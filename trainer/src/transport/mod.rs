@@ -3,9 +3,10 @@
 //!
 //! Each connection carries one dialer's messages (hello, parameters, gradients, leave, state
 //! requests) one way and the acceptor's answers (skip, state reply) the other. Every frame is
-//! authenticated ([`frame`]); memory is bounded by [`book::WINDOW`] payloads per peer on the
-//! receiving side and a small queue per peer on the sending side, beyond which readers stop
-//! reading (TCP backpressure) and senders drop the message (the peer times out on it).
+//! authenticated ([`frame`]); memory is bounded by [`book::WINDOW`] rounds of payloads per peer
+//! on the receiving side, beyond which readers stop reading (TCP backpressure), and by a small
+//! queue per peer on the sending side, which drops its oldest message when full (a peer that is
+//! down for a while gets our latest rounds when it returns, not the first ones it missed).
 
 pub mod book;
 pub mod frame;
