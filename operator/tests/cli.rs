@@ -271,3 +271,54 @@ fn crd_and_validate_use_the_api_types() {
         "{err}"
     );
 }
+
+#[test]
+fn json_documents_can_carry_peer_addresses_for_bare_metal_trainers() {
+    let text = ok(&[
+        "topology",
+        "--kind",
+        "ring",
+        "--members",
+        "3",
+        "--format",
+        "json",
+        "--address",
+        "127.0.0.1:{id+7000}",
+    ]);
+    let doc = murmur_core::contract::TopologyDocument::parse(&text).unwrap();
+    let addresses: Vec<_> = doc
+        .members
+        .iter()
+        .map(|m| m.address.clone().unwrap())
+        .collect();
+    assert_eq!(
+        addresses,
+        ["127.0.0.1:7000", "127.0.0.1:7001", "127.0.0.1:7002"]
+    );
+    let text = ok(&[
+        "topology",
+        "--kind",
+        "ring",
+        "--members",
+        "2",
+        "--format",
+        "json",
+        "--address",
+        "trainer-{id}.mnist:7070",
+    ]);
+    assert!(text.contains("\"trainer-1.mnist:7070\""), "{text}");
+    for bad in ["10.0.0.1:7070", "host-{name}:1", "host-{id:1"] {
+        let err = fails(&[
+            "topology",
+            "--kind",
+            "ring",
+            "--members",
+            "2",
+            "--format",
+            "json",
+            "--address",
+            bad,
+        ]);
+        assert!(err.contains("--address"), "{bad}: {err}");
+    }
+}

@@ -57,6 +57,11 @@ pub struct TopologyArgs {
     remove: Vec<u32>,
     #[arg(long, value_enum, default_value = "table")]
     format: Format,
+    /// json: each member's peer address, `{id}` standing for its id and `{id+N}` for id + N,
+    /// e.g. `10.0.0.{id+10}:7070` or `127.0.0.1:{id+7000}`. Trainers started without a control
+    /// plane (`MURMUR_TOPOLOGY_FILE`) dial their neighbours at these addresses.
+    #[arg(long)]
+    address: Option<String>,
     /// Write here instead of standard output.
     #[arg(long, short)]
     output: Option<PathBuf>,
@@ -76,6 +81,11 @@ pub enum TopologyCliError {
     },
     #[error("--classes must be at least 1")]
     NoClasses,
+    #[error("--address {template:?}: {reason}")]
+    AddressTemplate {
+        template: String,
+        reason: &'static str,
+    },
     #[error(transparent)]
     Build(#[from] TopologyError),
 }
@@ -181,25 +191,70 @@ struct JsonOut<'a> {
     measures: &'a Measures,
 }
 
-pub fn render(t: &Topology, format: Format) -> String {
+/// One member's address from a `--address` template.
+fn expand(template: &str, id: u32) -> Result<String, TopologyCliError> {
+    let bad = |reason| TopologyCliError::AddressTemplate {
+        template: template.to_string(),
+        reason,
+    };
+    let mut out = String::new();
+    let mut rest = template;
+    let mut placed = false;
+    while let Some(open) = rest.find('{') {
+        out.push_str(&rest[..open]);
+        let close = rest[open..]
+            .find('}')
+            .ok_or_else(|| bad("a `{` is never closed"))?
+            + open;
+        let value = match &rest[open + 1..close] {
+            "id" => u64::from(id),
+            field => field
+                .strip_prefix("id+")
+                .and_then(|n| n.parse::<u64>().ok())
+                .map(|n| n + u64::from(id))
+                .ok_or_else(|| bad("placeholders are {id} and {id+N}"))?,
+        };
+        out.push_str(&value.to_string());
+        placed = true;
+        rest = &rest[close + 1..];
+    }
+    out.push_str(rest);
+    if !placed {
+        return Err(bad(
+            "needs {id} or {id+N}, or every member gets the same address",
+        ));
+    }
+    Ok(out)
+}
+
+pub fn render(
+    t: &Topology,
+    format: Format,
+    address: Option<&str>,
+) -> Result<String, TopologyCliError> {
     let m = topology::measure(t);
-    match format {
+    let addresses = t
+        .graph
+        .members()
+        .map(|id| Ok((id, address.map(|a| expand(a, id)).transpose()?)))
+        .collect::<Result<std::collections::BTreeMap<_, _>, TopologyCliError>>()?;
+    Ok(match format {
         Format::Table => render::table(t, &m),
         Format::Dot => render::dot(t),
         Format::Svg => render::svg(t, &m),
         Format::Json => {
             let out = JsonOut {
-                document: t.to_document(|_| None),
+                document: t.to_document(|id| addresses.get(&id).cloned().flatten()),
                 measures: &m,
             };
             serde_json::to_string_pretty(&out).expect("serializable") + "\n"
         }
-    }
+    })
 }
 
 pub fn run(args: TopologyArgs, out: &mut impl Write) -> Result<(), super::CliError> {
     let t = build(&args)?;
-    let text = render(&t, args.format);
+    let text = render(&t, args.format, args.address.as_deref())?;
     match &args.output {
         Some(path) => std::fs::write(path, text)?,
         None => out.write_all(text.as_bytes())?,
