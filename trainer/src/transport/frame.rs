@@ -72,6 +72,24 @@ impl Kind {
             Purpose::Gradients => Kind::SkipGradients,
         }
     }
+
+    /// The purpose of a payload kind (the inverse of [`Kind::payload`]).
+    pub fn payload_purpose(self) -> Option<Purpose> {
+        match self {
+            Kind::Parameters => Some(Purpose::Parameters),
+            Kind::Gradients => Some(Purpose::Gradients),
+            _ => None,
+        }
+    }
+
+    /// The purpose of a skip kind (the inverse of [`Kind::skip`]).
+    pub fn skip_purpose(self) -> Option<Purpose> {
+        match self {
+            Kind::SkipParameters => Some(Purpose::Parameters),
+            Kind::SkipGradients => Some(Purpose::Gradients),
+            _ => None,
+        }
+    }
 }
 
 /// Why a frame was refused. Each is counted; none reaches the model.

@@ -103,6 +103,23 @@ struct Outgoing {
     written: Option<oneshot::Sender<()>>,
 }
 
+impl Outgoing {
+    fn new(kind: Kind, round: u64, version: u64, payload: Vec<u8>) -> Self {
+        Self {
+            kind,
+            round,
+            version,
+            payload: Arc::new(payload),
+            written: None,
+        }
+    }
+
+    /// "Your payload for this round was not used: do not wait for mine."
+    fn skip(purpose: Purpose, round: u64, version: u64) -> Self {
+        Self::new(Kind::skip(purpose), round, version, Vec::new())
+    }
+}
+
 type ReplyTx = mpsc::Sender<Outgoing>;
 
 /// What waits to be written to one peer. Bounded, and when full the *oldest* message goes: while
@@ -322,16 +339,9 @@ impl Transport {
         let Some(queue) = self.queue(to) else {
             return false;
         };
-        let evicted = queue.push(Outgoing {
-            kind,
-            round,
-            version: self.topology_version(),
-            payload: Arc::new(payload),
-            written: None,
-        });
+        let evicted = queue.push(Outgoing::new(kind, round, self.topology_version(), payload));
         if let Some(old) = evicted
-            && let Some(purpose) = purpose_of(old.kind)
-            && matches!(old.kind, Kind::Parameters | Kind::Gradients)
+            && let Some(purpose) = old.kind.payload_purpose()
         {
             lock(&self.shared.book).unrecord_sent(purpose, old.round, to);
         }
@@ -373,13 +383,12 @@ impl Transport {
     /// Answer a state request with our step and parameters.
     pub fn reply_state(&self, request: StateRequest, step: u64, parameters: &[f32]) {
         let payload: Vec<u8> = parameters.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let _ = request.reply.try_send(Outgoing {
-            kind: Kind::StateReply,
-            round: step,
-            version: self.topology_version(),
-            payload: Arc::new(payload),
-            written: None,
-        });
+        let _ = request.reply.try_send(Outgoing::new(
+            Kind::StateReply,
+            step,
+            self.topology_version(),
+            payload,
+        ));
     }
 
     /// Tell every peer we dialed that nothing more will come, and wait (at most `within`) until
@@ -393,11 +402,8 @@ impl Transport {
         for q in queues {
             let (tx, rx) = oneshot::channel();
             q.push(Outgoing {
-                kind: Kind::Leave,
-                round: 0,
-                version: self.topology_version(),
-                payload: Arc::new(Vec::new()),
                 written: Some(tx),
+                ..Outgoing::new(Kind::Leave, 0, self.topology_version(), Vec::new())
             });
             written.push(rx);
         }
@@ -481,13 +487,7 @@ impl Exchange for Transport {
         // Readers held back by the window may go on.
         self.shared.changed.notify_waiters();
         for (_, reply) in done.skip_to {
-            let _ = reply.try_send(Outgoing {
-                kind: Kind::skip(purpose),
-                round,
-                version,
-                payload: Arc::new(Vec::new()),
-                written: None,
-            });
+            let _ = reply.try_send(Outgoing::skip(purpose, round, version));
         }
         lock(&self.shared.drops).extend(excluded.into_iter().map(|(peer, reason)| Dropped {
             peer,
@@ -499,12 +499,32 @@ impl Exchange for Transport {
     }
 }
 
-fn purpose_of(kind: Kind) -> Option<Purpose> {
-    match kind {
-        Kind::Parameters | Kind::SkipParameters => Some(Purpose::Parameters),
-        Kind::Gradients | Kind::SkipGradients => Some(Purpose::Gradients),
-        _ => None,
+/// The next message from `peer` on a session, or `None` once the session is over: closed, or
+/// cut after a refused frame (counted under its reason).
+async fn next_from<R: tokio::io::AsyncRead + Unpin>(
+    shared: &Shared,
+    peer: MemberId,
+    reader: &mut R,
+    opener: &mut SessionMac,
+    assembler: &mut Assembler,
+) -> Option<frame::Message> {
+    let config = &shared.config;
+    let message = read_message(
+        reader,
+        opener,
+        assembler,
+        config.job,
+        config.max_message,
+        &shared.stats,
+    )
+    .await;
+    match message {
+        Ok(m) if m.sender != peer => shared.stats.reject(Reject::WrongSender),
+        Ok(m) => return Some(m),
+        Err(ReadError::Rejected(r)) => shared.stats.reject(r),
+        Err(_) => {}
     }
+    None
 }
 
 /// One accepted connection: challenge, hello, then the dialer's messages until it closes.
@@ -568,31 +588,12 @@ async fn serve_incoming(shared: Arc<Shared>, stream: TcpStream) {
         d.kick.notify_one();
     }
     shared.changed.notify_waiters();
-    loop {
-        let message = read_message(
-            &mut reader,
-            &mut opener,
-            &mut assembler,
-            config.job,
-            config.max_message,
-            &shared.stats,
-        )
-        .await;
-        let message = match message {
-            Ok(m) if m.sender != peer => {
-                shared.stats.reject(Reject::WrongSender);
-                break;
-            }
-            Ok(m) => m,
-            Err(ReadError::Rejected(r)) => {
-                shared.stats.reject(r);
-                break;
-            }
-            Err(_) => break,
-        };
+    while let Some(message) =
+        next_from(&shared, peer, &mut reader, &mut opener, &mut assembler).await
+    {
         match message.kind {
             Kind::Parameters | Kind::Gradients => {
-                let purpose = purpose_of(message.kind).expect("payload kind");
+                let purpose = message.kind.payload_purpose().expect("a payload kind");
                 // Backpressure: a peer far ahead waits in its TCP window, not in our memory.
                 loop {
                     let notified = shared.changed.notified();
@@ -614,13 +615,8 @@ async fn serve_incoming(shared: Arc<Shared>, stream: TcpStream) {
                 match deposit {
                     Deposit::Stored => shared.changed.notify_waiters(),
                     Deposit::Late { skip_to: Some(tx) } => {
-                        let _ = tx.try_send(Outgoing {
-                            kind: Kind::skip(purpose),
-                            round: message.round,
-                            version: shared.version.load(Ordering::Relaxed),
-                            payload: Arc::new(Vec::new()),
-                            written: None,
-                        });
+                        let version = shared.version.load(Ordering::Relaxed);
+                        let _ = tx.try_send(Outgoing::skip(purpose, message.round, version));
                     }
                     Deposit::Late { skip_to: None } => {}
                     Deposit::Rejected(r) => shared.stats.reject(r),
@@ -718,28 +714,12 @@ async fn run_outgoing(shared: &Arc<Shared>, peer: MemberId, stream: TcpStream, q
         let mut opener = SessionMac::new(&config.key, my_nonce);
         tokio::spawn(async move {
             let mut assembler = Assembler::default();
-            loop {
-                let message = read_message(
-                    &mut reader,
-                    &mut opener,
-                    &mut assembler,
-                    shared.config.job,
-                    shared.config.max_message,
-                    &shared.stats,
-                )
-                .await;
-                let message = match message {
-                    Ok(m) if m.sender != peer => {
-                        shared.stats.reject(Reject::WrongSender);
-                        return;
-                    }
-                    Ok(m) => m,
-                    Err(ReadError::Rejected(r)) => return shared.stats.reject(r),
-                    Err(_) => return,
-                };
+            while let Some(message) =
+                next_from(&shared, peer, &mut reader, &mut opener, &mut assembler).await
+            {
                 match message.kind {
                     Kind::SkipParameters | Kind::SkipGradients => {
-                        let purpose = purpose_of(message.kind).expect("skip kind");
+                        let purpose = message.kind.skip_purpose().expect("a skip kind");
                         lock(&shared.book).skipped(purpose, message.round, peer);
                     }
                     Kind::StateReply if message.payload.len().is_multiple_of(4) => {
@@ -766,8 +746,7 @@ async fn run_outgoing(shared: &Arc<Shared>, peer: MemberId, stream: TcpStream, q
         tokio::select! {
             m = queue.pop() => {
                 // Queued while the peer was unreachable, for a round long finished.
-                if let Some(purpose) = purpose_of(m.kind)
-                    && matches!(m.kind, Kind::Parameters | Kind::Gradients)
+                if let Some(purpose) = m.kind.payload_purpose()
                     && lock(&shared.book).is_outdated(purpose, m.round)
                 {
                     continue;
