@@ -2,6 +2,8 @@
 //! local runtime and the operator.
 
 mod cli;
+mod planner;
+mod status;
 
 use std::process::ExitCode;
 

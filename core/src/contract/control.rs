@@ -42,7 +42,19 @@ pub fn peer_events_path(namespace: &str, job: &str, member: u32) -> String {
 }
 
 /// Why a neighbour's contribution was missing from a round.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "camelCase")]
 pub enum DropReason {
     /// It sent nothing within the round timeout.
@@ -76,7 +88,7 @@ impl DropReason {
 }
 
 /// A trainer tells the control plane that `peer` was missing from one of its rounds.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PeerEvent {
     pub member_id: u32,

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TopologyDocument {
     /// Grows by one with every change; trainers apply a newer version at a round boundary.
@@ -17,7 +17,7 @@ pub struct TopologyDocument {
     pub edges: Vec<DocumentEdge>,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DocumentMember {
     pub id: u32,
@@ -32,7 +32,7 @@ pub struct DocumentMember {
     pub self_weight: f64,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct DocumentEdge {
     pub a: u32,
     pub b: u32,

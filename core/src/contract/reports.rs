@@ -6,7 +6,7 @@ use crate::api::Progress;
 
 /// Sent once on start. The control plane never reads training data: data-aware topologies are
 /// built from these summaries only.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct JoinReport {
     pub member_id: u32,
@@ -17,7 +17,7 @@ pub struct JoinReport {
     pub proxy_vector: Option<Vec<f32>>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum TrainerState {
     Joining,
@@ -29,7 +29,7 @@ pub enum TrainerState {
 
 /// A trainer's `/status` document. Its progress fields are the job status's own `Progress`
 /// (flattened: `step`, `loss`, `accuracy`, `consensusDistance` at the top level).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TrainerStatus {
     pub member_id: u32,

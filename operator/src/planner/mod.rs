@@ -1,0 +1,569 @@
+//! The planner: one pure function from (job spec, what the control plane remembers, what it
+//! observes now, the time) to the next remembered state and the actions to take. Both runtimes
+//! call it — `murmur run` with child processes, the operator with pods — and execute its actions;
+//! it does no I/O and reads no clock.
+//!
+//! Members have stable ids `0..replicas.target` (member `i` trains shard `i`); a lost member is
+//! replaced under the same id by a new *attempt*. The topology holds the members that have sent
+//! their join report: it is built (data-aware, from the reports alone) once every member has
+//! joined, or once `min` have and [`JOIN_GRACE_SECONDS`] passed, and then repaired member by
+//! member.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use murmur_core::api::conditions::{ConditionType, set_condition};
+use murmur_core::api::{AlgorithmKind, DecentralizedTrainingJobSpec, JobPhase};
+use murmur_core::contract::{JoinReport, TrainerStatus};
+use murmur_core::topology::{self, BuildSpec, MemberId, MemberProfile, Topology};
+
+#[cfg(test)]
+mod tests;
+
+/// How long to wait for the last join reports before building the topology from those in.
+pub const JOIN_GRACE_SECONDS: f64 = 15.0;
+/// Crash backoff doubles per crash of the same member up to this.
+pub const MAX_BACKOFF_SECONDS: f64 = 300.0;
+
+/// How a member's process or pod ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Exit {
+    /// It reached the stopping target.
+    Completed,
+    /// Spot reclaim, eviction, node loss, or a spot notice it honoured. Never a failure.
+    Preempted { reason: String },
+    /// It crashed: counts against `recovery.maxRestarts`.
+    Failed { reason: String },
+}
+
+/// What a runtime sees of one member: its newest attempt.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ObservedMember {
+    pub attempt: u32,
+    /// `host:port` of its peer listener, once known.
+    pub address: Option<String>,
+    pub join: Option<JoinReport>,
+    /// The newest status it reported (posted, or read from its `/status`).
+    pub status: Option<TrainerStatus>,
+    /// Set once it ended.
+    pub exit: Option<Exit>,
+}
+
+impl ObservedMember {
+    pub fn is_live(&self) -> bool {
+        self.exit.is_none()
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Observation {
+    pub members: BTreeMap<MemberId, ObservedMember>,
+}
+
+impl Observation {
+    fn live(&self, id: MemberId, attempt: u32) -> Option<&ObservedMember> {
+        self.members
+            .get(&id)
+            .filter(|m| m.attempt == attempt && m.is_live())
+    }
+}
+
+/// The control plane's memory of one member id.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MemberRecord {
+    /// The newest attempt created (0 for the first).
+    pub attempt: u32,
+    /// Whether `attempt` has been created.
+    pub created: bool,
+    /// Whether `attempt`'s end has been handled.
+    pub ended: bool,
+    /// It reached the stopping target.
+    pub done: bool,
+    /// Crashes of this id (for the backoff).
+    pub crashes: u32,
+    /// No new attempt before this (crash backoff).
+    pub not_before: Option<Timestamp>,
+}
+
+/// One member lost to preemption.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Preemption {
+    pub member: MemberId,
+    pub attempt: u32,
+    pub at: Timestamp,
+    pub reason: String,
+}
+
+/// What the control plane remembers between two plans (the operator keeps it in the job's
+/// status and the topology ConfigMap).
+#[derive(Clone, Debug, PartialEq)]
+pub struct JobState {
+    pub phase: JobPhase,
+    /// Why the job ended, or what it waits for.
+    pub message: Option<String>,
+    pub created_at: Timestamp,
+    pub completed_at: Option<Timestamp>,
+    pub topology: Option<Topology>,
+    /// The newest topology version ever published: versions only grow, even across a rebuild.
+    pub last_version: u64,
+    pub members: BTreeMap<MemberId, MemberRecord>,
+    pub preemptions: Vec<Preemption>,
+    pub restarts: u32,
+    pub conditions: Vec<Condition>,
+}
+
+impl JobState {
+    pub fn new(now: Timestamp) -> Self {
+        Self {
+            phase: JobPhase::Pending,
+            message: None,
+            created_at: now,
+            completed_at: None,
+            topology: None,
+            last_version: 0,
+            members: BTreeMap::new(),
+            preemptions: Vec::new(),
+            restarts: 0,
+            conditions: Vec::new(),
+        }
+    }
+
+    /// Whether any member reached the stopping target: from then on lost members are not
+    /// replaced and the job ends when the last one exits.
+    pub fn finishing(&self) -> bool {
+        self.members.values().any(|r| r.done)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    Normal,
+    Warning,
+}
+
+/// What a runtime must do.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    /// Start `attempt` of member `member` (a process, a pod).
+    Create { member: MemberId, attempt: u32 },
+    /// Stop a live member (the job failed).
+    Stop { member: MemberId, attempt: u32 },
+    /// Record an event (Kubernetes Event, status API, terminal).
+    Event {
+        kind: EventKind,
+        reason: &'static str,
+        member: Option<MemberId>,
+        message: String,
+    },
+}
+
+fn event(
+    kind: EventKind,
+    reason: &'static str,
+    member: Option<MemberId>,
+    message: String,
+) -> Action {
+    Action::Event {
+        kind,
+        reason,
+        member,
+        message,
+    }
+}
+
+fn seconds(from: Timestamp, to: Timestamp) -> f64 {
+    (to.as_millisecond() - from.as_millisecond()) as f64 / 1000.0
+}
+
+fn after(t: Timestamp, secs: f64) -> Timestamp {
+    Timestamp::from_millisecond(t.as_millisecond() + (secs * 1000.0) as i64).unwrap_or(t)
+}
+
+/// The graph a job asks for over `members`: a Moshpit grid for Moshpit averaging, else the
+/// topology spec's family.
+pub fn build_topology(
+    spec: &DecentralizedTrainingJobSpec,
+    members: &[MemberProfile],
+) -> Result<Topology, topology::TopologyError> {
+    match spec.algorithm.kind {
+        AlgorithmKind::Moshpit => topology::moshpit(members, spec.algorithm.group_size()),
+        _ => topology::build(
+            &BuildSpec::from_spec(&spec.topology, spec.training.seed),
+            members,
+        ),
+    }
+}
+
+/// What the control plane knows of a member's data: its join report's summaries.
+pub fn profile(report: &JoinReport) -> MemberProfile {
+    MemberProfile {
+        id: report.member_id,
+        histogram: Some(report.label_histogram.iter().map(|&c| c as f64).collect()),
+        proxy: report
+            .proxy_vector
+            .as_ref()
+            .map(|v| v.iter().map(|&x| x as f64).collect()),
+    }
+}
+
+/// The next state and the actions that take the job there.
+pub fn plan(
+    spec: &DecentralizedTrainingJobSpec,
+    state: &JobState,
+    observed: &Observation,
+    now: Timestamp,
+) -> (JobState, Vec<Action>) {
+    let mut s = state.clone();
+    let mut actions = Vec::new();
+    if s.phase.is_finished() {
+        return (s, actions);
+    }
+    if s.conditions.is_empty() {
+        set_condition(
+            &mut s.conditions,
+            ConditionType::Created,
+            true,
+            "Planned",
+            &format!("{} members planned", spec.replicas.target),
+            None,
+            Time(now),
+        );
+    }
+    settle_ended_members(spec, &mut s, observed, now, &mut actions);
+    if !s.phase.is_finished() {
+        if !s.finishing() {
+            shape_topology(spec, &mut s, observed, now, &mut actions);
+            create_members(spec, &mut s, now, &mut actions);
+        }
+        s.phase = phase(spec, &s, observed);
+        if s.phase == JobPhase::Succeeded {
+            s.completed_at = Some(now);
+            s.message = Some("every member reached the stopping target or left".into());
+            actions.push(event(
+                EventKind::Normal,
+                "Succeeded",
+                None,
+                "the job reached its stopping target".into(),
+            ));
+        }
+    }
+    update_conditions(spec, &mut s, observed, now);
+    (s, actions)
+}
+
+/// Handle every attempt that ended since the last plan.
+fn settle_ended_members(
+    spec: &DecentralizedTrainingJobSpec,
+    s: &mut JobState,
+    observed: &Observation,
+    now: Timestamp,
+    actions: &mut Vec<Action>,
+) {
+    for (&id, m) in &observed.members {
+        let Some(exit) = &m.exit else { continue };
+        let record = s.members.entry(id).or_default();
+        if record.attempt != m.attempt || !record.created || record.ended {
+            continue;
+        }
+        record.ended = true;
+        match exit {
+            Exit::Completed => {
+                record.done = true;
+                actions.push(event(
+                    EventKind::Normal,
+                    "MemberCompleted",
+                    Some(id),
+                    format!("member {id} reached the stopping target"),
+                ));
+            }
+            Exit::Preempted { reason } => {
+                s.preemptions.push(Preemption {
+                    member: id,
+                    attempt: m.attempt,
+                    at: now,
+                    reason: reason.clone(),
+                });
+                actions.push(event(
+                    EventKind::Normal,
+                    "Preempted",
+                    Some(id),
+                    format!("member {id} (attempt {}) preempted: {reason}", m.attempt),
+                ));
+            }
+            Exit::Failed { reason } => {
+                record.crashes += 1;
+                s.restarts += 1;
+                let delay = (spec.recovery.backoff.as_std().as_secs_f64()
+                    * 2f64.powi(record.crashes as i32 - 1))
+                .min(MAX_BACKOFF_SECONDS);
+                record.not_before = Some(after(now, delay));
+                actions.push(event(
+                    EventKind::Warning,
+                    "MemberFailed",
+                    Some(id),
+                    format!(
+                        "member {id} (attempt {}) failed: {reason}; restart {} of {}",
+                        m.attempt, s.restarts, spec.recovery.max_restarts
+                    ),
+                ));
+                if i64::from(s.restarts) > i64::from(spec.recovery.max_restarts) {
+                    s.phase = JobPhase::Failed;
+                    s.completed_at = Some(now);
+                    s.message = Some(format!(
+                        "{} crash restarts exceed recovery.maxRestarts ({}); last: member {id}: {reason}",
+                        s.restarts, spec.recovery.max_restarts
+                    ));
+                }
+            }
+        }
+    }
+    if s.phase == JobPhase::Failed {
+        for (&id, m) in &observed.members {
+            if m.is_live() {
+                actions.push(Action::Stop {
+                    member: id,
+                    attempt: m.attempt,
+                });
+            }
+        }
+        actions.push(event(
+            EventKind::Warning,
+            "Failed",
+            None,
+            s.message.clone().unwrap_or_default(),
+        ));
+    }
+}
+
+/// Build the topology once enough members joined; afterwards repair it member by member.
+fn shape_topology(
+    spec: &DecentralizedTrainingJobSpec,
+    s: &mut JobState,
+    observed: &Observation,
+    now: Timestamp,
+    actions: &mut Vec<Action>,
+) {
+    // Members with a live current attempt that has sent its join report.
+    let joined: Vec<&JoinReport> = s
+        .members
+        .iter()
+        .filter_map(|(&id, r)| observed.live(id, r.attempt))
+        .filter_map(|m| m.join.as_ref())
+        .collect();
+    let before = s.topology.as_ref().map(|t| t.version);
+    match &mut s.topology {
+        None => {
+            let everyone = joined.len() >= spec.replicas.target as usize;
+            let enough = joined.len() >= spec.replicas.min as usize
+                && seconds(s.created_at, now) >= JOIN_GRACE_SECONDS;
+            if !(everyone || enough) {
+                return;
+            }
+            let profiles: Vec<MemberProfile> = joined.iter().map(|j| profile(j)).collect();
+            match build_topology(spec, &profiles) {
+                Ok(mut t) => {
+                    t.version = s.last_version + 1;
+                    s.topology = Some(t);
+                }
+                Err(e) => {
+                    s.phase = JobPhase::Failed;
+                    s.completed_at = Some(now);
+                    s.message = Some(format!("cannot build the topology: {e}"));
+                    actions.push(event(
+                        EventKind::Warning,
+                        "Failed",
+                        None,
+                        s.message.clone().unwrap_or_default(),
+                    ));
+                    return;
+                }
+            }
+        }
+        Some(t) => {
+            let gone: Vec<MemberId> = t
+                .graph
+                .members()
+                .filter(|&id| {
+                    let attempt = s.members.get(&id).map_or(0, |r| r.attempt);
+                    observed.live(id, attempt).is_none()
+                })
+                .collect();
+            for id in gone {
+                if t.graph.member_count() == 1 {
+                    // The last one: nothing to repair. Rebuilt when members rejoin.
+                    s.last_version = t.version;
+                    s.topology = None;
+                    actions.push(event(
+                        EventKind::Warning,
+                        "AllMembersLost",
+                        None,
+                        "every member is gone; the job resumes from checkpoints".into(),
+                    ));
+                    return;
+                }
+                t.remove_member(id).expect("listed from the graph");
+            }
+            for report in joined {
+                if !t.graph.contains(report.member_id) {
+                    // A profile of the right length was checked when the report came in.
+                    let _ = t.add_member(profile(report));
+                }
+            }
+        }
+    }
+    if let Some(t) = &s.topology
+        && before != Some(t.version)
+    {
+        s.last_version = t.version;
+        actions.push(event(
+            EventKind::Normal,
+            "TopologyChanged",
+            None,
+            format!(
+                "topology version {}: {} members, {} edges",
+                t.version,
+                t.graph.member_count(),
+                t.graph.edge_count()
+            ),
+        ));
+    }
+}
+
+/// Create the first attempt of every member, and a new one for each lost member.
+fn create_members(
+    spec: &DecentralizedTrainingJobSpec,
+    s: &mut JobState,
+    now: Timestamp,
+    actions: &mut Vec<Action>,
+) {
+    if s.phase.is_finished() {
+        return;
+    }
+    for id in 0..spec.replicas.target {
+        let record = s.members.entry(id).or_default();
+        let running = record.created && !record.ended;
+        if running || record.done {
+            continue;
+        }
+        if record.not_before.is_some_and(|t| t > now) {
+            continue;
+        }
+        let replacing = record.created;
+        if replacing {
+            record.attempt += 1;
+        }
+        record.created = true;
+        record.ended = false;
+        record.not_before = None;
+        let attempt = record.attempt;
+        actions.push(Action::Create {
+            member: id,
+            attempt,
+        });
+        if replacing {
+            actions.push(event(
+                EventKind::Normal,
+                "MemberReplaced",
+                Some(id),
+                format!("member {id}: attempt {attempt} created"),
+            ));
+        }
+    }
+}
+
+/// Members live in the topology.
+pub fn live_in_topology(s: &JobState, observed: &Observation) -> usize {
+    let Some(t) = &s.topology else { return 0 };
+    t.graph
+        .members()
+        .filter(|id| {
+            let attempt = s.members.get(id).map_or(0, |r| r.attempt);
+            observed.live(*id, attempt).is_some()
+        })
+        .count()
+}
+
+fn phase(spec: &DecentralizedTrainingJobSpec, s: &JobState, observed: &Observation) -> JobPhase {
+    if s.phase.is_finished() {
+        return s.phase;
+    }
+    let any_live = s
+        .members
+        .iter()
+        .any(|(&id, r)| observed.live(id, r.attempt).is_some());
+    if s.finishing() {
+        return if any_live {
+            JobPhase::Running
+        } else {
+            JobPhase::Succeeded
+        };
+    }
+    if s.topology.is_none() {
+        return JobPhase::Pending;
+    }
+    if live_in_topology(s, observed) >= spec.replicas.target as usize {
+        JobPhase::Running
+    } else {
+        JobPhase::Degraded
+    }
+}
+
+fn update_conditions(
+    spec: &DecentralizedTrainingJobSpec,
+    s: &mut JobState,
+    observed: &Observation,
+    now: Timestamp,
+) {
+    let live = live_in_topology(s, observed);
+    let target = spec.replicas.target;
+    let members = format!("{live}/{target} members in the topology");
+    let running = matches!(s.phase, JobPhase::Running | JobPhase::Degraded);
+    let (reason, message) = match s.phase {
+        JobPhase::Pending => ("WaitingForJoins", "waiting for members' join reports"),
+        JobPhase::Succeeded => ("Completed", "finished"),
+        JobPhase::Failed => ("Failed", "failed"),
+        _ => ("Training", members.as_str()),
+    };
+    let t = Time(now);
+    let c = &mut s.conditions;
+    set_condition(
+        c,
+        ConditionType::Running,
+        running,
+        reason,
+        message,
+        None,
+        t.clone(),
+    );
+    let degraded = s.phase == JobPhase::Degraded;
+    let why = if live < spec.replicas.min as usize {
+        "BelowMinimum"
+    } else {
+        "MembersLost"
+    };
+    set_condition(
+        c,
+        ConditionType::Degraded,
+        degraded,
+        if degraded { why } else { "AllMembersLive" },
+        &members,
+        None,
+        t.clone(),
+    );
+    if s.phase == JobPhase::Succeeded {
+        set_condition(
+            c,
+            ConditionType::Succeeded,
+            true,
+            "Completed",
+            "every member finished",
+            None,
+            t.clone(),
+        );
+    }
+    if s.phase == JobPhase::Failed {
+        let message = s.message.clone().unwrap_or_default();
+        set_condition(c, ConditionType::Failed, true, "Failed", &message, None, t);
+    }
+}

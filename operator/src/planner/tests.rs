@@ -1,0 +1,445 @@
+use super::*;
+use murmur_core::api::parse_manifest;
+use proptest::prelude::*;
+
+const MANIFEST: &str = "\
+apiVersion: murmur.dev/v1alpha1
+kind: DecentralizedTrainingJob
+metadata: {name: plan}
+spec:
+  replicas: {min: 2, target: 4, max: 4}
+  topology: {kind: dCliques, cliqueSize: 2}
+  algorithm: {kind: cliqueAveraging}
+  training: {model: mlp, partition: {kind: classesPerMember, k: 5}, steps: 100}
+  recovery: {maxRestarts: 2, backoff: 10s}
+";
+
+fn spec() -> DecentralizedTrainingJobSpec {
+    parse_manifest(MANIFEST, "plan.yaml").unwrap().spec
+}
+
+fn at(secs: f64) -> Timestamp {
+    Timestamp::from_millisecond((secs * 1000.0) as i64).unwrap()
+}
+
+/// A runtime in miniature: executes Create/Stop on an observation, lets tests end members.
+struct World {
+    spec: DecentralizedTrainingJobSpec,
+    state: JobState,
+    observed: Observation,
+    now: f64,
+    actions: Vec<Action>,
+}
+
+impl World {
+    fn new(spec: DecentralizedTrainingJobSpec) -> Self {
+        Self {
+            spec,
+            state: JobState::new(at(0.0)),
+            observed: Observation::default(),
+            now: 0.0,
+            actions: Vec::new(),
+        }
+    }
+
+    fn plan(&mut self) -> Vec<Action> {
+        let (next, actions) = plan(&self.spec, &self.state, &self.observed, at(self.now));
+        self.state = next;
+        for a in &actions {
+            match a {
+                Action::Create { member, attempt } => {
+                    self.observed.members.insert(
+                        *member,
+                        ObservedMember {
+                            attempt: *attempt,
+                            address: Some(format!("10.0.0.{member}:7070")),
+                            ..Default::default()
+                        },
+                    );
+                }
+                Action::Stop { member, .. } => {
+                    self.observed.members.get_mut(member).unwrap().exit = Some(Exit::Preempted {
+                        reason: "stopped".into(),
+                    });
+                }
+                Action::Event { .. } => {}
+            }
+        }
+        self.actions.extend(actions.clone());
+        actions
+    }
+
+    fn join(&mut self, id: u32) {
+        // Member i holds classes 5(i mod 2)..5(i mod 2)+5: two kinds of member.
+        let mut histogram = vec![0u64; 10];
+        for c in 0..5 {
+            histogram[(id as usize % 2) * 5 + c] = 40;
+        }
+        self.observed.members.get_mut(&id).unwrap().join = Some(JoinReport {
+            member_id: id,
+            label_histogram: histogram,
+            proxy_vector: None,
+        });
+    }
+
+    fn end(&mut self, id: u32, exit: Exit) {
+        self.observed.members.get_mut(&id).unwrap().exit = Some(exit);
+    }
+
+    fn version(&self) -> u64 {
+        self.state.topology.as_ref().map_or(0, |t| t.version)
+    }
+
+    fn creates(actions: &[Action]) -> Vec<(u32, u32)> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Create { member, attempt } => Some((*member, *attempt)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn reasons(actions: &[Action]) -> Vec<&'static str> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Event { reason, .. } => Some(*reason),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Start every member and let them all join.
+    fn running() -> Self {
+        let mut w = World::new(spec());
+        w.plan();
+        for id in 0..4 {
+            w.join(id);
+        }
+        w.plan();
+        w
+    }
+}
+
+fn preempted() -> Exit {
+    Exit::Preempted {
+        reason: "spot reclaim".into(),
+    }
+}
+
+fn crashed() -> Exit {
+    Exit::Failed {
+        reason: "exit code 101".into(),
+    }
+}
+
+#[test]
+fn the_first_plan_creates_every_member_and_waits_for_their_reports() {
+    let mut w = World::new(spec());
+    let actions = w.plan();
+    assert_eq!(
+        World::creates(&actions),
+        vec![(0, 0), (1, 0), (2, 0), (3, 0)]
+    );
+    assert_eq!(w.state.phase, JobPhase::Pending);
+    assert!(w.state.topology.is_none());
+    assert!(
+        w.state
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Created" && c.status == "True")
+    );
+    // Nothing new happened: nothing to do.
+    assert!(w.plan().is_empty());
+    // Three of four reports: still waiting (inside the grace period).
+    for id in 0..3 {
+        w.join(id);
+    }
+    w.now = 5.0;
+    assert!(w.plan().is_empty());
+    assert!(w.state.topology.is_none());
+}
+
+#[test]
+fn data_aware_cliques_are_built_from_the_join_reports_once_all_are_in() {
+    let w = World::running();
+    let t = w.state.topology.as_ref().unwrap();
+    assert_eq!(t.version, 1);
+    assert_eq!(t.kind_name(), "dCliques");
+    // Each clique of two pairs a member of each kind: together they hold all ten classes.
+    for id in 0..4u32 {
+        let clique = t.clique_of(id).unwrap();
+        let mates: Vec<u32> = (0..4).filter(|&o| t.clique_of(o) == Some(clique)).collect();
+        assert_eq!(mates.len(), 2);
+        assert_ne!(mates[0] % 2, mates[1] % 2, "clique {clique}: {mates:?}");
+    }
+    assert_eq!(w.state.phase, JobPhase::Running);
+    assert!(World::reasons(&w.actions).contains(&"TopologyChanged"));
+}
+
+#[test]
+fn after_the_grace_period_the_topology_starts_with_the_members_in() {
+    let mut w = World::new(spec());
+    w.plan();
+    w.join(0);
+    w.now = JOIN_GRACE_SECONDS + 1.0;
+    w.plan();
+    assert!(w.state.topology.is_none(), "one member is below min (2)");
+    w.join(2);
+    w.plan();
+    let t = w.state.topology.as_ref().unwrap();
+    assert_eq!(t.graph.members().collect::<Vec<_>>(), vec![0, 2]);
+    assert_eq!(w.state.phase, JobPhase::Degraded);
+    // Late joiners are added by repair.
+    w.join(1);
+    w.plan();
+    assert!(w.state.topology.as_ref().unwrap().graph.contains(1));
+    assert_eq!(w.version(), 2);
+}
+
+#[test]
+fn a_preempted_member_is_repaired_out_replaced_at_once_and_never_counted_as_a_restart() {
+    let mut w = World::running();
+    w.now = 30.0;
+    w.end(1, preempted());
+    let actions = w.plan();
+    assert_eq!(World::creates(&actions), vec![(1, 1)]);
+    assert!(World::reasons(&actions).contains(&"Preempted"));
+    assert!(World::reasons(&actions).contains(&"MemberReplaced"));
+    assert_eq!(w.state.preemptions.len(), 1);
+    assert_eq!(w.state.preemptions[0].member, 1);
+    assert_eq!(w.state.preemptions[0].reason, "spot reclaim");
+    assert_eq!(w.state.restarts, 0);
+    assert_eq!(w.version(), 2);
+    assert!(!w.state.topology.as_ref().unwrap().graph.contains(1));
+    assert_eq!(w.state.phase, JobPhase::Degraded);
+    assert!(
+        w.state
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Degraded" && c.status == "True")
+    );
+    // The replacement is added back once it reports.
+    assert!(w.plan().is_empty());
+    w.join(1);
+    w.plan();
+    assert!(w.state.topology.as_ref().unwrap().graph.contains(1));
+    assert_eq!(w.version(), 3);
+    assert_eq!(w.state.phase, JobPhase::Running);
+    // Preempted again and again: never a failure.
+    for k in 0..10 {
+        w.end(1, preempted());
+        w.plan();
+        w.join(1);
+        w.plan();
+        assert_eq!(w.observed.members[&1].attempt, k + 2);
+    }
+    assert_eq!(w.state.restarts, 0);
+    assert_eq!(w.state.preemptions.len(), 11);
+    assert_eq!(w.state.phase, JobPhase::Running);
+}
+
+#[test]
+fn a_crash_counts_a_restart_and_waits_out_a_doubling_backoff() {
+    let mut w = World::running();
+    w.now = 20.0;
+    w.end(2, crashed());
+    let actions = w.plan();
+    assert!(World::creates(&actions).is_empty(), "backoff: 10 s");
+    assert_eq!(w.state.restarts, 1);
+    assert!(World::reasons(&actions).contains(&"MemberFailed"));
+    w.now = 29.0;
+    assert!(World::creates(&w.plan()).is_empty());
+    w.now = 30.0;
+    assert_eq!(World::creates(&w.plan()), vec![(2, 1)]);
+    // Its second crash waits twice as long.
+    w.end(2, crashed());
+    w.plan();
+    w.now = 49.0;
+    assert!(World::creates(&w.plan()).is_empty());
+    w.now = 50.0;
+    assert_eq!(World::creates(&w.plan()), vec![(2, 2)]);
+    assert_eq!(w.state.phase, JobPhase::Degraded);
+}
+
+#[test]
+fn more_crashes_than_max_restarts_fail_the_job_and_stop_its_members() {
+    let mut w = World::running();
+    for k in 0..3 {
+        w.now += 1000.0;
+        w.end(3, crashed());
+        w.plan();
+        if k < 2 {
+            w.now += 1000.0;
+            w.plan();
+        }
+    }
+    assert_eq!(w.state.phase, JobPhase::Failed);
+    let message = w.state.message.clone().unwrap();
+    assert!(message.contains("recovery.maxRestarts (2)"), "{message}");
+    assert!(message.contains("member 3: exit code 101"), "{message}");
+    let stops = w
+        .actions
+        .iter()
+        .filter(|a| matches!(a, Action::Stop { .. }))
+        .count();
+    assert_eq!(stops, 3, "the three live members are stopped");
+    assert!(
+        w.state
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Failed" && c.status == "True")
+    );
+    // Finished is final.
+    w.end(0, preempted());
+    assert!(w.plan().is_empty());
+}
+
+#[test]
+fn once_a_member_completes_losses_are_not_replaced_and_the_job_succeeds_when_all_exit() {
+    let mut w = World::running();
+    w.end(0, Exit::Completed);
+    w.plan();
+    assert_eq!(w.state.phase, JobPhase::Running);
+    w.end(1, preempted());
+    let actions = w.plan();
+    assert!(World::creates(&actions).is_empty());
+    assert_eq!(w.state.preemptions.len(), 1);
+    let version = w.version();
+    w.end(2, Exit::Completed);
+    w.end(3, Exit::Completed);
+    w.now = 99.0;
+    let actions = w.plan();
+    assert_eq!(w.state.phase, JobPhase::Succeeded);
+    assert_eq!(w.state.completed_at, Some(at(99.0)));
+    assert!(World::reasons(&actions).contains(&"Succeeded"));
+    assert_eq!(w.version(), version, "no churn at the end");
+    assert!(
+        w.state
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Succeeded" && c.status == "True")
+    );
+    assert!(
+        w.state
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Running" && c.status == "False")
+    );
+}
+
+#[test]
+fn losing_every_member_rebuilds_the_topology_with_a_newer_version() {
+    let mut w = World::running();
+    for id in 0..4 {
+        w.end(id, preempted());
+    }
+    let actions = w.plan();
+    assert!(w.state.topology.is_none());
+    assert!(World::reasons(&actions).contains(&"AllMembersLost"));
+    assert_eq!(World::creates(&actions).len(), 4);
+    let lost_at = w.state.last_version;
+    assert!(lost_at >= 4);
+    for id in 0..4 {
+        w.join(id);
+    }
+    w.plan();
+    assert_eq!(w.version(), lost_at + 1);
+    assert_eq!(w.state.phase, JobPhase::Running);
+}
+
+#[test]
+fn an_end_reported_for_an_old_attempt_changes_nothing() {
+    let mut w = World::running();
+    w.end(1, preempted());
+    w.plan();
+    let state = w.state.clone();
+    // The runtime reports the old attempt again (a replayed watch event).
+    let mut stale = w.observed.clone();
+    stale.members.get_mut(&1).unwrap().attempt = 0;
+    stale.members.get_mut(&1).unwrap().exit = Some(preempted());
+    let (next, _) = plan(&w.spec, &state, &stale, at(w.now));
+    assert_eq!(next.preemptions.len(), 1);
+}
+
+#[test]
+fn moshpit_jobs_get_a_grid() {
+    let text = MANIFEST
+        .replace("{kind: dCliques, cliqueSize: 2}", "{kind: ring}")
+        .replace("{kind: cliqueAveraging}", "{kind: moshpit, groupSize: 2}");
+    let mut w = World::new(parse_manifest(&text, "m.yaml").unwrap().spec);
+    w.plan();
+    for id in 0..4 {
+        w.join(id);
+    }
+    w.plan();
+    assert_eq!(w.state.topology.as_ref().unwrap().kind_name(), "moshpit");
+}
+
+#[derive(Clone, Debug)]
+enum Step {
+    Join(u32),
+    Preempt(u32),
+    Crash(u32),
+    Complete(u32),
+    Wait(u16),
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        3 => (0..4u32).prop_map(Step::Join),
+        2 => (0..4u32).prop_map(Step::Preempt),
+        1 => (0..4u32).prop_map(Step::Crash),
+        1 => (0..4u32).prop_map(Step::Complete),
+        2 => (0..60u16).prop_map(Step::Wait),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+    /// Whatever members do, the plan keeps its promises.
+    #[test]
+    fn invariants_hold_under_any_sequence_of_member_events(steps in prop::collection::vec(step(), 1..60)) {
+        let mut w = World::new(spec());
+        w.plan();
+        let mut last_version = 0;
+        for s in steps {
+            let live = |w: &World, id: u32| w.observed.members.get(&id).is_some_and(|m| m.is_live());
+            match s {
+                Step::Join(id) if live(&w, id) => w.join(id),
+                Step::Preempt(id) if live(&w, id) => w.end(id, preempted()),
+                Step::Crash(id) if live(&w, id) => w.end(id, crashed()),
+                Step::Complete(id) if live(&w, id) => w.end(id, Exit::Completed),
+                Step::Wait(secs) => w.now += f64::from(secs),
+                _ => {}
+            }
+            let preemptions = w.state.preemptions.len();
+            let restarts = w.state.restarts;
+            w.plan();
+            // Versions only grow.
+            prop_assert!(w.state.last_version >= last_version);
+            last_version = w.state.last_version;
+            // Restarts count crashes only; preemptions count preemptions only.
+            prop_assert!(w.state.restarts >= restarts);
+            prop_assert!(w.state.preemptions.len() >= preemptions);
+            let crashes: u32 = w.state.members.values().map(|r| r.crashes).sum();
+            prop_assert_eq!(crashes, w.state.restarts);
+            // Only live members that joined are in the topology (unless the job is ending).
+            if let Some(t) = &w.state.topology && !w.state.finishing() && !w.state.phase.is_finished() {
+                for id in t.graph.members() {
+                    let m = &w.observed.members[&id];
+                    prop_assert!(m.is_live() && m.join.is_some(), "member {} in the topology", id);
+                }
+                prop_assert!(t.graph.is_connected());
+            }
+            // Planning again without news does nothing.
+            let (again, actions) = plan(&w.spec, &w.state, &w.observed, at(w.now));
+            prop_assert!(actions.is_empty(), "{:?}", actions);
+            prop_assert_eq!(again.last_version, w.state.last_version);
+            if w.state.phase == JobPhase::Failed {
+                prop_assert!(i64::from(w.state.restarts) > 2);
+            }
+        }
+    }
+}

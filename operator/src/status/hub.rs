@@ -1,0 +1,260 @@
+//! The jobs a status router serves. A runtime registers each job it runs, publishes its view,
+//! topology document, events and progress samples here, and receives what the job's trainers
+//! post (already authenticated) through the job's inbox.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, RwLock};
+
+use murmur_core::contract::{JoinReport, PeerEvent, TopologyDocument, TrainerStatus};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tokio::sync::{mpsc, watch};
+
+use super::view::{JobEvent, JobView, SeriesPoint};
+
+/// What a job's trainers told the control plane.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Inbound {
+    Join(JoinReport),
+    Status(TrainerStatus),
+    PeerEvent(PeerEvent),
+}
+
+/// One job's published state.
+pub struct JobHandle {
+    pub namespace: String,
+    pub name: String,
+    key: Vec<u8>,
+    view: watch::Sender<Option<JobView>>,
+    topology: watch::Sender<Option<TopologyDocument>>,
+    events: Mutex<Vec<JobEvent>>,
+    series: Mutex<Vec<SeriesPoint>>,
+    inbox: mpsc::UnboundedSender<Inbound>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl JobHandle {
+    pub fn key(&self) -> &[u8] {
+        &self.key
+    }
+
+    pub fn view(&self) -> Option<JobView> {
+        self.view.borrow().clone()
+    }
+
+    pub fn topology(&self) -> watch::Receiver<Option<TopologyDocument>> {
+        self.topology.subscribe()
+    }
+
+    /// Publish a topology document; older or equal versions are ignored.
+    pub fn set_topology(&self, doc: TopologyDocument) {
+        self.topology.send_if_modified(|current| {
+            if current.as_ref().is_some_and(|c| c.version >= doc.version) {
+                return false;
+            }
+            *current = Some(doc);
+            true
+        });
+    }
+
+    pub fn push_event(&self, event: JobEvent) {
+        lock(&self.events).push(event);
+    }
+
+    /// Events from index `from` on.
+    pub fn events(&self, from: usize) -> Vec<JobEvent> {
+        lock(&self.events).iter().skip(from).cloned().collect()
+    }
+
+    pub fn record(&self, point: SeriesPoint) {
+        lock(&self.series).push(point);
+    }
+
+    /// Samples from index `from` on.
+    pub fn series(&self, from: usize) -> Vec<SeriesPoint> {
+        lock(&self.series).iter().skip(from).cloned().collect()
+    }
+
+    pub(super) fn deliver(&self, message: Inbound) -> bool {
+        self.inbox.send(message).is_ok()
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct JobLabels {
+    pub namespace: String,
+    pub job: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub endpoint: String,
+    pub outcome: String,
+}
+
+/// The router's Prometheus metrics (prefix `murmur`).
+pub struct Metrics {
+    pub registry: Registry,
+    members: Family<JobLabels, Gauge>,
+    target: Family<JobLabels, Gauge>,
+    step: Family<JobLabels, Gauge>,
+    accuracy: Family<JobLabels, Gauge<f64, AtomicU64>>,
+    topology_version: Family<JobLabels, Gauge>,
+    preemptions: Family<JobLabels, Gauge>,
+    restarts: Family<JobLabels, Gauge>,
+    pub requests: Family<RequestLabels, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("murmur");
+        let m = Self {
+            registry: Registry::default(),
+            members: Family::default(),
+            target: Family::default(),
+            step: Family::default(),
+            accuracy: Family::default(),
+            topology_version: Family::default(),
+            preemptions: Family::default(),
+            restarts: Family::default(),
+            requests: Family::default(),
+        };
+        registry.register(
+            "job_members",
+            "Members live in the job's topology",
+            m.members.clone(),
+        );
+        registry.register("job_target_members", "replicas.target", m.target.clone());
+        registry.register("job_step", "Most advanced member's step", m.step.clone());
+        registry.register(
+            "job_accuracy",
+            "Mean test accuracy of the members",
+            m.accuracy.clone(),
+        );
+        registry.register(
+            "job_topology_version",
+            "Newest topology version",
+            m.topology_version.clone(),
+        );
+        registry.register(
+            "job_preemptions",
+            "Members lost to preemption (never counted as restarts)",
+            m.preemptions.clone(),
+        );
+        registry.register(
+            "job_restarts",
+            "Crash restarts, counted against recovery.maxRestarts",
+            m.restarts.clone(),
+        );
+        registry.register(
+            "control_requests",
+            "Requests from trainers to the control endpoint, by outcome",
+            m.requests.clone(),
+        );
+        Self { registry, ..m }
+    }
+}
+
+impl Metrics {
+    fn observe(&self, view: &JobView) {
+        let labels = JobLabels {
+            namespace: view.namespace.clone(),
+            job: view.name.clone(),
+        };
+        let live = view
+            .members
+            .iter()
+            .filter(|m| m.in_topology && m.health != super::view::Health::Down)
+            .count();
+        let progress = view.status.progress.clone().unwrap_or_default();
+        self.members.get_or_create(&labels).set(live as i64);
+        self.target
+            .get_or_create(&labels)
+            .set(i64::from(view.replicas.target));
+        self.step.get_or_create(&labels).set(progress.step as i64);
+        self.accuracy
+            .get_or_create(&labels)
+            .set(progress.accuracy.unwrap_or(0.0));
+        self.topology_version
+            .get_or_create(&labels)
+            .set(view.status.topology_version as i64);
+        self.preemptions
+            .get_or_create(&labels)
+            .set(i64::from(view.status.preemptions));
+        self.restarts
+            .get_or_create(&labels)
+            .set(i64::from(view.status.restarts));
+    }
+
+    pub fn request(&self, endpoint: &str, outcome: &str) {
+        self.requests
+            .get_or_create(&RequestLabels {
+                endpoint: endpoint.to_string(),
+                outcome: outcome.to_string(),
+            })
+            .inc();
+    }
+}
+
+#[derive(Default)]
+pub struct Hub {
+    jobs: RwLock<BTreeMap<(String, String), Arc<JobHandle>>>,
+    pub metrics: Metrics,
+}
+
+impl Hub {
+    /// Serve a job; its trainers' posts (signed with `key`) arrive on the returned inbox.
+    pub fn register(
+        &self,
+        namespace: &str,
+        name: &str,
+        key: Vec<u8>,
+    ) -> (Arc<JobHandle>, mpsc::UnboundedReceiver<Inbound>) {
+        let (inbox, rx) = mpsc::unbounded_channel();
+        let handle = Arc::new(JobHandle {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            key,
+            view: watch::channel(None).0,
+            topology: watch::channel(None).0,
+            events: Mutex::default(),
+            series: Mutex::default(),
+            inbox,
+        });
+        self.jobs
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert((namespace.to_string(), name.to_string()), handle.clone());
+        (handle, rx)
+    }
+
+    pub fn job(&self, namespace: &str, name: &str) -> Option<Arc<JobHandle>> {
+        self.jobs
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&(namespace.to_string(), name.to_string()))
+            .cloned()
+    }
+
+    pub fn jobs(&self) -> Vec<Arc<JobHandle>> {
+        self.jobs
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// Publish a job's view (and its metrics).
+    pub fn publish(&self, job: &JobHandle, view: JobView) {
+        self.metrics.observe(&view);
+        job.view.send_replace(Some(view));
+    }
+}

@@ -1,0 +1,273 @@
+//! The status router: the JSON API, the trainers' control endpoint, `/metrics`, probes and the
+//! dashboard. `murmur run` serves it locally and the operator in a cluster.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::{get, post};
+use murmur_core::contract::{JoinReport, PeerEvent, TrainerStatus, control};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+
+use super::hub::{Hub, Inbound, JobHandle};
+
+const DASHBOARD: &str = include_str!("dashboard.html");
+
+pub fn router(hub: Arc<Hub>) -> Router {
+    let job = "/api/v1/namespaces/{namespace}/jobs/{name}";
+    Router::new()
+        .route("/", get(dashboard))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(|| async { "ok" }))
+        .route("/metrics", get(metrics))
+        .route("/api/v1/openapi.json", get(openapi))
+        .route("/api/v1/jobs", get(list_jobs))
+        .route(job, get(get_job))
+        .route(&format!("{job}/topology"), get(get_topology))
+        .route(&format!("{job}/events"), get(get_events))
+        .route(&format!("{job}/series"), get(get_series))
+        .route(&format!("{job}/members/{{id}}/join"), post(post_join))
+        .route(&format!("{job}/members/{{id}}/status"), post(post_status))
+        .route(
+            &format!("{job}/members/{{id}}/peer-events"),
+            post(post_peer_event),
+        )
+        .with_state(hub)
+}
+
+/// An error body: `{"error": "..."}` with a status code.
+fn error(code: StatusCode, message: impl Into<String>) -> Response {
+    (
+        code,
+        axum::Json(serde_json::json!({"error": message.into()})),
+    )
+        .into_response()
+}
+
+fn find(hub: &Hub, namespace: &str, name: &str) -> Result<Arc<JobHandle>, Response> {
+    hub.job(namespace, name).ok_or_else(|| {
+        error(
+            StatusCode::NOT_FOUND,
+            format!("no job {namespace}/{name} here"),
+        )
+    })
+}
+
+async fn dashboard() -> Html<&'static str> {
+    Html(DASHBOARD)
+}
+
+async fn metrics(State(hub): State<Arc<Hub>>) -> Response {
+    let mut text = String::new();
+    if prometheus_client::encoding::text::encode(&mut text, &hub.metrics.registry).is_err() {
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+async fn openapi() -> axum::Json<serde_json::Value> {
+    axum::Json(super::openapi::document())
+}
+
+async fn list_jobs(State(hub): State<Arc<Hub>>) -> Response {
+    let jobs: Vec<_> = hub
+        .jobs()
+        .iter()
+        .filter_map(|j| j.view())
+        .map(|v| v.summary())
+        .collect();
+    axum::Json(jobs).into_response()
+}
+
+async fn get_job(
+    State(hub): State<Arc<Hub>>,
+    Path((namespace, name)): Path<(String, String)>,
+) -> Response {
+    let job = match find(&hub, &namespace, &name) {
+        Ok(j) => j,
+        Err(r) => return r,
+    };
+    match job.view() {
+        Some(view) => axum::Json(view).into_response(),
+        None => error(StatusCode::SERVICE_UNAVAILABLE, "the job is starting"),
+    }
+}
+
+#[derive(Deserialize)]
+struct After {
+    after: Option<u64>,
+}
+
+/// Without `after`: the current document (204 before there is one). With `after=V`: held until
+/// a newer document appears (200) or for [`control::LONG_POLL_HOLD_SECONDS`] (204).
+async fn get_topology(
+    State(hub): State<Arc<Hub>>,
+    Path((namespace, name)): Path<(String, String)>,
+    Query(q): Query<After>,
+) -> Response {
+    let job = match find(&hub, &namespace, &name) {
+        Ok(j) => j,
+        Err(r) => return r,
+    };
+    let mut rx = job.topology();
+    let hold = Duration::from_secs(control::LONG_POLL_HOLD_SECONDS);
+    let deadline = tokio::time::Instant::now() + hold;
+    loop {
+        let current = rx.borrow_and_update().clone();
+        match (current, q.after) {
+            (Some(doc), None) => return axum::Json(doc).into_response(),
+            (Some(doc), Some(after)) if doc.version > after => {
+                return axum::Json(doc).into_response();
+            }
+            (None, None) => return StatusCode::NO_CONTENT.into_response(),
+            _ => {}
+        }
+        match tokio::time::timeout_at(deadline, rx.changed()).await {
+            Ok(Ok(())) => continue,
+            _ => return StatusCode::NO_CONTENT.into_response(),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct From {
+    from: Option<usize>,
+}
+
+async fn get_events(
+    State(hub): State<Arc<Hub>>,
+    Path((namespace, name)): Path<(String, String)>,
+    Query(q): Query<From>,
+) -> Response {
+    match find(&hub, &namespace, &name) {
+        Ok(job) => axum::Json(job.events(q.from.unwrap_or(0))).into_response(),
+        Err(r) => r,
+    }
+}
+
+async fn get_series(
+    State(hub): State<Arc<Hub>>,
+    Path((namespace, name)): Path<(String, String)>,
+    Query(q): Query<From>,
+) -> Response {
+    match find(&hub, &namespace, &name) {
+        Ok(job) => axum::Json(job.series(q.from.unwrap_or(0))).into_response(),
+        Err(r) => r,
+    }
+}
+
+/// Check a trainer's POST: the job exists, the body is signed with the job key, it parses, and
+/// it speaks for the member in its path.
+fn accept<T: DeserializeOwned>(
+    hub: &Hub,
+    endpoint: &str,
+    (namespace, name, id): (String, String, u32),
+    headers: &HeaderMap,
+    body: &Bytes,
+    member_of: impl Fn(&T) -> u32,
+) -> Result<(Arc<JobHandle>, T), Response> {
+    let job = find(hub, &namespace, &name)
+        .inspect_err(|_| hub.metrics.request(endpoint, "unknownJob"))?;
+    let signed = headers
+        .get(control::SIGNATURE_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|sig| control::verify(job.key(), body, sig));
+    if !signed {
+        hub.metrics.request(endpoint, "badSignature");
+        return Err(error(
+            StatusCode::UNAUTHORIZED,
+            format!(
+                "missing or wrong {} (hex HMAC-SHA256 of the body under the job key)",
+                control::SIGNATURE_HEADER
+            ),
+        ));
+    }
+    let value: T = serde_json::from_slice(body).map_err(|e| {
+        hub.metrics.request(endpoint, "badBody");
+        error(StatusCode::BAD_REQUEST, format!("{endpoint} body: {e}"))
+    })?;
+    if member_of(&value) != id {
+        hub.metrics.request(endpoint, "badBody");
+        return Err(error(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "{endpoint} body: memberId {} does not match member {id} in the path",
+                member_of(&value)
+            ),
+        ));
+    }
+    hub.metrics.request(endpoint, "accepted");
+    Ok((job, value))
+}
+
+fn delivered(job: &JobHandle, message: Inbound) -> Response {
+    if job.deliver(message) {
+        StatusCode::NO_CONTENT.into_response()
+    } else {
+        error(StatusCode::GONE, "the job is no longer running")
+    }
+}
+
+async fn post_join(
+    State(hub): State<Arc<Hub>>,
+    Path(path): Path<(String, String, u32)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    match accept(&hub, "join", path, &headers, &body, |r: &JoinReport| {
+        r.member_id
+    }) {
+        Ok((job, report)) => delivered(&job, Inbound::Join(report)),
+        Err(r) => r,
+    }
+}
+
+async fn post_status(
+    State(hub): State<Arc<Hub>>,
+    Path(path): Path<(String, String, u32)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    match accept(
+        &hub,
+        "status",
+        path,
+        &headers,
+        &body,
+        |s: &TrainerStatus| s.member_id,
+    ) {
+        Ok((job, status)) => delivered(&job, Inbound::Status(status)),
+        Err(r) => r,
+    }
+}
+
+async fn post_peer_event(
+    State(hub): State<Arc<Hub>>,
+    Path(path): Path<(String, String, u32)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    match accept(
+        &hub,
+        "peerEvents",
+        path,
+        &headers,
+        &body,
+        |e: &PeerEvent| e.member_id,
+    ) {
+        Ok((job, event)) => delivered(&job, Inbound::PeerEvent(event)),
+        Err(r) => r,
+    }
+}

@@ -1,0 +1,257 @@
+//! The router over a real socket, as trainers, the dashboard and users reach it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+use murmur_core::api::{MemberCapacity, parse_manifest};
+use murmur_core::contract::{JoinReport, TopologyDocument, control};
+use murmur_core::topology::MemberProfile;
+
+use super::*;
+use crate::planner::{self, JobState, Observation, ObservedMember};
+
+const KEY: &[u8] = b"the job key";
+
+async fn serve() -> (Arc<Hub>, String) {
+    let hub = Arc::new(Hub::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(axum::serve(listener, router(hub.clone())).into_future());
+    (hub, base)
+}
+
+fn doc(version: u64) -> TopologyDocument {
+    let profiles: Vec<MemberProfile> = (0..3).map(MemberProfile::bare).collect();
+    let mut t = murmur_core::topology::build(
+        &murmur_core::topology::BuildSpec::new(murmur_core::api::TopologyKind::Ring),
+        &profiles,
+    )
+    .unwrap();
+    t.version = version;
+    t.to_document(|id| Some(format!("127.0.0.1:{}", 7000 + id)))
+}
+
+fn view() -> JobView {
+    let spec = parse_manifest(
+        "apiVersion: murmur.dev/v1alpha1\nkind: DecentralizedTrainingJob\nmetadata: {name: j}\nspec:\n  replicas: {min: 1, target: 2, max: 2}\n  training: {model: mlp, steps: 10}\n",
+        "j.yaml",
+    )
+    .unwrap()
+    .spec;
+    let now = Timestamp::from_second(100).unwrap();
+    let mut observed = Observation::default();
+    let (state, _) = planner::plan(&spec, &JobState::new(now), &observed, now);
+    for id in 0..2 {
+        observed.members.insert(id, ObservedMember::default());
+    }
+    let (state, _) = planner::plan(&spec, &state, &observed, now);
+    view::job_view(
+        "ml",
+        "j",
+        &spec,
+        &state,
+        &observed,
+        MemberCapacity::Spot,
+        now,
+    )
+}
+
+async fn post(base: &str, path: &str, body: &[u8], signature: Option<String>) -> u16 {
+    let mut request = reqwest::Client::new()
+        .post(format!("{base}{path}"))
+        .body(body.to_vec());
+    if let Some(sig) = signature {
+        request = request.header(control::SIGNATURE_HEADER, sig);
+    }
+    request.send().await.unwrap().status().as_u16()
+}
+
+#[tokio::test]
+async fn jobs_and_views_are_served_as_json() {
+    let (hub, base) = serve().await;
+    let (job, _inbox) = hub.register("ml", "j", KEY.to_vec());
+    let r = reqwest::get(format!("{base}/api/v1/namespaces/ml/jobs/j"))
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status().as_u16(),
+        503,
+        "registered, nothing published yet"
+    );
+    hub.publish(&job, view());
+    let jobs: serde_json::Value = reqwest::get(format!("{base}/api/v1/jobs"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(jobs[0]["name"], "j");
+    assert_eq!(jobs[0]["phase"], "Pending");
+    assert_eq!(jobs[0]["members"], "0/2");
+    let v: JobView = reqwest::get(format!("{base}/api/v1/namespaces/ml/jobs/j"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v, view());
+    assert_eq!(v.members.len(), 2);
+    let missing = reqwest::get(format!("{base}/api/v1/namespaces/ml/jobs/nope"))
+        .await
+        .unwrap();
+    assert_eq!(missing.status().as_u16(), 404);
+    let text = missing.text().await.unwrap();
+    assert!(text.contains("no job ml/nope"), "{text}");
+    // Events and samples page with `from`.
+    for k in 0..3 {
+        job.record(SeriesPoint {
+            t: k as f64,
+            member: 0,
+            attempt: 0,
+            step: k,
+            loss: Some(1.0),
+            accuracy: None,
+            consensus_distance: None,
+        });
+    }
+    let later: Vec<SeriesPoint> =
+        reqwest::get(format!("{base}/api/v1/namespaces/ml/jobs/j/series?from=1"))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+    assert_eq!(later.iter().map(|p| p.step).collect::<Vec<_>>(), vec![1, 2]);
+    let page = reqwest::get(format!("{base}/")).await.unwrap();
+    assert!(page.text().await.unwrap().contains("<svg id=\"graph\""));
+}
+
+#[tokio::test]
+async fn the_topology_long_poll_answers_with_a_newer_document_or_no_content() {
+    let (hub, base) = serve().await;
+    let (job, _inbox) = hub.register("ml", "j", KEY.to_vec());
+    let url = format!("{base}{}", control::topology_path("ml", "j"));
+    let r = reqwest::get(&url).await.unwrap();
+    assert_eq!(r.status().as_u16(), 204, "no document yet");
+    job.set_topology(doc(1));
+    let got: TopologyDocument = reqwest::get(&url).await.unwrap().json().await.unwrap();
+    assert_eq!(got.version, 1);
+    // A held poll is answered when version 2 appears.
+    let waiting = tokio::spawn({
+        let url = format!("{url}?after=1");
+        async move { reqwest::get(&url).await.unwrap() }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiting.is_finished());
+    job.set_topology(doc(2));
+    let r = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(r.json::<TopologyDocument>().await.unwrap().version, 2);
+    // Versions never go back.
+    job.set_topology(doc(1));
+    let got: TopologyDocument = reqwest::get(&url).await.unwrap().json().await.unwrap();
+    assert_eq!(got.version, 2);
+}
+
+#[tokio::test]
+async fn only_signed_posts_for_the_right_member_reach_the_runtime() {
+    let (hub, base) = serve().await;
+    let (_job, mut inbox) = hub.register("ml", "j", KEY.to_vec());
+    let report = JoinReport {
+        member_id: 1,
+        label_histogram: vec![5; 10],
+        proxy_vector: None,
+    };
+    let body = serde_json::to_vec(&report).unwrap();
+    let path = control::join_path("ml", "j", 1);
+    assert_eq!(post(&base, &path, &body, None).await, 401);
+    let forged = control::sign(b"another key", &body);
+    assert_eq!(post(&base, &path, &body, Some(forged)).await, 401);
+    let other = control::join_path("ml", "j", 2);
+    let signed = control::sign(KEY, &body);
+    assert_eq!(post(&base, &other, &body, Some(signed.clone())).await, 400);
+    let junk = b"{\"memberId\": \"one\"}";
+    assert_eq!(
+        post(&base, &path, junk, Some(control::sign(KEY, junk))).await,
+        400
+    );
+    let unknown = control::join_path("ml", "other", 1);
+    assert_eq!(
+        post(&base, &unknown, &body, Some(signed.clone())).await,
+        404
+    );
+    assert!(inbox.try_recv().is_err(), "nothing got through");
+    assert_eq!(post(&base, &path, &body, Some(signed)).await, 204);
+    assert_eq!(inbox.recv().await.unwrap(), Inbound::Join(report));
+    let metrics = reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(
+            "murmur_control_requests_total{endpoint=\"join\",outcome=\"badSignature\"} 2"
+        ),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("murmur_control_requests_total{endpoint=\"join\",outcome=\"accepted\"} 1")
+    );
+}
+
+#[tokio::test]
+async fn metrics_follow_the_published_view() {
+    let (hub, base) = serve().await;
+    let (job, _inbox) = hub.register("ml", "j", KEY.to_vec());
+    hub.publish(&job, view());
+    let metrics = reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metrics.contains("murmur_job_target_members{namespace=\"ml\",job=\"j\"} 2"));
+    assert!(metrics.contains("murmur_job_preemptions{namespace=\"ml\",job=\"j\"} 0"));
+}
+
+#[tokio::test]
+async fn the_openapi_document_describes_every_route_with_generated_schemas() {
+    let (_hub, base) = serve().await;
+    let doc: serde_json::Value = reqwest::get(format!("{base}/api/v1/openapi.json"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(doc["openapi"], "3.1.0");
+    let paths = doc["paths"].as_object().unwrap();
+    for p in [
+        "/api/v1/jobs",
+        "/api/v1/namespaces/{namespace}/jobs/{name}",
+        "/api/v1/namespaces/{namespace}/jobs/{name}/topology",
+        "/api/v1/namespaces/{namespace}/jobs/{name}/members/{id}/join",
+    ] {
+        assert!(paths.contains_key(p), "{p}");
+    }
+    let schemas = doc["components"]["schemas"].as_object().unwrap();
+    for s in [
+        "JobView",
+        "MemberView",
+        "TopologyDocument",
+        "JoinReport",
+        "TrainerStatus",
+    ] {
+        assert!(schemas.contains_key(s), "{s} in {:?}", schemas.keys());
+    }
+    // Every reference resolves.
+    let text = doc.to_string();
+    for r in text.split("\"$ref\":\"#/components/schemas/").skip(1) {
+        let name = &r[..r.find('"').unwrap()];
+        assert!(schemas.contains_key(name), "dangling $ref {name}");
+    }
+}

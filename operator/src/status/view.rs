@@ -1,0 +1,289 @@
+//! What the status API serves, and the pure function that derives it from the planner's state
+//! and the runtime's observation. Both runtimes publish these views; the router only serves them.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use murmur_core::api::{
+    AlgorithmKind, DecentralizedTrainingJobSpec, DecentralizedTrainingJobStatus, JobPhase,
+    MemberCapacity, MemberPhase, MemberStatus, Progress, Replicas, TopologyKind,
+};
+use murmur_core::contract::TrainerState;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::planner::{Exit, JobState, Observation, live_in_topology};
+
+/// A member at a glance, for the dashboard's colours.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum Health {
+    /// Training, and heard from its neighbours in its last round.
+    Healthy,
+    /// Live but not averaging: starting, joining, paused, or its last round heard no one.
+    Degraded,
+    /// Gone (preempted or crashed) and not yet replaced.
+    Down,
+    /// Reached the stopping target.
+    Done,
+}
+
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct MemberView {
+    pub id: u32,
+    pub attempt: u32,
+    pub phase: MemberPhase,
+    pub health: Health,
+    pub in_topology: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    pub step: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accuracy: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consensus_distance: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clique: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clump: Option<u32>,
+    pub neighbours_seen: Vec<u32>,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub rejected_frames: u64,
+}
+
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PreemptionView {
+    pub member: u32,
+    pub attempt: u32,
+    pub time: Time,
+    /// Seconds since the job was created.
+    pub at_seconds: f64,
+    pub reason: String,
+}
+
+/// `GET /api/v1/namespaces/{ns}/jobs/{name}`.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct JobView {
+    pub namespace: String,
+    pub name: String,
+    pub topology_kind: TopologyKind,
+    pub algorithm: AlgorithmKind,
+    pub replicas: Replicas,
+    /// Local steps each member trains, when the job stops on steps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_steps: Option<u64>,
+    /// What the job's status subresource holds.
+    pub status: DecentralizedTrainingJobStatus,
+    pub members: Vec<MemberView>,
+    pub preemption_history: Vec<PreemptionView>,
+    /// Why the job ended, or what it waits for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    pub elapsed_seconds: f64,
+}
+
+/// `GET /api/v1/jobs`: one line per job.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct JobSummary {
+    pub namespace: String,
+    pub name: String,
+    pub phase: JobPhase,
+    pub members: String,
+    pub step: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accuracy: Option<f64>,
+    pub preemptions: u32,
+    pub topology_version: u64,
+}
+
+impl JobView {
+    pub fn summary(&self) -> JobSummary {
+        JobSummary {
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            phase: self.status.phase.unwrap_or_default(),
+            members: self.status.member_summary.clone().unwrap_or_default(),
+            step: self.status.progress.as_ref().map_or(0, |p| p.step),
+            accuracy: self.status.progress.as_ref().and_then(|p| p.accuracy),
+            preemptions: self.status.preemptions,
+            topology_version: self.status.topology_version,
+        }
+    }
+}
+
+/// One sample of one member's progress (the dashboard's curves, the metrics CSV).
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SeriesPoint {
+    /// Seconds since the job was created.
+    pub t: f64,
+    pub member: u32,
+    pub attempt: u32,
+    pub step: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accuracy: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consensus_distance: Option<f64>,
+}
+
+/// Something that happened to a job (also a Kubernetes Event in a cluster).
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct JobEvent {
+    pub time: Time,
+    /// Seconds since the job was created.
+    pub at_seconds: f64,
+    /// `Normal` or `Warning`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    pub reason: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub member: Option<u32>,
+    pub message: String,
+}
+
+pub fn seconds_since(start: Timestamp, t: Timestamp) -> f64 {
+    (t.as_millisecond() - start.as_millisecond()) as f64 / 1000.0
+}
+
+fn mean(values: impl Iterator<Item = f64>) -> Option<f64> {
+    let (sum, n) = values.fold((0.0, 0usize), |(s, n), v| (s + v, n + 1));
+    (n > 0).then(|| sum / n as f64)
+}
+
+/// The job as the status API shows it.
+pub fn job_view(
+    namespace: &str,
+    name: &str,
+    spec: &DecentralizedTrainingJobSpec,
+    state: &JobState,
+    observed: &Observation,
+    capacity: MemberCapacity,
+    now: Timestamp,
+) -> JobView {
+    let topology = state.topology.as_ref();
+    let mut members = Vec::new();
+    for (&id, record) in &state.members {
+        let Some(m) = observed
+            .members
+            .get(&id)
+            .filter(|m| m.attempt == record.attempt)
+        else {
+            continue;
+        };
+        let status = m.status.as_ref();
+        let in_topology = topology.is_some_and(|t| t.graph.contains(id));
+        let (phase, health) = match (&m.exit, status.map(|s| s.state)) {
+            (Some(Exit::Completed), _) => (MemberPhase::Done, Health::Done),
+            (Some(Exit::Preempted { .. }), _) => (MemberPhase::Preempted, Health::Down),
+            (Some(Exit::Failed { .. }), _) => (MemberPhase::Failed, Health::Down),
+            (None, None) if m.join.is_some() => (MemberPhase::Joining, Health::Degraded),
+            (None, None) => (MemberPhase::Pending, Health::Degraded),
+            (None, Some(TrainerState::Joining)) => (MemberPhase::Joining, Health::Degraded),
+            (None, Some(TrainerState::Paused)) => (MemberPhase::Paused, Health::Degraded),
+            (None, Some(TrainerState::Leaving)) => (MemberPhase::Leaving, Health::Degraded),
+            (None, Some(TrainerState::Done)) => (MemberPhase::Done, Health::Done),
+            (None, Some(TrainerState::Training)) => {
+                let heard = status.is_some_and(|s| !s.neighbours_seen.is_empty());
+                let alone = topology.is_some_and(|t| t.graph.degree(id) == 0);
+                let health = if in_topology && (heard || alone) {
+                    Health::Healthy
+                } else {
+                    Health::Degraded
+                };
+                (MemberPhase::Training, health)
+            }
+        };
+        members.push(MemberView {
+            id,
+            attempt: m.attempt,
+            phase,
+            health,
+            in_topology,
+            address: m.address.clone(),
+            step: status.map_or(0, |s| s.progress.step),
+            loss: status.and_then(|s| s.progress.loss),
+            accuracy: status.and_then(|s| s.progress.accuracy),
+            consensus_distance: status.and_then(|s| s.progress.consensus_distance),
+            clique: topology.and_then(|t| t.clique_of(id)),
+            clump: topology.and_then(|t| t.clump_of(id)),
+            neighbours_seen: status
+                .map(|s| s.neighbours_seen.clone())
+                .unwrap_or_default(),
+            bytes_in: status.map_or(0, |s| s.bytes_in),
+            bytes_out: status.map_or(0, |s| s.bytes_out),
+            rejected_frames: status.map_or(0, |s| s.rejected_frames),
+        });
+    }
+    // Progress over the members still counting: live or finished.
+    let counting: Vec<&MemberView> = members
+        .iter()
+        .filter(|m| m.health != Health::Down)
+        .collect();
+    let progress = Progress {
+        step: counting.iter().map(|m| m.step).max().unwrap_or(0),
+        loss: mean(counting.iter().filter_map(|m| m.loss)),
+        accuracy: mean(counting.iter().filter_map(|m| m.accuracy)),
+        consensus_distance: mean(counting.iter().filter_map(|m| m.consensus_distance)),
+    };
+    let live = live_in_topology(state, observed);
+    let status = DecentralizedTrainingJobStatus {
+        phase: Some(state.phase),
+        conditions: state.conditions.clone(),
+        members: members
+            .iter()
+            .map(|m| MemberStatus {
+                id: m.id,
+                pod: None,
+                node: None,
+                capacity: Some(capacity),
+                phase: m.phase,
+                step: m.step,
+                joined_at: None,
+                message: None,
+            })
+            .collect(),
+        member_summary: Some(format!("{live}/{}", spec.replicas.target)),
+        topology_version: state.last_version,
+        preemptions: state.preemptions.len() as u32,
+        restarts: state.restarts,
+        progress: Some(progress),
+        start_time: Some(Time(state.created_at)),
+        completion_time: state.completed_at.map(Time),
+        observed_generation: None,
+    };
+    JobView {
+        namespace: namespace.to_string(),
+        name: name.to_string(),
+        topology_kind: spec.topology.kind,
+        algorithm: spec.algorithm.kind,
+        replicas: spec.replicas.clone(),
+        target_steps: spec.training.steps,
+        status,
+        members,
+        preemption_history: state
+            .preemptions
+            .iter()
+            .map(|p| PreemptionView {
+                member: p.member,
+                attempt: p.attempt,
+                time: Time(p.at),
+                at_seconds: seconds_since(state.created_at, p.at),
+                reason: p.reason.clone(),
+            })
+            .collect(),
+        message: state.message.clone(),
+        elapsed_seconds: seconds_since(
+            state.created_at,
+            state.completed_at.unwrap_or(now).min(now),
+        ),
+    }
+}
