@@ -3,6 +3,7 @@
 
 mod cli;
 mod planner;
+mod runtime;
 mod status;
 
 use std::process::ExitCode;

@@ -1,5 +1,6 @@
 //! Command-line surface. Each subcommand parses its flags, calls pure code, and prints.
 
+mod run;
 mod topology;
 
 use std::io::Write;
@@ -23,6 +24,9 @@ pub struct Cli {
 enum Command {
     /// Build a communication graph and print it with its measures.
     Topology(topology::TopologyArgs),
+    /// Run a job manifest on this machine: trainers as local processes, with the status API
+    /// and dashboard.
+    Run(run::RunArgs),
     /// Print the DecentralizedTrainingJob CustomResourceDefinition (what `crds/` holds).
     Crd,
     /// Check a job manifest with the same rules the cluster applies.
@@ -40,6 +44,10 @@ pub enum CliError {
     Topology(#[from] topology::TopologyCliError),
     #[error("cannot write output: {0}")]
     Output(#[from] std::io::Error),
+    #[error(transparent)]
+    Local(#[from] crate::runtime::local::LocalError),
+    #[error("the job failed: {0}")]
+    JobFailed(String),
 }
 
 impl CliError {
@@ -47,7 +55,8 @@ impl CliError {
     pub fn exit_code(&self) -> u8 {
         match self {
             CliError::Manifest(_) | CliError::Topology(_) => 2,
-            CliError::Output(_) => 1,
+            CliError::Output(_) | CliError::JobFailed(_) => 1,
+            CliError::Local(e) => e.exit_code(),
         }
     }
 }
@@ -56,6 +65,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
     let mut out = std::io::stdout().lock();
     match cli.command {
         Command::Topology(args) => topology::run(args, &mut out),
+        Command::Run(args) => run::run(args, &mut out),
         Command::Crd => {
             out.write_all(api::crd_yaml().as_bytes())?;
             Ok(())

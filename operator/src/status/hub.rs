@@ -26,8 +26,6 @@ pub enum Inbound {
 
 /// One job's published state.
 pub struct JobHandle {
-    pub namespace: String,
-    pub name: String,
     key: Vec<u8>,
     view: watch::Sender<Option<JobView>>,
     topology: watch::Sender<Option<TopologyDocument>>,
@@ -219,8 +217,6 @@ impl Hub {
     ) -> (Arc<JobHandle>, mpsc::UnboundedReceiver<Inbound>) {
         let (inbox, rx) = mpsc::unbounded_channel();
         let handle = Arc::new(JobHandle {
-            namespace: namespace.to_string(),
-            name: name.to_string(),
             key,
             view: watch::channel(None).0,
             topology: watch::channel(None).0,

@@ -1,0 +1,73 @@
+//! `--chaos preempt`: a spot market in miniature. On a schedule, one training member gets a spot
+//! notice (SIGTERM) or, with `--kill`, disappears at once (SIGKILL).
+
+use std::time::Duration;
+
+use rand::SeedableRng;
+use rand::seq::IndexedRandom;
+use rand_chacha::ChaCha8Rng;
+
+#[derive(Clone, Debug)]
+pub struct Chaos {
+    pub every: Duration,
+    /// SIGKILL (no notice) rather than SIGTERM (a spot notice).
+    pub kill: bool,
+    /// Seeds the choice of victims.
+    pub seed: u64,
+    rng: Option<ChaCha8Rng>,
+}
+
+impl Chaos {
+    pub fn new(every: Duration, kill: bool, seed: u64) -> Self {
+        Self {
+            every,
+            kill,
+            seed,
+            rng: None,
+        }
+    }
+
+    /// The first preemption comes one period after the start.
+    pub fn schedule(&self) -> tokio::time::Interval {
+        let start = tokio::time::Instant::now() + self.every;
+        let mut interval = tokio::time::interval_at(start, self.every);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        interval
+    }
+
+    pub fn signal(&self) -> i32 {
+        if self.kill {
+            libc::SIGKILL
+        } else {
+            libc::SIGTERM
+        }
+    }
+
+    pub fn pick<T: Copy>(&mut self, candidates: &[T]) -> Option<T> {
+        let seed = self.seed;
+        let rng = self
+            .rng
+            .get_or_insert_with(|| ChaCha8Rng::seed_from_u64(seed));
+        candidates.choose(rng).copied()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn victims_follow_the_seed() {
+        let picks = |seed| {
+            let mut c = Chaos::new(Duration::from_secs(1), true, seed);
+            (0..20)
+                .map(|_| c.pick(&[0, 1, 2, 3, 4]).unwrap())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(picks(7), picks(7));
+        assert_ne!(picks(7), picks(8));
+        let mut c = Chaos::new(Duration::from_secs(1), false, 0);
+        assert_eq!(c.pick::<u32>(&[]), None);
+        assert_eq!(c.signal(), libc::SIGTERM);
+    }
+}

@@ -1,0 +1,690 @@
+//! The local runtime: a job's members as child processes on this machine. It serves the status
+//! router (which is also the trainers' control endpoint), asks the planner what to do after
+//! everything that happens, and does it: spawn `murmur-trainer run` with the same env contract a
+//! pod gets, replace lost members, publish the topology, and stop when the job ends.
+
+mod chaos;
+mod exit;
+mod output;
+mod progress;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+use murmur_core::api::{
+    DecentralizedTrainingJob, DecentralizedTrainingJobSpec, JobPhase, MemberCapacity,
+};
+use murmur_core::contract::{TrainerEnv, TrainerState, TrainerStatus};
+use serde::Serialize;
+use tokio::sync::mpsc;
+
+use crate::planner::{self, Action, EventKind, JobState, Observation, ObservedMember};
+use crate::status::{self, Hub, Inbound, JobEvent, JobHandle, JobView, SeriesPoint};
+
+pub use chaos::Chaos;
+pub use exit::{Ended, classify};
+
+/// How often the runtime reads each live trainer's `/status`.
+const SCRAPE_EVERY: Duration = Duration::from_millis(500);
+/// How long stopped trainers get to leave before they are killed.
+const STOP_GRACE: Duration = Duration::from_secs(25);
+
+#[derive(Clone, Debug)]
+pub struct LocalOptions {
+    /// `murmur-trainer` to run.
+    pub trainer: PathBuf,
+    /// Where the status router listens (`host:port`; port 0 picks one).
+    pub status_address: String,
+    pub chaos: Option<Chaos>,
+    /// Final model, metrics, plots, logs and `summary.json` go here.
+    pub output: Option<PathBuf>,
+    /// Trainers evaluate on the test split every this many steps.
+    pub eval_every: u32,
+    /// Live progress bars (a terminal) rather than log lines.
+    pub bars: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LocalError {
+    #[error(
+        "cannot find the trainer binary `murmur-trainer` (looked in: {searched}); build it with `cargo build --release -p murmur-trainer` or pass --trainer PATH"
+    )]
+    TrainerNotFound { searched: String },
+    #[error("cannot listen on {address} for the status endpoint: {source}")]
+    Bind {
+        address: String,
+        source: std::io::Error,
+    },
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot start {path}: {source}")]
+    Spawn {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("no free port below 32768 for member {member}")]
+    NoPort { member: u32 },
+    #[error("interrupted; members were asked to leave and checkpoint")]
+    Interrupted,
+}
+
+impl LocalError {
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            LocalError::TrainerNotFound { .. } => 2,
+            LocalError::Interrupted => 130,
+            _ => 1,
+        }
+    }
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> LocalError + '_ {
+    move |source| LocalError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// What `murmur run` prints at the end and writes to `summary.json`.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Summary {
+    pub namespace: String,
+    pub job: String,
+    pub phase: JobPhase,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Mean test accuracy of the members that reached the target.
+    pub final_accuracy: Option<f64>,
+    pub accuracy_min: Option<f64>,
+    pub accuracy_max: Option<f64>,
+    pub members_completed: usize,
+    pub steps: u64,
+    pub wall_seconds: f64,
+    /// Bytes every trainer sent to its peers, all attempts together.
+    pub bytes_exchanged: u64,
+    pub preemptions_survived: usize,
+    pub restarts: u32,
+    pub topology_version: u64,
+    pub status_url: String,
+}
+
+/// The trainer next to this executable, else on `PATH`.
+pub fn find_trainer() -> Result<PathBuf, LocalError> {
+    let mut searched = Vec::new();
+    if let Ok(exe) = std::env::current_exe()
+        && let Some(dir) = exe.parent()
+    {
+        let candidate = dir.join("murmur-trainer");
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+        searched.push(dir.display().to_string());
+    }
+    for dir in std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()) {
+        let candidate = dir.join("murmur-trainer");
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+    }
+    searched.push("PATH".into());
+    Err(LocalError::TrainerNotFound {
+        searched: searched.join(", "),
+    })
+}
+
+/// A port nobody listens on, below Linux's ephemeral range: a port handed out by `bind(0)`
+/// could be taken by a trainer's outgoing connection before the trainer binds it.
+fn free_port(next: &mut u16) -> Option<u16> {
+    while *next < 32_000 {
+        let port = *next;
+        *next += 1;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Some(port);
+        }
+    }
+    None
+}
+
+/// One process: a member's attempt.
+struct Process {
+    pid: u32,
+    status_address: String,
+    /// The signal murmur sent it, if any.
+    sent: Option<i32>,
+}
+
+enum Happened {
+    Ended {
+        member: u32,
+        attempt: u32,
+        ended: Ended,
+    },
+    Scraped {
+        member: u32,
+        attempt: u32,
+        status: TrainerStatus,
+    },
+}
+
+struct Local {
+    spec: DecentralizedTrainingJobSpec,
+    namespace: String,
+    name: String,
+    options: LocalOptions,
+    workdir: PathBuf,
+    key_file: PathBuf,
+    control_url: String,
+    state: JobState,
+    observed: Observation,
+    processes: BTreeMap<(u32, u32), Process>,
+    /// Bytes each attempt sent, from its newest status.
+    bytes_out: BTreeMap<(u32, u32), u64>,
+    /// The newest step sampled per attempt, so the series holds changes only.
+    sampled: BTreeMap<(u32, u32), (u64, Option<f64>)>,
+    next_port: u16,
+    hub: Arc<Hub>,
+    job: Arc<JobHandle>,
+    happened: mpsc::UnboundedSender<Happened>,
+    progress: progress::Progress,
+}
+
+/// Run a job to its end on this machine.
+pub async fn run(
+    job: DecentralizedTrainingJob,
+    options: LocalOptions,
+) -> Result<Summary, LocalError> {
+    let name = job.metadata.name.clone().unwrap_or_else(|| "job".into());
+    let namespace = job
+        .metadata
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".into());
+    let spec = job.spec;
+    let (workdir, temporary) = match &options.output {
+        Some(dir) => (dir.clone(), false),
+        None => (
+            std::env::temp_dir().join(format!("murmur-{name}-{}", std::process::id())),
+            true,
+        ),
+    };
+    std::fs::create_dir_all(workdir.join("logs")).map_err(io(&workdir))?;
+    let key: String = {
+        use rand::Rng;
+        let bytes: [u8; 32] = rand::rng().random();
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    };
+    let key_file = workdir.join("peer-key");
+    write_private(&key_file, key.as_bytes())?;
+
+    let hub = Arc::new(Hub::default());
+    let listener = bind(&options.status_address).await?;
+    let address = listener.local_addr().map_err(|source| LocalError::Bind {
+        address: options.status_address.clone(),
+        source,
+    })?;
+    let status_url = format!("http://{address}");
+    tokio::spawn(axum::serve(listener, status::router(hub.clone())).into_future());
+    let (job, mut inbox) = hub.register(&namespace, &name, key.into_bytes());
+    let (happened, mut happenings) = mpsc::unbounded_channel();
+    let now = Timestamp::now();
+    let mut local = Local {
+        progress: progress::Progress::new(options.bars, &name, &spec),
+        spec,
+        namespace,
+        name,
+        workdir: workdir.clone(),
+        key_file,
+        control_url: status_url.clone(),
+        state: JobState::new(now),
+        observed: Observation::default(),
+        processes: BTreeMap::new(),
+        bytes_out: BTreeMap::new(),
+        sampled: BTreeMap::new(),
+        next_port: 20_000 + (std::process::id() % 100) as u16 * 100,
+        hub,
+        job,
+        happened,
+        options,
+    };
+    local.progress.line(&format!(
+        "murmur: job {}/{}: {} members, status and dashboard at {status_url}/",
+        local.namespace, local.name, local.spec.replicas.target
+    ));
+
+    let mut scrape = tokio::time::interval(SCRAPE_EVERY);
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    let mut chaos = local.options.chaos.clone().map(|c| c.schedule());
+    let mut interrupted = false;
+    let mut stopping_since: Option<tokio::time::Instant> = None;
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(io(Path::new("SIGTERM handler")))?;
+    loop {
+        tokio::select! {
+            biased;
+            Some(message) = inbox.recv() => local.inbound(message),
+            Some(h) = happenings.recv() => local.happened(h),
+            _ = tokio::signal::ctrl_c(), if !interrupted => {
+                interrupted = true;
+                local.progress.line("murmur: interrupted; asking members to leave");
+                local.stop_all(libc::SIGTERM);
+                stopping_since = Some(tokio::time::Instant::now());
+            }
+            _ = sigterm.recv(), if !interrupted => {
+                interrupted = true;
+                local.stop_all(libc::SIGTERM);
+                stopping_since = Some(tokio::time::Instant::now());
+            }
+            _ = scrape.tick() => local.scrape(),
+            Some(_) = async { match &mut chaos { Some(c) => Some(c.tick().await), None => None } }, if chaos.is_some() => {
+                local.chaos();
+            }
+            _ = tick.tick() => {}
+        }
+        if interrupted {
+            if local.processes.is_empty() {
+                local.publish();
+                return Err(LocalError::Interrupted);
+            }
+            if stopping_since.is_some_and(|t| t.elapsed() > STOP_GRACE) {
+                local.stop_all(libc::SIGKILL);
+            }
+            continue;
+        }
+        local.step()?;
+        if local.state.phase.is_finished() {
+            if stopping_since.is_none() && !local.processes.is_empty() {
+                stopping_since = Some(tokio::time::Instant::now());
+            }
+            if stopping_since.is_some_and(|t| t.elapsed() > STOP_GRACE) {
+                local.stop_all(libc::SIGKILL);
+            }
+            if local.processes.is_empty() {
+                break;
+            }
+        }
+    }
+    let view = local.publish();
+    local.progress.finish();
+    let summary = local.summary(&view, status_url);
+    // The key only meant something while the trainers ran.
+    let _ = std::fs::remove_file(&local.key_file);
+    if let Some(dir) = &local.options.output {
+        output::write(dir, &summary, &view, &local.state, &local.job)?;
+    } else if temporary && summary.phase == JobPhase::Succeeded {
+        let _ = std::fs::remove_dir_all(&workdir);
+    }
+    Ok(summary)
+}
+
+async fn bind(address: &str) -> Result<tokio::net::TcpListener, LocalError> {
+    match tokio::net::TcpListener::bind(address).await {
+        Ok(l) => Ok(l),
+        // The default port is taken (another run?): any port will do, the URL is printed.
+        Err(_) if address == DEFAULT_STATUS_ADDRESS => tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(|source| LocalError::Bind {
+                address: address.to_string(),
+                source,
+            }),
+        Err(source) => Err(LocalError::Bind {
+            address: address.to_string(),
+            source,
+        }),
+    }
+}
+
+pub const DEFAULT_STATUS_ADDRESS: &str = "127.0.0.1:8470";
+
+fn write_private(path: &Path, bytes: &[u8]) -> Result<(), LocalError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(io(path))?;
+    f.write_all(bytes).map_err(io(path))
+}
+
+impl Local {
+    fn seconds(&self) -> f64 {
+        status::view::seconds_since(self.state.created_at, Timestamp::now())
+    }
+
+    fn current(&mut self, member: u32, attempt: u32) -> Option<&mut ObservedMember> {
+        self.observed
+            .members
+            .get_mut(&member)
+            .filter(|m| m.attempt == attempt)
+    }
+
+    fn inbound(&mut self, message: Inbound) {
+        match message {
+            Inbound::Join(report) => {
+                let id = report.member_id;
+                if let Some(m) = self.observed.members.get_mut(&id)
+                    && m.is_live()
+                {
+                    m.join = Some(report);
+                }
+            }
+            Inbound::Status(status) => {
+                let id = status.member_id;
+                let Some(attempt) = self.observed.members.get(&id).map(|m| m.attempt) else {
+                    return;
+                };
+                self.take_status(id, attempt, status);
+            }
+            Inbound::PeerEvent(e) => {
+                tracing::debug!(
+                    member = e.member_id,
+                    peer = e.peer,
+                    reason = e.reason.as_str(),
+                    "peer event"
+                );
+            }
+        }
+    }
+
+    fn take_status(&mut self, member: u32, attempt: u32, status: TrainerStatus) {
+        self.bytes_out.insert((member, attempt), status.bytes_out);
+        let key = (member, attempt);
+        let sample = (status.progress.step, status.progress.accuracy);
+        if self.sampled.get(&key) != Some(&sample) {
+            self.sampled.insert(key, sample);
+            self.job.record(SeriesPoint {
+                t: self.seconds(),
+                member,
+                attempt,
+                step: status.progress.step,
+                loss: status.progress.loss,
+                accuracy: status.progress.accuracy,
+                consensus_distance: status.progress.consensus_distance,
+            });
+        }
+        if let Some(m) = self.current(member, attempt)
+            && m.is_live()
+        {
+            m.status = Some(status);
+        }
+    }
+
+    fn happened(&mut self, h: Happened) {
+        match h {
+            Happened::Ended {
+                member,
+                attempt,
+                ended,
+            } => {
+                let sent = self
+                    .processes
+                    .remove(&(member, attempt))
+                    .and_then(|p| p.sent);
+                if let Some(m) = self.current(member, attempt) {
+                    let last = m.status.as_ref().map(|s| s.state);
+                    m.exit = Some(classify(ended, last, sent));
+                }
+            }
+            Happened::Scraped {
+                member,
+                attempt,
+                status,
+            } => {
+                if self.processes.contains_key(&(member, attempt)) {
+                    self.take_status(member, attempt, status);
+                }
+            }
+        }
+    }
+
+    /// Plan, act, publish.
+    fn step(&mut self) -> Result<(), LocalError> {
+        let now = Timestamp::now();
+        let (next, actions) = planner::plan(&self.spec, &self.state, &self.observed, now);
+        self.state = next;
+        for action in actions {
+            match action {
+                Action::Create { member, attempt } => self.spawn(member, attempt)?,
+                Action::Stop { member, attempt } => self.signal(member, attempt, libc::SIGTERM),
+                Action::Event {
+                    kind,
+                    reason,
+                    member,
+                    message,
+                } => {
+                    self.progress.line(&format!("{reason}: {message}"));
+                    self.job.push_event(JobEvent {
+                        time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now),
+                        at_seconds: status::view::seconds_since(self.state.created_at, now),
+                        type_: match kind {
+                            EventKind::Normal => "Normal",
+                            EventKind::Warning => "Warning",
+                        }
+                        .into(),
+                        reason: reason.into(),
+                        member,
+                        message,
+                    });
+                }
+            }
+        }
+        if let Some(t) = &self.state.topology {
+            let addresses: BTreeMap<u32, String> = self
+                .observed
+                .members
+                .iter()
+                .filter_map(|(id, m)| Some((*id, m.address.clone()?)))
+                .collect();
+            self.job
+                .set_topology(t.to_document(|id| addresses.get(&id).cloned()));
+        }
+        let view = self.publish();
+        self.progress.update(&view);
+        Ok(())
+    }
+
+    fn publish(&self) -> JobView {
+        let view = status::view::job_view(
+            &self.namespace,
+            &self.name,
+            &self.spec,
+            &self.state,
+            &self.observed,
+            MemberCapacity::Spot,
+            Timestamp::now(),
+        );
+        self.hub.publish(&self.job, view.clone());
+        view
+    }
+
+    fn spawn(&mut self, member: u32, attempt: u32) -> Result<(), LocalError> {
+        let peer = free_port(&mut self.next_port).ok_or(LocalError::NoPort { member })?;
+        let status_port = free_port(&mut self.next_port).ok_or(LocalError::NoPort { member })?;
+        let listen_address = format!("127.0.0.1:{peer}");
+        let env = TrainerEnv {
+            job: self.name.clone(),
+            namespace: self.namespace.clone(),
+            member_id: member,
+            listen_address: listen_address.clone(),
+            status_address: format!("127.0.0.1:{status_port}"),
+            control_endpoint: Some(self.control_url.clone()),
+            peer_key_file: self.key_file.clone(),
+            topology_file: None,
+            checkpoint_dir: self
+                .spec
+                .checkpoint
+                .as_ref()
+                .map(|_| self.workdir.join("checkpoints")),
+            output_dir: Some(self.workdir.join("model")),
+            backend: self.spec.trainer.backend,
+            job_spec: Some(serde_json::to_string(&self.spec).expect("a spec serializes")),
+        };
+        let log_path = self
+            .workdir
+            .join("logs")
+            .join(format!("member-{member}-{attempt}.log"));
+        let log = std::fs::File::create(&log_path).map_err(io(&log_path))?;
+        let log_err = log.try_clone().map_err(io(&log_path))?;
+        let mut command = tokio::process::Command::new(&self.options.trainer);
+        command
+            .arg("run")
+            .args(["--eval-every", &self.options.eval_every.to_string()])
+            .stdin(std::process::Stdio::null())
+            .stdout(log)
+            .stderr(log_err)
+            .kill_on_drop(true);
+        // Only the contract reaches the trainer: nothing from a surrounding MURMUR_* setup.
+        for (k, _) in std::env::vars() {
+            if k.starts_with("MURMUR_") {
+                command.env_remove(k);
+            }
+        }
+        for e in &self.spec.trainer.env {
+            if let Some(v) = &e.value {
+                command.env(&e.name, v);
+            }
+        }
+        command.envs(env.to_vars());
+        if std::env::var_os("RUST_LOG").is_none() {
+            command.env("RUST_LOG", "info");
+        }
+        let mut child = command.spawn().map_err(|source| LocalError::Spawn {
+            path: self.options.trainer.clone(),
+            source,
+        })?;
+        let pid = child.id().unwrap_or(0);
+        self.processes.insert(
+            (member, attempt),
+            Process {
+                pid,
+                status_address: env.status_address.clone(),
+                sent: None,
+            },
+        );
+        self.observed.members.insert(
+            member,
+            ObservedMember {
+                attempt,
+                address: Some(listen_address),
+                ..Default::default()
+            },
+        );
+        let happened = self.happened.clone();
+        tokio::spawn(async move {
+            let ended = match child.wait().await {
+                Ok(status) => Ended::from(status),
+                Err(_) => Ended::Code(-1),
+            };
+            let _ = happened.send(Happened::Ended {
+                member,
+                attempt,
+                ended,
+            });
+        });
+        tracing::debug!(member, attempt, pid, "member started");
+        Ok(())
+    }
+
+    fn signal(&mut self, member: u32, attempt: u32, signal: i32) {
+        if let Some(p) = self.processes.get_mut(&(member, attempt)) {
+            // SAFETY: kill(2) on a child we started and have not reaped (its waiter holds it).
+            unsafe { libc::kill(p.pid as i32, signal) };
+            if p.sent != Some(libc::SIGKILL) {
+                p.sent = Some(signal);
+            }
+        }
+    }
+
+    fn stop_all(&mut self, signal: i32) {
+        let all: Vec<(u32, u32)> = self.processes.keys().copied().collect();
+        for (member, attempt) in all {
+            self.signal(member, attempt, signal);
+        }
+    }
+
+    /// Read every live trainer's `/status` in the background.
+    fn scrape(&self) {
+        for (&(member, attempt), p) in &self.processes {
+            let url = format!("http://{}/status", p.status_address);
+            let happened = self.happened.clone();
+            tokio::spawn(async move {
+                let client = reqwest::Client::new();
+                let Ok(response) = client.get(&url).timeout(SCRAPE_EVERY).send().await else {
+                    return;
+                };
+                if let Ok(status) = response.json::<TrainerStatus>().await {
+                    let _ = happened.send(Happened::Scraped {
+                        member,
+                        attempt,
+                        status,
+                    });
+                }
+            });
+        }
+    }
+
+    /// Preempt one training member, chosen at random.
+    fn chaos(&mut self) {
+        let Some(chaos) = &mut self.options.chaos else {
+            return;
+        };
+        if self.state.finishing() || self.state.phase.is_finished() {
+            return;
+        }
+        let candidates: Vec<(u32, u32)> = self
+            .observed
+            .members
+            .iter()
+            .filter(|(_, m)| {
+                m.is_live() && m.status.as_ref().map(|s| s.state) == Some(TrainerState::Training)
+            })
+            .map(|(id, m)| (*id, m.attempt))
+            .filter(|k| self.processes.get(k).is_some_and(|p| p.sent.is_none()))
+            .collect();
+        let Some((member, attempt)) = chaos.pick(&candidates) else {
+            return;
+        };
+        let signal = chaos.signal();
+        self.progress.line(&format!(
+            "chaos: {} to member {member} (attempt {attempt})",
+            exit::signal_name(signal)
+        ));
+        self.signal(member, attempt, signal);
+    }
+
+    fn summary(&self, view: &JobView, status_url: String) -> Summary {
+        let done: Vec<f64> = view
+            .members
+            .iter()
+            .filter(|m| m.health == status::view::Health::Done)
+            .filter_map(|m| m.accuracy)
+            .collect();
+        let mean = (!done.is_empty()).then(|| done.iter().sum::<f64>() / done.len() as f64);
+        Summary {
+            namespace: self.namespace.clone(),
+            job: self.name.clone(),
+            phase: self.state.phase,
+            message: self.state.message.clone(),
+            final_accuracy: mean,
+            accuracy_min: done.iter().copied().reduce(f64::min),
+            accuracy_max: done.iter().copied().reduce(f64::max),
+            members_completed: done.len(),
+            steps: view.members.iter().map(|m| m.step).max().unwrap_or(0),
+            wall_seconds: view.elapsed_seconds,
+            bytes_exchanged: self.bytes_out.values().sum(),
+            preemptions_survived: self.state.preemptions.len(),
+            restarts: self.state.restarts,
+            topology_version: self.state.last_version,
+            status_url,
+        }
+    }
+}
