@@ -1,1 +1,103 @@
+//! End to end: `murmur run` on the D-Cliques example, undisturbed and with members SIGKILLed
+//! every few seconds. The chaotic run must succeed, land within 1.5 points of the calm one, and
+//! the status API must have shown every preemption while it ran. It also measures how fast the
+//! job heals: kill → the survivors' first round without the member, and a replacement's spawn →
+//! its first averaging round (printed; run with `--nocapture` to read them).
 
+mod support;
+
+use std::collections::BTreeSet;
+
+use support::*;
+
+const EXAMPLE: &str = "manifests/examples/dcliques-spot-cpu.yaml";
+const JOB: &str = "/api/v1/namespaces/default/jobs/mnist-dcliques";
+
+#[test]
+fn a_job_under_preemption_chaos_succeeds_close_to_an_undisturbed_run() {
+    let calm = Run::start(EXAMPLE, &[]);
+    let calm = calm.finish(|_| {});
+    assert!(calm.status.success(), "calm run failed:\n{}", calm.stdout);
+    let calm_summary = calm.summary();
+    assert_eq!(calm_summary["phase"], "Succeeded");
+    assert_eq!(calm_summary["preemptionsSurvived"], 0);
+
+    // While the chaotic run goes, read the job the way a user would, every 200 ms.
+    let chaos = Run::start(EXAMPLE, &["--chaos", "preempt", "--every", "8s", "--kill"]);
+    let mut seen = BTreeSet::new();
+    let chaos = chaos.finish(|url| {
+        if let Some((200, body)) = http_get(url, JOB) {
+            let view: serde_json::Value = serde_json::from_str(&body).unwrap();
+            for p in view["preemptionHistory"].as_array().unwrap() {
+                seen.insert((
+                    p["member"].as_u64().unwrap(),
+                    p["attempt"].as_u64().unwrap(),
+                ));
+            }
+        }
+    });
+    assert!(
+        chaos.status.success(),
+        "chaos run failed:\n{}",
+        chaos.stdout
+    );
+    let summary = chaos.summary();
+    assert_eq!(summary["phase"], "Succeeded");
+    let preemptions = summary["preemptionsSurvived"].as_u64().unwrap();
+    assert!(
+        preemptions >= 3,
+        "only {preemptions} preemptions:\n{}",
+        chaos.stdout
+    );
+    assert_eq!(
+        summary["restarts"], 0,
+        "a preemption was counted as a crash"
+    );
+
+    let events = chaos.events();
+    let kills: BTreeSet<(u64, u64)> = events
+        .iter()
+        .filter(|e| e["reason"] == "Chaos")
+        .map(|e| (e["member"].as_u64().unwrap(), attempt_of(e)))
+        .collect();
+    assert_eq!(
+        kills.len() as u64,
+        preemptions,
+        "every preemption was a chaos kill"
+    );
+    assert_eq!(
+        seen, kills,
+        "the status API showed every preemption while the job ran"
+    );
+
+    let calm_accuracy = calm_summary["finalAccuracy"].as_f64().unwrap();
+    let accuracy = summary["finalAccuracy"].as_f64().unwrap();
+    println!(
+        "final accuracy: undisturbed {:.2}%, with {preemptions} members SIGKILLed {:.2}%",
+        100.0 * calm_accuracy,
+        100.0 * accuracy
+    );
+    assert!(
+        calm_accuracy >= 0.85,
+        "the example must reach 85%: {calm_accuracy}"
+    );
+    assert!(
+        (calm_accuracy - accuracy).abs() <= 0.015,
+        "chaos cost more than 1.5 points: {calm_accuracy} vs {accuracy}"
+    );
+
+    // How fast the job healed, from the events and the trainers' own logs.
+    let healing = chaos.healing();
+    assert_eq!(healing.len() as u64, preemptions);
+    for h in &healing {
+        println!(
+            "member {}: SIGKILL -> survivors' first round without it {:.3} s; replacement spawn -> first averaging round {:.3} s",
+            h.member, h.dropped_after, h.averaged_after
+        );
+    }
+    let worst_drop = healing.iter().map(|h| h.dropped_after).fold(0.0, f64::max);
+    let worst_join = healing.iter().map(|h| h.averaged_after).fold(0.0, f64::max);
+    println!(
+        "worst: {worst_drop:.3} s to drop a killed member, {worst_join:.3} s from spawn to averaging"
+    );
+}

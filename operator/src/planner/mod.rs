@@ -84,6 +84,8 @@ pub struct MemberRecord {
     pub crashes: u32,
     /// No new attempt before this (crash backoff).
     pub not_before: Option<Timestamp>,
+    /// Stopped because the job no longer needs it (it is finishing); its end counts as nothing.
+    pub retired: bool,
 }
 
 /// One member lost to preemption.
@@ -232,7 +234,9 @@ pub fn plan(
     }
     settle_ended_members(spec, &mut s, observed, now, &mut actions);
     if !s.phase.is_finished() {
-        if !s.finishing() {
+        if s.finishing() {
+            retire_outsiders(&mut s, observed, &mut actions);
+        } else {
             shape_topology(spec, &mut s, observed, now, &mut actions);
             create_members(spec, &mut s, now, &mut actions);
         }
@@ -267,6 +271,9 @@ fn settle_ended_members(
             continue;
         }
         record.ended = true;
+        if record.retired {
+            continue;
+        }
         match exit {
             Exit::Completed => {
                 record.done = true;
@@ -469,6 +476,34 @@ fn create_members(
                 format!("member {id}: attempt {attempt} created"),
             ));
         }
+    }
+}
+
+/// Once the job is finishing the topology is frozen: a member outside it (a replacement that
+/// joined too late) would wait forever, so it is stopped.
+fn retire_outsiders(s: &mut JobState, observed: &Observation, actions: &mut Vec<Action>) {
+    for (&id, record) in s.members.iter_mut() {
+        let Some(m) = observed.live(id, record.attempt) else {
+            continue;
+        };
+        let inside = s.topology.as_ref().is_some_and(|t| t.graph.contains(id));
+        if inside || record.retired {
+            continue;
+        }
+        record.retired = true;
+        actions.push(Action::Stop {
+            member: id,
+            attempt: m.attempt,
+        });
+        actions.push(event(
+            EventKind::Normal,
+            "MemberRetired",
+            Some(id),
+            format!(
+                "member {id} (attempt {}) is not needed: the job is finishing",
+                m.attempt
+            ),
+        ));
     }
 }
 

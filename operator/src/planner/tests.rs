@@ -29,6 +29,8 @@ struct World {
     observed: Observation,
     now: f64,
     actions: Vec<Action>,
+    /// Members told to stop; they end before the next plan.
+    stopping: Vec<u32>,
 }
 
 impl World {
@@ -39,10 +41,19 @@ impl World {
             observed: Observation::default(),
             now: 0.0,
             actions: Vec::new(),
+            stopping: Vec::new(),
         }
     }
 
     fn plan(&mut self) -> Vec<Action> {
+        for id in std::mem::take(&mut self.stopping) {
+            let m = self.observed.members.get_mut(&id).unwrap();
+            if m.is_live() {
+                m.exit = Some(Exit::Preempted {
+                    reason: "stopped".into(),
+                });
+            }
+        }
         let (next, actions) = plan(&self.spec, &self.state, &self.observed, at(self.now));
         self.state = next;
         for a in &actions {
@@ -57,11 +68,7 @@ impl World {
                         },
                     );
                 }
-                Action::Stop { member, .. } => {
-                    self.observed.members.get_mut(member).unwrap().exit = Some(Exit::Preempted {
-                        reason: "stopped".into(),
-                    });
-                }
+                Action::Stop { member, .. } => self.stopping.push(*member),
                 Action::Event { .. } => {}
             }
         }
@@ -327,6 +334,29 @@ fn once_a_member_completes_losses_are_not_replaced_and_the_job_succeeds_when_all
             .iter()
             .any(|c| c.type_ == "Running" && c.status == "False")
     );
+}
+
+#[test]
+fn a_replacement_outside_the_topology_is_retired_when_the_job_finishes() {
+    let mut w = World::running();
+    w.end(1, preempted());
+    w.plan();
+    assert_eq!(w.observed.members[&1].attempt, 1);
+    w.end(0, Exit::Completed);
+    let actions = w.plan();
+    assert!(actions.contains(&Action::Stop {
+        member: 1,
+        attempt: 1
+    }));
+    assert!(World::reasons(&actions).contains(&"MemberRetired"));
+    // Its end is neither a preemption nor a crash; the job then succeeds.
+    for id in 2..4 {
+        w.end(id, Exit::Completed);
+    }
+    w.plan();
+    assert_eq!(w.state.preemptions.len(), 1);
+    assert_eq!(w.state.restarts, 0);
+    assert_eq!(w.state.phase, JobPhase::Succeeded);
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! What the status API serves, and the pure function that derives it from the planner's state
 //! and the runtime's observation. Both runtimes publish these views; the router only serves them.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 use k8s_openapi::jiff::Timestamp;
 use murmur_core::api::{
     AlgorithmKind, DecentralizedTrainingJobSpec, DecentralizedTrainingJobStatus, JobPhase,
@@ -138,7 +138,8 @@ pub struct SeriesPoint {
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct JobEvent {
-    pub time: Time,
+    /// When it happened, to the microsecond (as a Kubernetes Event's `eventTime`).
+    pub time: MicroTime,
     /// Seconds since the job was created.
     pub at_seconds: f64,
     /// `Normal` or `Warning`.

@@ -38,7 +38,7 @@ pub fn signal_name(signal: i32) -> String {
 /// Classify an ended process. `last_state` is the newest state it reported; `sent` is the
 /// signal murmur itself sent it (chaos, or stopping the job), if any.
 pub fn classify(ended: Ended, last_state: Option<TrainerState>, sent: Option<i32>) -> Exit {
-    let by_us = |s: i32| format!("{} sent by murmur (chaos)", signal_name(s));
+    let by_us = |s: i32| format!("{} sent by murmur", signal_name(s));
     match ended {
         Ended::Code(0) if last_state == Some(TrainerState::Done) => Exit::Completed,
         // A clean exit before the target: it honoured a spot notice and left the job.

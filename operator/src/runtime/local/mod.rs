@@ -258,6 +258,13 @@ pub async fn run(
         local.namespace, local.name, local.spec.replicas.target
     ));
 
+    let checkpoints = local.workdir.join("checkpoints");
+    if std::fs::read_dir(&checkpoints).is_ok_and(|mut d| d.next().is_some()) {
+        local.progress.line(&format!(
+            "murmur: {} holds checkpoints of an earlier run: members resume from them (delete it to start over)",
+            checkpoints.display()
+        ));
+    }
     let mut scrape = tokio::time::interval(SCRAPE_EVERY);
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     let mut chaos = local.options.chaos.clone().map(|c| c.schedule());
@@ -460,21 +467,7 @@ impl Local {
                     reason,
                     member,
                     message,
-                } => {
-                    self.progress.line(&format!("{reason}: {message}"));
-                    self.job.push_event(JobEvent {
-                        time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now),
-                        at_seconds: status::view::seconds_since(self.state.created_at, now),
-                        type_: match kind {
-                            EventKind::Normal => "Normal",
-                            EventKind::Warning => "Warning",
-                        }
-                        .into(),
-                        reason: reason.into(),
-                        member,
-                        message,
-                    });
-                }
+                } => self.event(kind, reason, member, message),
             }
         }
         if let Some(t) = &self.state.topology {
@@ -490,6 +483,24 @@ impl Local {
         let view = self.publish();
         self.progress.update(&view);
         Ok(())
+    }
+
+    /// An event for the terminal, the status API and `events.json`.
+    fn event(&self, kind: EventKind, reason: &str, member: Option<u32>, message: String) {
+        let now = Timestamp::now();
+        self.progress.line(&format!("{reason}: {message}"));
+        self.job.push_event(JobEvent {
+            time: k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(now),
+            at_seconds: status::view::seconds_since(self.state.created_at, now),
+            type_: match kind {
+                EventKind::Normal => "Normal",
+                EventKind::Warning => "Warning",
+            }
+            .into(),
+            reason: reason.into(),
+            member,
+            message,
+        });
     }
 
     fn publish(&self) -> JobView {
@@ -654,11 +665,16 @@ impl Local {
             return;
         };
         let signal = chaos.signal();
-        self.progress.line(&format!(
-            "chaos: {} to member {member} (attempt {attempt})",
-            exit::signal_name(signal)
-        ));
         self.signal(member, attempt, signal);
+        self.event(
+            EventKind::Warning,
+            "Chaos",
+            Some(member),
+            format!(
+                "{} to member {member} (attempt {attempt})",
+                exit::signal_name(signal)
+            ),
+        );
     }
 
     fn summary(&self, view: &JobView, status_url: String) -> Summary {
