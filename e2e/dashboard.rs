@@ -1,1 +1,136 @@
+//! The dashboard in a real headless Chromium: while a job runs (with spot notices), the page
+//! draws every member in the topology graph and a curve per member, and its screenshot is kept
+//! (`target/e2e-artifacts/dashboard.png`, or `$MURMUR_ARTIFACTS_DIR`).
+//!
+//! Without Chromium the test says so and passes, unless `MURMUR_REQUIRE_CHROMIUM` is set (CI
+//! sets it, after installing Debian's `chromium`).
 
+mod support;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use support::*;
+
+const MANIFEST: &str = "\
+apiVersion: murmur.dev/v1alpha1
+kind: DecentralizedTrainingJob
+metadata: {name: dashboard, namespace: demo}
+spec:
+  replicas: {min: 2, target: 4, max: 4}
+  topology: {kind: ring}
+  algorithm: {kind: dpsgd, roundTimeout: 2s}
+  training:
+    model: logisticRegression
+    partition: {kind: iid}
+    batchSize: 16
+    steps: 20000
+";
+
+fn chromium() -> Option<PathBuf> {
+    ["chromium", "chromium-browser", "google-chrome"]
+        .into_iter()
+        .find_map(|name| {
+            std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+                .map(|d| d.join(name))
+                .find(|p| p.is_file())
+        })
+}
+
+fn headless(browser: &PathBuf, args: &[&str], url: &str) -> String {
+    let out = Command::new(browser)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--hide-scrollbars",
+            "--window-size=1400,1000",
+            "--virtual-time-budget=4000",
+        ])
+        .args(args)
+        .arg(url)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "chromium failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn the_dashboard_draws_the_graph_and_curves_of_a_running_job() {
+    let Some(browser) = chromium() else {
+        assert!(
+            std::env::var_os("MURMUR_REQUIRE_CHROMIUM").is_none(),
+            "MURMUR_REQUIRE_CHROMIUM is set but no chromium is on PATH"
+        );
+        eprintln!("SKIPPED: no chromium on PATH (apt-get install chromium)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = dir.path().join("dashboard.yaml");
+    std::fs::write(&manifest, MANIFEST).unwrap();
+    let run = Run::start(
+        manifest.to_str().unwrap(),
+        &["--chaos", "preempt", "--every", "4s", "--eval-every", "10"],
+    );
+    // Wait until the job has a topology, curves and at least one spot notice behind it.
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let port = loop {
+        assert!(Instant::now() < deadline, "the job never got going");
+        std::thread::sleep(Duration::from_millis(300));
+        let Some(port) = run.port() else { continue };
+        let Some((200, body)) = http_get(port, "/api/v1/namespaces/demo/jobs/dashboard") else {
+            continue;
+        };
+        let view: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let accuracy_points = http_get(port, "/api/v1/namespaces/demo/jobs/dashboard/series")
+            .map(|(_, b)| b.matches("\"accuracy\"").count())
+            .unwrap_or(0);
+        if view["status"]["preemptions"].as_u64() >= Some(1)
+            && view["status"]["phase"] == "Running"
+            && accuracy_points >= 8
+        {
+            break port;
+        }
+    };
+    let url = format!("http://127.0.0.1:{port}/");
+    let dom = headless(&browser, &["--dump-dom"], &url);
+    let members = dom.matches("class=\"member\"").count();
+    assert_eq!(members, 4, "four members in the graph:\n{dom}");
+    let accuracy = &dom[dom.find("id=\"accuracy\"").unwrap()..];
+    let accuracy = &accuracy[..accuracy.find("</svg>").unwrap()];
+    assert!(
+        accuracy.contains("class=\"curve\""),
+        "an accuracy curve:\n{dom}"
+    );
+    assert!(dom.contains("class=\"edge\""), "edges in the graph");
+    assert!(
+        dom.contains("class=\"preemption\""),
+        "the preemption timeline"
+    );
+    assert!(dom.contains("Running"), "the job's phase");
+
+    let artifacts = std::env::var_os("MURMUR_ARTIFACTS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join("target/e2e-artifacts"));
+    std::fs::create_dir_all(&artifacts).unwrap();
+    let shot = artifacts.join("dashboard.png");
+    let _ = std::fs::remove_file(&shot);
+    headless(
+        &browser,
+        &[&format!("--screenshot={}", shot.display())],
+        &url,
+    );
+    let png = std::fs::read(&shot).unwrap();
+    assert!(png.starts_with(b"\x89PNG"), "a PNG screenshot");
+    eprintln!("dashboard screenshot: {}", shot.display());
+
+    // Ctrl-C: members leave and checkpoint, murmur says it was interrupted.
+    let finished = run.interrupt();
+    assert_eq!(finished.status.code(), Some(130), "{}", finished.stdout);
+}

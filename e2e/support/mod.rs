@@ -128,8 +128,30 @@ impl Run {
     }
 }
 
+impl Run {
+    /// SIGINT, as Ctrl-C would, then wait for murmur to end.
+    pub fn interrupt(self) -> Finished {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        self.finish(|_| {})
+    }
+}
+
 impl Drop for Run {
+    /// A failing test still lets murmur stop its trainers: SIGTERM, then SIGKILL.
     fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_some() {
+            return;
+        }
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(40);
+        while Instant::now() < deadline {
+            if self.child.try_wait().ok().flatten().is_some() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
         let _ = self.child.kill();
     }
 }

@@ -41,15 +41,20 @@ pub fn router(hub: Arc<Hub>) -> Router {
 }
 
 /// An error body: `{"error": "..."}` with a status code.
-fn error(code: StatusCode, message: impl Into<String>) -> Response {
-    (
-        code,
-        axum::Json(serde_json::json!({"error": message.into()})),
-    )
-        .into_response()
+/// An error answer: `{"error": "..."}` with a status code.
+struct ApiError(StatusCode, String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.0, axum::Json(serde_json::json!({"error": self.1}))).into_response()
+    }
 }
 
-fn find(hub: &Hub, namespace: &str, name: &str) -> Result<Arc<JobHandle>, Response> {
+fn error(code: StatusCode, message: impl Into<String>) -> ApiError {
+    ApiError(code, message.into())
+}
+
+fn find(hub: &Hub, namespace: &str, name: &str) -> Result<Arc<JobHandle>, ApiError> {
     hub.job(namespace, name).ok_or_else(|| {
         error(
             StatusCode::NOT_FOUND,
@@ -97,11 +102,11 @@ async fn get_job(
 ) -> Response {
     let job = match find(&hub, &namespace, &name) {
         Ok(j) => j,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     match job.view() {
         Some(view) => axum::Json(view).into_response(),
-        None => error(StatusCode::SERVICE_UNAVAILABLE, "the job is starting"),
+        None => error(StatusCode::SERVICE_UNAVAILABLE, "the job is starting").into_response(),
     }
 }
 
@@ -119,7 +124,7 @@ async fn get_topology(
 ) -> Response {
     let job = match find(&hub, &namespace, &name) {
         Ok(j) => j,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     let mut rx = job.topology();
     let hold = Duration::from_secs(control::LONG_POLL_HOLD_SECONDS);
@@ -153,7 +158,7 @@ async fn get_events(
 ) -> Response {
     match find(&hub, &namespace, &name) {
         Ok(job) => axum::Json(job.events(q.from.unwrap_or(0))).into_response(),
-        Err(r) => r,
+        Err(r) => r.into_response(),
     }
 }
 
@@ -164,7 +169,7 @@ async fn get_series(
 ) -> Response {
     match find(&hub, &namespace, &name) {
         Ok(job) => axum::Json(job.series(q.from.unwrap_or(0))).into_response(),
-        Err(r) => r,
+        Err(r) => r.into_response(),
     }
 }
 
@@ -177,7 +182,7 @@ fn accept<T: DeserializeOwned>(
     headers: &HeaderMap,
     body: &Bytes,
     member_of: impl Fn(&T) -> u32,
-) -> Result<(Arc<JobHandle>, T), Response> {
+) -> Result<(Arc<JobHandle>, T), ApiError> {
     let job = find(hub, &namespace, &name)
         .inspect_err(|_| hub.metrics.request(endpoint, "unknownJob"))?;
     let signed = headers
@@ -216,7 +221,7 @@ fn delivered(job: &JobHandle, message: Inbound) -> Response {
     if job.deliver(message) {
         StatusCode::NO_CONTENT.into_response()
     } else {
-        error(StatusCode::GONE, "the job is no longer running")
+        error(StatusCode::GONE, "the job is no longer running").into_response()
     }
 }
 
@@ -230,7 +235,7 @@ async fn post_join(
         r.member_id
     }) {
         Ok((job, report)) => delivered(&job, Inbound::Join(report)),
-        Err(r) => r,
+        Err(r) => r.into_response(),
     }
 }
 
@@ -249,7 +254,7 @@ async fn post_status(
         |s: &TrainerStatus| s.member_id,
     ) {
         Ok((job, status)) => delivered(&job, Inbound::Status(status)),
-        Err(r) => r,
+        Err(r) => r.into_response(),
     }
 }
 
@@ -268,6 +273,6 @@ async fn post_peer_event(
         |e: &PeerEvent| e.member_id,
     ) {
         Ok((job, event)) => delivered(&job, Inbound::PeerEvent(event)),
-        Err(r) => r,
+        Err(r) => r.into_response(),
     }
 }
