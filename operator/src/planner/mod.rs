@@ -174,8 +174,9 @@ fn event(
     }
 }
 
-fn seconds(from: Timestamp, to: Timestamp) -> f64 {
-    (to.as_millisecond() - from.as_millisecond()) as f64 / 1000.0
+/// Seconds from `start` to `t` (millisecond resolution).
+pub fn seconds_since(start: Timestamp, t: Timestamp) -> f64 {
+    (t.as_millisecond() - start.as_millisecond()) as f64 / 1000.0
 }
 
 fn after(t: Timestamp, secs: f64) -> Timestamp {
@@ -363,7 +364,7 @@ fn shape_topology(
         None => {
             let everyone = joined.len() >= spec.replicas.target as usize;
             let enough = joined.len() >= spec.replicas.min as usize
-                && seconds(s.created_at, now) >= JOIN_GRACE_SECONDS;
+                && seconds_since(s.created_at, now) >= JOIN_GRACE_SECONDS;
             if !(everyone || enough) {
                 return;
             }

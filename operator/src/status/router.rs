@@ -31,11 +31,17 @@ pub fn router(hub: Arc<Hub>) -> Router {
         .route(&format!("{job}/topology"), get(get_topology))
         .route(&format!("{job}/events"), get(get_events))
         .route(&format!("{job}/series"), get(get_series))
-        .route(&format!("{job}/members/{{id}}/join"), post(post_join))
-        .route(&format!("{job}/members/{{id}}/status"), post(post_status))
+        .route(
+            &format!("{job}/members/{{id}}/join"),
+            post(post_from_trainer::<JoinReport>),
+        )
+        .route(
+            &format!("{job}/members/{{id}}/status"),
+            post(post_from_trainer::<TrainerStatus>),
+        )
         .route(
             &format!("{job}/members/{{id}}/peer-events"),
-            post(post_peer_event),
+            post(post_from_trainer::<PeerEvent>),
         )
         .with_state(hub)
 }
@@ -175,14 +181,13 @@ async fn get_series(
 
 /// Check a trainer's POST: the job exists, the body is signed with the job key, it parses, and
 /// it speaks for the member in its path.
-fn accept<T: DeserializeOwned>(
+fn accept<T: TrainerPost>(
     hub: &Hub,
-    endpoint: &str,
     (namespace, name, id): (String, String, u32),
     headers: &HeaderMap,
     body: &Bytes,
-    member_of: impl Fn(&T) -> u32,
 ) -> Result<(Arc<JobHandle>, T), ApiError> {
+    let endpoint = T::ENDPOINT;
     let job = find(hub, &namespace, &name)
         .inspect_err(|_| hub.metrics.request(endpoint, "unknownJob"))?;
     let signed = headers
@@ -203,13 +208,13 @@ fn accept<T: DeserializeOwned>(
         hub.metrics.request(endpoint, "badBody");
         error(StatusCode::BAD_REQUEST, format!("{endpoint} body: {e}"))
     })?;
-    if member_of(&value) != id {
+    if value.member() != id {
         hub.metrics.request(endpoint, "badBody");
         return Err(error(
             StatusCode::BAD_REQUEST,
             format!(
                 "{endpoint} body: memberId {} does not match member {id} in the path",
-                member_of(&value)
+                value.member()
             ),
         ));
     }
@@ -225,54 +230,52 @@ fn delivered(job: &JobHandle, message: Inbound) -> Response {
     }
 }
 
-async fn post_join(
-    State(hub): State<Arc<Hub>>,
-    Path(path): Path<(String, String, u32)>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    match accept(&hub, "join", path, &headers, &body, |r: &JoinReport| {
-        r.member_id
-    }) {
-        Ok((job, report)) => delivered(&job, Inbound::Join(report)),
-        Err(r) => r.into_response(),
+/// What trainers post: where it goes, whom it speaks for, and what the runtime receives.
+trait TrainerPost: DeserializeOwned {
+    /// The metric label of the endpoint.
+    const ENDPOINT: &'static str;
+    fn member(&self) -> u32;
+    fn into_inbound(self) -> Inbound;
+}
+
+impl TrainerPost for JoinReport {
+    const ENDPOINT: &'static str = "join";
+    fn member(&self) -> u32 {
+        self.member_id
+    }
+    fn into_inbound(self) -> Inbound {
+        Inbound::Join(self)
     }
 }
 
-async fn post_status(
-    State(hub): State<Arc<Hub>>,
-    Path(path): Path<(String, String, u32)>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    match accept(
-        &hub,
-        "status",
-        path,
-        &headers,
-        &body,
-        |s: &TrainerStatus| s.member_id,
-    ) {
-        Ok((job, status)) => delivered(&job, Inbound::Status(status)),
-        Err(r) => r.into_response(),
+impl TrainerPost for TrainerStatus {
+    const ENDPOINT: &'static str = "status";
+    fn member(&self) -> u32 {
+        self.member_id
+    }
+    fn into_inbound(self) -> Inbound {
+        Inbound::Status(self)
     }
 }
 
-async fn post_peer_event(
+impl TrainerPost for PeerEvent {
+    const ENDPOINT: &'static str = "peerEvents";
+    fn member(&self) -> u32 {
+        self.member_id
+    }
+    fn into_inbound(self) -> Inbound {
+        Inbound::PeerEvent(self)
+    }
+}
+
+async fn post_from_trainer<T: TrainerPost>(
     State(hub): State<Arc<Hub>>,
     Path(path): Path<(String, String, u32)>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    match accept(
-        &hub,
-        "peerEvents",
-        path,
-        &headers,
-        &body,
-        |e: &PeerEvent| e.member_id,
-    ) {
-        Ok((job, event)) => delivered(&job, Inbound::PeerEvent(event)),
+    match accept::<T>(&hub, path, &headers, &body) {
+        Ok((job, message)) => delivered(&job, message.into_inbound()),
         Err(r) => r.into_response(),
     }
 }

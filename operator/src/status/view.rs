@@ -11,7 +11,7 @@ use murmur_core::contract::TrainerState;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::planner::{Exit, JobState, Observation, live_in_topology};
+use crate::planner::{Exit, JobState, Observation, live_in_topology, seconds_since};
 
 /// A member at a glance, for the dashboard's colours.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
@@ -149,10 +149,6 @@ pub struct JobEvent {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub member: Option<u32>,
     pub message: String,
-}
-
-pub fn seconds_since(start: Timestamp, t: Timestamp) -> f64 {
-    (t.as_millisecond() - start.as_millisecond()) as f64 / 1000.0
 }
 
 fn mean(values: impl Iterator<Item = f64>) -> Option<f64> {

@@ -193,6 +193,10 @@ struct Local {
     job: Arc<JobHandle>,
     happened: mpsc::UnboundedSender<Happened>,
     progress: progress::Progress,
+    /// One client (and connection pool) for every `/status` read.
+    http: reqwest::Client,
+    /// The topology version last handed to the router.
+    published_version: u64,
 }
 
 /// Run a job to its end on this machine.
@@ -252,6 +256,8 @@ pub async fn run(
         job,
         happened,
         options,
+        http: reqwest::Client::new(),
+        published_version: 0,
     };
     local.progress.line(&format!(
         "murmur: job {}/{}: {} members, status and dashboard at {status_url}/",
@@ -364,7 +370,7 @@ fn write_private(path: &Path, bytes: &[u8]) -> Result<(), LocalError> {
 
 impl Local {
     fn seconds(&self) -> f64 {
-        status::view::seconds_since(self.state.created_at, Timestamp::now())
+        planner::seconds_since(self.state.created_at, Timestamp::now())
     }
 
     fn current(&mut self, member: u32, attempt: u32) -> Option<&mut ObservedMember> {
@@ -470,7 +476,11 @@ impl Local {
                 } => self.event(kind, reason, member, message),
             }
         }
-        if let Some(t) = &self.state.topology {
+        // A new version is published once; addresses change only with a version (a joiner).
+        if let Some(t) = &self.state.topology
+            && t.version > self.published_version
+        {
+            self.published_version = t.version;
             let addresses: BTreeMap<u32, String> = self
                 .observed
                 .members
@@ -491,7 +501,7 @@ impl Local {
         self.progress.line(&format!("{reason}: {message}"));
         self.job.push_event(JobEvent {
             time: k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(now),
-            at_seconds: status::view::seconds_since(self.state.created_at, now),
+            at_seconds: planner::seconds_since(self.state.created_at, now),
             type_: match kind {
                 EventKind::Normal => "Normal",
                 EventKind::Warning => "Warning",
@@ -627,8 +637,8 @@ impl Local {
         for (&(member, attempt), p) in &self.processes {
             let url = format!("http://{}/status", p.status_address);
             let happened = self.happened.clone();
+            let client = self.http.clone();
             tokio::spawn(async move {
-                let client = reqwest::Client::new();
                 let Ok(response) = client.get(&url).timeout(SCRAPE_EVERY).send().await else {
                     return;
                 };
