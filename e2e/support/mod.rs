@@ -226,7 +226,7 @@ impl Finished {
             let replaced = events
                 .iter()
                 .find(|e| {
-                    e["reason"] == "MemberReplaced"
+                    e["reason"] == "Replaced"
                         && e["member"].as_u64() == Some(member)
                         && seconds(e["time"].as_str().unwrap()) >= killed_at
                 })

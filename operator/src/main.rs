@@ -1,14 +1,10 @@
-//! `murmur`: the user-facing CLI — topology explorer, manifest tools, and (in later issues) the
-//! local runtime and the operator.
-
-mod cli;
-mod planner;
-mod runtime;
-mod status;
+//! `murmur`: the user-facing CLI — topology explorer, manifest tools, `murmur run` (the local
+//! runtime) and `murmur operator` (the Kubernetes runtime).
 
 use std::process::ExitCode;
 
 use clap::Parser;
+use murmur::cli;
 
 fn main() -> ExitCode {
     let args = cli::Cli::parse();

@@ -291,9 +291,33 @@ fn run_member(args: RunArgs) -> Result<(), CliError> {
         }
     };
     tracing::info!(?outcome, "exiting");
+    write_termination_message(&outcome);
     // Detached tasks (HTTP, dialers) end with the process.
     tokio.shutdown_timeout(std::time::Duration::from_millis(200));
     Ok(())
+}
+
+/// In a pod: tell the operator how this member ended (see `TERMINATION_LOG`). Best effort — an
+/// operator that cannot read it falls back to the member's last posted status.
+fn write_termination_message(outcome: &runtime::Outcome) {
+    use murmur_core::contract::{TERMINATION_LOG, TerminationMessage, TerminationOutcome};
+    let Some(path) = std::env::var_os(TERMINATION_LOG) else {
+        return;
+    };
+    let message = match *outcome {
+        runtime::Outcome::Done { step, .. } => TerminationMessage {
+            outcome: TerminationOutcome::Done,
+            step,
+        },
+        runtime::Outcome::Left { step } => TerminationMessage {
+            outcome: TerminationOutcome::Left,
+            step,
+        },
+    };
+    let text = serde_json::to_string(&message).expect("a termination message serializes");
+    if let Err(e) = std::fs::write(&path, text) {
+        tracing::warn!(path = %std::path::Path::new(&path).display(), error = %e, "cannot write the termination message");
+    }
 }
 
 fn simulate(args: SimulateArgs) -> Result<(), CliError> {

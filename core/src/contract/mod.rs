@@ -9,4 +9,6 @@ pub mod reports;
 pub use control::{DropReason, PeerEvent};
 pub use document::{DocumentEdge, DocumentError, DocumentMember, TopologyDocument};
 pub use env::{EnvError, TrainerEnv};
-pub use reports::{JoinReport, TrainerState, TrainerStatus};
+pub use reports::{
+    JoinReport, TERMINATION_LOG, TerminationMessage, TerminationOutcome, TrainerState, TrainerStatus,
+};

@@ -44,6 +44,28 @@ pub struct TrainerStatus {
     pub rejected_frames: u64,
 }
 
+/// Where a trainer in a pod writes its [`TerminationMessage`] (the operator sets it to the
+/// container's `terminationMessagePath`), so a completed member is told from one that left on a
+/// spot notice even by an operator that restarted in between.
+pub const TERMINATION_LOG: &str = "MURMUR_TERMINATION_LOG";
+
+/// How a trainer ended, as it last wrote it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum TerminationOutcome {
+    /// Reached the stopping target.
+    Done,
+    /// Left the job on SIGTERM (a spot notice, a suspend, a scale-down).
+    Left,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TerminationMessage {
+    pub outcome: TerminationOutcome,
+    pub step: u64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,7 +8,7 @@ use crate::api::InterClique;
 
 use super::graph::{Graph, MemberId};
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum CliqueFlavour {
     /// Cliques balanced on label histograms (Greedy Swap).
     DCliques,
@@ -20,13 +20,13 @@ pub enum CliqueFlavour {
     },
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct Bridge {
     pub a: MemberId,
     pub b: MemberId,
 }
 
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct CliqueLayout {
     pub flavour: CliqueFlavour,
     pub inter: InterClique,

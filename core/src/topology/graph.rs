@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 /// A member's stable identity in a job. Replacements get fresh ids.
 pub type MemberId = u32;
 
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Graph {
     adjacency: BTreeMap<MemberId, BTreeSet<MemberId>>,
     edge_count: usize,

@@ -28,7 +28,7 @@ pub use weights::{MixingWeights, metropolis_hastings};
 
 /// What the control plane knows about a member's data: summaries from its join report, never the
 /// data itself.
-#[derive(Clone, Debug, PartialEq, Default)]
+#[derive(Clone, Debug, PartialEq, Default, serde::Serialize, serde::Deserialize)]
 pub struct MemberProfile {
     pub id: MemberId,
     /// Examples per class in the member's shard.
@@ -130,7 +130,7 @@ pub enum TopologyError {
 }
 
 /// The structure a graph was built with; repair keeps it (a ring stays a ring).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum Shape {
     Ring {
         order: Vec<MemberId>,
@@ -147,8 +147,9 @@ pub enum Shape {
     },
 }
 
-/// A versioned communication graph.
-#[derive(Clone, Debug, PartialEq)]
+/// A versioned communication graph. Serializable, so a control plane can keep it across
+/// restarts (the operator stores it in the job's topology ConfigMap).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Topology {
     pub version: u64,
     pub graph: Graph,

@@ -4,7 +4,7 @@
 
 use super::graph::{Graph, MemberId};
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct MoshpitGrid {
     pub side: usize,
     pub dims: usize,

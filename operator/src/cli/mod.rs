@@ -1,5 +1,6 @@
 //! Command-line surface. Each subcommand parses its flags, calls pure code, and prints.
 
+mod operator;
 mod run;
 mod topology;
 
@@ -27,6 +28,8 @@ enum Command {
     /// Run a job manifest on this machine: trainers as local processes, with the status API
     /// and dashboard.
     Run(run::RunArgs),
+    /// Run the Kubernetes operator: reconcile DecentralizedTrainingJobs into trainer pods.
+    Operator(operator::OperatorArgs),
     /// Print the DecentralizedTrainingJob CustomResourceDefinition (what `crds/` holds).
     Crd,
     /// Check a job manifest with the same rules the cluster applies.
@@ -48,6 +51,8 @@ pub enum CliError {
     Local(#[from] crate::runtime::local::LocalError),
     #[error("the job failed: {0}")]
     JobFailed(String),
+    #[error(transparent)]
+    Operator(operator::OperatorCliError),
 }
 
 impl CliError {
@@ -55,7 +60,7 @@ impl CliError {
     pub fn exit_code(&self) -> u8 {
         match self {
             CliError::Manifest(_) | CliError::Topology(_) => 2,
-            CliError::Output(_) | CliError::JobFailed(_) => 1,
+            CliError::Output(_) | CliError::JobFailed(_) | CliError::Operator(_) => 1,
             CliError::Local(e) => e.exit_code(),
         }
     }
@@ -66,6 +71,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Command::Topology(args) => topology::run(args, &mut out),
         Command::Run(args) => run::run(args, &mut out),
+        Command::Operator(args) => operator::run(args),
         Command::Crd => {
             out.write_all(api::crd_yaml().as_bytes())?;
             Ok(())

@@ -13,8 +13,9 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
-use murmur_core::api::conditions::{ConditionType, set_condition};
-use murmur_core::api::{AlgorithmKind, DecentralizedTrainingJobSpec, JobPhase};
+use murmur_core::api::conditions::{ConditionType, condition_is_true, set_condition};
+use murmur_core::api::{AlgorithmKind, Capacity, DecentralizedTrainingJobSpec, JobPhase};
+use serde::{Deserialize, Serialize};
 use murmur_core::contract::{JoinReport, TrainerStatus};
 use murmur_core::topology::{self, BuildSpec, MemberId, MemberProfile, Topology};
 
@@ -27,7 +28,7 @@ pub const JOIN_GRACE_SECONDS: f64 = 15.0;
 pub const MAX_BACKOFF_SECONDS: f64 = 300.0;
 
 /// How a member's process or pod ended.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Exit {
     /// It reached the stopping target.
     Completed,
@@ -48,6 +49,10 @@ pub struct ObservedMember {
     pub status: Option<TrainerStatus>,
     /// Set once it ended.
     pub exit: Option<Exit>,
+    /// The node it runs on, once scheduled (the operator; local processes leave it unset).
+    pub node: Option<String>,
+    /// Since when it has waited for a node (the operator; local processes never wait).
+    pub pending_since: Option<Timestamp>,
 }
 
 impl ObservedMember {
@@ -70,7 +75,8 @@ impl Observation {
 }
 
 /// The control plane's memory of one member id.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
 pub struct MemberRecord {
     /// The newest attempt created (0 for the first).
     pub attempt: u32,
@@ -84,12 +90,21 @@ pub struct MemberRecord {
     pub crashes: u32,
     /// No new attempt before this (crash backoff).
     pub not_before: Option<Timestamp>,
-    /// Stopped because the job no longer needs it (it is finishing); its end counts as nothing.
+    /// Stopped because the job no longer needs it (finishing, suspended, falling back to
+    /// on-demand); its end counts as nothing.
     pub retired: bool,
+    /// `attempt` runs without the spot requirement (it waited too long for a spot node).
+    pub on_demand: bool,
+    /// The next attempt is to be created without the spot requirement.
+    pub fall_back: bool,
+    /// `attempt` was seen on a node / sent its join report / was reported as pending too long.
+    pub scheduled: bool,
+    pub joined: bool,
+    pub pending_reported: bool,
 }
 
 /// One member lost to preemption.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Preemption {
     pub member: MemberId,
     pub attempt: u32,
@@ -98,8 +113,9 @@ pub struct Preemption {
 }
 
 /// What the control plane remembers between two plans (the operator keeps it in the job's
-/// status and the topology ConfigMap).
-#[derive(Clone, Debug, PartialEq)]
+/// topology ConfigMap, so a restarted operator carries on where it stopped).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct JobState {
     pub phase: JobPhase,
     /// Why the job ended, or what it waits for.
@@ -147,9 +163,14 @@ pub enum EventKind {
 /// What a runtime must do.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Action {
-    /// Start `attempt` of member `member` (a process, a pod).
-    Create { member: MemberId, attempt: u32 },
-    /// Stop a live member (the job failed).
+    /// Start `attempt` of member `member` (a process, a pod); `on_demand`: without the spot
+    /// requirement.
+    Create {
+        member: MemberId,
+        attempt: u32,
+        on_demand: bool,
+    },
+    /// Stop a live member (the job failed or is suspended, or it is not needed any more).
     Stop { member: MemberId, attempt: u32 },
     /// Record an event (Kubernetes Event, status API, terminal).
     Event {
@@ -233,15 +254,44 @@ pub fn plan(
             Time(now),
         );
     }
+    if condition_is_true(&s.conditions, ConditionType::InvalidSpec) {
+        set_condition(
+            &mut s.conditions,
+            ConditionType::InvalidSpec,
+            false,
+            "SpecValid",
+            "the spec passes every validation rule",
+            None,
+            Time(now),
+        );
+        s.message = None;
+    }
     settle_ended_members(spec, &mut s, observed, now, &mut actions);
+    note_lifecycle(spec, &mut s, observed, now, &mut actions);
     if !s.phase.is_finished() {
-        if s.finishing() {
+        let suspended = spec.suspend && !s.finishing();
+        if suspended {
+            suspend(&mut s, observed, &mut actions);
+        } else if s.finishing() {
             retire_outsiders(&mut s, observed, &mut actions);
         } else {
+            if s.phase == JobPhase::Suspended {
+                actions.push(event(
+                    EventKind::Normal,
+                    "Resumed",
+                    None,
+                    "the job resumes: members restart from their peers or the checkpoint".into(),
+                ));
+            }
+            fall_back(spec, &mut s, observed, now, &mut actions);
             shape_topology(spec, &mut s, observed, now, &mut actions);
             create_members(spec, &mut s, now, &mut actions);
         }
-        s.phase = phase(spec, &s, observed);
+        s.phase = if suspended {
+            JobPhase::Suspended
+        } else {
+            phase(spec, &s, observed)
+        };
         if s.phase == JobPhase::Succeeded {
             s.completed_at = Some(now);
             s.message = Some("every member reached the stopping target or left".into());
@@ -255,6 +305,70 @@ pub fn plan(
     }
     update_conditions(spec, &mut s, observed, now);
     (s, actions)
+}
+
+/// A spec that fails validation: no members are planned, and the `InvalidSpec` condition (and
+/// one event, when it flips or its message changes) say what is wrong.
+pub fn reject(state: &JobState, problems: &str, now: Timestamp) -> (JobState, Vec<Action>) {
+    let mut s = state.clone();
+    let mut actions = Vec::new();
+    let changed = set_condition(
+        &mut s.conditions,
+        ConditionType::InvalidSpec,
+        true,
+        "InvalidSpec",
+        problems,
+        None,
+        Time(now),
+    );
+    if changed {
+        s.message = Some(format!("invalid spec: {problems}"));
+        actions.push(event(
+            EventKind::Warning,
+            "InvalidSpec",
+            None,
+            format!("no members are created until the spec is fixed: {problems}"),
+        ));
+    }
+    (s, actions)
+}
+
+/// The earliest moment after `now` at which planning again could change something without any
+/// news (a backoff ends, the join grace ends, a pending member's timeout): runtimes wake then.
+pub fn next_deadline(
+    spec: &DecentralizedTrainingJobSpec,
+    s: &JobState,
+    observed: &Observation,
+    now: Timestamp,
+) -> Option<Timestamp> {
+    if s.phase.is_finished() {
+        return None;
+    }
+    let mut deadlines = Vec::new();
+    for (&id, r) in &s.members {
+        if let Some(t) = r.not_before {
+            deadlines.push(t);
+        }
+        let Some(since) = observed
+            .live(id, r.attempt)
+            .filter(|m| m.node.is_none())
+            .and_then(|m| m.pending_since)
+        else {
+            continue;
+        };
+        if !r.pending_reported {
+            deadlines.push(after(since, spec.recovery.pending_timeout.as_std().as_secs_f64()));
+        }
+        if let Some(fallback) = &spec.scheduling.fallback_to_on_demand_after
+            && !r.on_demand
+        {
+            deadlines.push(after(since, fallback.as_std().as_secs_f64()));
+        }
+    }
+    if s.topology.is_none() {
+        deadlines.push(after(s.created_at, JOIN_GRACE_SECONDS));
+    }
+    deadlines.into_iter().filter(|&t| t > now).min()
 }
 
 /// Handle every attempt that ended since the last plan.
@@ -344,6 +458,139 @@ fn settle_ended_members(
     }
 }
 
+/// Lifecycle events of the current attempts: placed on a node, joined, waiting too long.
+fn note_lifecycle(
+    spec: &DecentralizedTrainingJobSpec,
+    s: &mut JobState,
+    observed: &Observation,
+    now: Timestamp,
+    actions: &mut Vec<Action>,
+) {
+    let pending_timeout = spec.recovery.pending_timeout.as_std().as_secs_f64();
+    for (&id, r) in s.members.iter_mut() {
+        let Some(m) = observed.live(id, r.attempt) else {
+            continue;
+        };
+        if !r.scheduled
+            && let Some(node) = &m.node
+        {
+            r.scheduled = true;
+            let capacity = if r.on_demand { " (on-demand)" } else { "" };
+            actions.push(event(
+                EventKind::Normal,
+                "Scheduled",
+                Some(id),
+                format!("member {id} (attempt {}) runs on node {node}{capacity}", r.attempt),
+            ));
+        }
+        if !r.joined && m.join.is_some() {
+            r.joined = true;
+            actions.push(event(
+                EventKind::Normal,
+                "Joined",
+                Some(id),
+                format!("member {id} (attempt {}) sent its join report", r.attempt),
+            ));
+        }
+        if !r.pending_reported
+            && m.node.is_none()
+            && m.pending_since
+                .is_some_and(|t| seconds_since(t, now) >= pending_timeout)
+        {
+            r.pending_reported = true;
+            actions.push(event(
+                EventKind::Warning,
+                "PendingTooLong",
+                Some(id),
+                format!(
+                    "member {id} (attempt {}) has waited over {} for a node (recovery.pendingTimeout)",
+                    r.attempt, spec.recovery.pending_timeout
+                ),
+            ));
+        }
+    }
+}
+
+/// `suspend: true`: stop every member, keep the status and the members' records. The topology
+/// goes with the members; resuming rebuilds it (with a newer version) from the new join reports.
+fn suspend(s: &mut JobState, observed: &Observation, actions: &mut Vec<Action>) {
+    let mut stopped = 0;
+    for (&id, r) in s.members.iter_mut() {
+        if let Some(m) = observed.live(id, r.attempt)
+            && !r.retired
+        {
+            r.retired = true;
+            stopped += 1;
+            actions.push(Action::Stop {
+                member: id,
+                attempt: m.attempt,
+            });
+        }
+    }
+    if let Some(t) = s.topology.take() {
+        s.last_version = s.last_version.max(t.version);
+    }
+    if s.phase != JobPhase::Suspended {
+        actions.push(event(
+            EventKind::Normal,
+            "Suspended",
+            None,
+            format!("the job is suspended: {stopped} members stopped, the status is kept"),
+        ));
+    }
+}
+
+/// A member that waited longer than `scheduling.fallbackToOnDemandAfter` for a spot node is
+/// recreated without the spot requirement. Only that attempt: replacements try spot first again.
+fn fall_back(
+    spec: &DecentralizedTrainingJobSpec,
+    s: &mut JobState,
+    observed: &Observation,
+    now: Timestamp,
+    actions: &mut Vec<Action>,
+) {
+    let Some(limit) = &spec.scheduling.fallback_to_on_demand_after else {
+        return;
+    };
+    if spec.scheduling.capacity == Capacity::OnDemand {
+        return;
+    }
+    for (&id, r) in s.members.iter_mut() {
+        if r.on_demand || r.retired {
+            continue;
+        }
+        let Some(m) = observed.live(id, r.attempt) else {
+            continue;
+        };
+        // Waiting for a node: not placed, and never heard from.
+        let waited = m.node.is_none()
+            && m.join.is_none()
+            && m.status.is_none()
+            && m.pending_since
+                .is_some_and(|t| seconds_since(t, now) >= limit.as_std().as_secs_f64());
+        if !waited {
+            continue;
+        }
+        // Its end is handled here and counts as nothing; the next attempt is created at once.
+        r.retired = true;
+        r.ended = true;
+        r.fall_back = true;
+        actions.push(Action::Stop {
+            member: id,
+            attempt: r.attempt,
+        });
+        actions.push(event(
+            EventKind::Normal,
+            "FellBackToOnDemand",
+            Some(id),
+            format!(
+                "member {id} waited over {limit} for a spot node; attempt {} runs without the spot requirement",
+                r.attempt + 1
+            ),
+        ));
+    }
+}
+
 /// Build the topology once enough members joined; afterwards repair it member by member.
 fn shape_topology(
     spec: &DecentralizedTrainingJobSpec,
@@ -393,8 +640,9 @@ fn shape_topology(
                 .graph
                 .members()
                 .filter(|&id| {
-                    let attempt = s.members.get(&id).map_or(0, |r| r.attempt);
-                    observed.live(id, attempt).is_none()
+                    let record = s.members.get(&id);
+                    let attempt = record.map_or(0, |r| r.attempt);
+                    observed.live(id, attempt).is_none() || record.is_some_and(|r| r.retired)
                 })
                 .collect();
             for id in gone {
@@ -411,6 +659,12 @@ fn shape_topology(
                     return;
                 }
                 t.remove_member(id).expect("listed from the graph");
+                actions.push(event(
+                    EventKind::Normal,
+                    "Left",
+                    Some(id),
+                    format!("member {id} left the topology; its neighbours were rewired"),
+                ));
             }
             for report in joined {
                 if !t.graph.contains(report.member_id) {
@@ -461,18 +715,24 @@ fn create_members(
         if replacing {
             record.attempt += 1;
         }
-        record.created = true;
-        record.ended = false;
-        record.not_before = None;
+        let on_demand = record.fall_back;
+        *record = MemberRecord {
+            attempt: record.attempt,
+            created: true,
+            crashes: record.crashes,
+            on_demand,
+            ..MemberRecord::default()
+        };
         let attempt = record.attempt;
         actions.push(Action::Create {
             member: id,
             attempt,
+            on_demand,
         });
         if replacing {
             actions.push(event(
                 EventKind::Normal,
-                "MemberReplaced",
+                "Replaced",
                 Some(id),
                 format!("member {id}: attempt {attempt} created"),
             ));
@@ -558,6 +818,7 @@ fn update_conditions(
     let (reason, message) = match s.phase {
         JobPhase::Pending => ("WaitingForJoins", "waiting for members' join reports"),
         JobPhase::Succeeded => ("Completed", "finished"),
+        JobPhase::Suspended => ("Suspended", "suspended: no members run"),
         JobPhase::Failed => ("Failed", "failed"),
         _ => ("Training", members.as_str()),
     };
@@ -587,6 +848,22 @@ fn update_conditions(
         None,
         t.clone(),
     );
+    let suspended = s.phase == JobPhase::Suspended;
+    if suspended || c.iter().any(|c| c.type_ == ConditionType::Suspended.as_str()) {
+        set_condition(
+            c,
+            ConditionType::Suspended,
+            suspended,
+            if suspended { "Suspended" } else { "Resumed" },
+            if suspended {
+                "spec.suspend is true: members are stopped, the status is kept"
+            } else {
+                "spec.suspend is false"
+            },
+            None,
+            t.clone(),
+        );
+    }
     if s.phase == JobPhase::Succeeded {
         set_condition(
             c,

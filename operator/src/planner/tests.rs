@@ -30,7 +30,9 @@ struct World {
     now: f64,
     actions: Vec<Action>,
     /// Members told to stop; they end before the next plan.
-    stopping: Vec<u32>,
+    stopping: Vec<(u32, u32)>,
+    /// New members wait for a node (pods) rather than start at once (processes).
+    pending: bool,
 }
 
 impl World {
@@ -42,13 +44,14 @@ impl World {
             now: 0.0,
             actions: Vec::new(),
             stopping: Vec::new(),
+            pending: false,
         }
     }
 
     fn plan(&mut self) -> Vec<Action> {
-        for id in std::mem::take(&mut self.stopping) {
+        for (id, attempt) in std::mem::take(&mut self.stopping) {
             let m = self.observed.members.get_mut(&id).unwrap();
-            if m.is_live() {
+            if m.is_live() && m.attempt == attempt {
                 m.exit = Some(Exit::Preempted {
                     reason: "stopped".into(),
                 });
@@ -58,17 +61,20 @@ impl World {
         self.state = next;
         for a in &actions {
             match a {
-                Action::Create { member, attempt } => {
+                Action::Create {
+                    member, attempt, ..
+                } => {
                     self.observed.members.insert(
                         *member,
                         ObservedMember {
                             attempt: *attempt,
                             address: Some(format!("10.0.0.{member}:7070")),
+                            pending_since: self.pending.then(|| at(self.now)),
                             ..Default::default()
                         },
                     );
                 }
-                Action::Stop { member, .. } => self.stopping.push(*member),
+                Action::Stop { member, attempt } => self.stopping.push((*member, *attempt)),
                 Action::Event { .. } => {}
             }
         }
@@ -89,6 +95,10 @@ impl World {
         });
     }
 
+    fn schedule(&mut self, id: u32, node: &str) {
+        self.observed.members.get_mut(&id).unwrap().node = Some(node.into());
+    }
+
     fn end(&mut self, id: u32, exit: Exit) {
         self.observed.members.get_mut(&id).unwrap().exit = Some(exit);
     }
@@ -101,7 +111,9 @@ impl World {
         actions
             .iter()
             .filter_map(|a| match a {
-                Action::Create { member, attempt } => Some((*member, *attempt)),
+                Action::Create {
+                    member, attempt, ..
+                } => Some((*member, *attempt)),
                 _ => None,
             })
             .collect()
@@ -164,6 +176,7 @@ fn the_first_plan_creates_every_member_and_waits_for_their_reports() {
         w.join(id);
     }
     w.now = 5.0;
+    assert_eq!(World::reasons(&w.plan()), vec!["Joined"; 3]);
     assert!(w.plan().is_empty());
     assert!(w.state.topology.is_none());
 }
@@ -213,7 +226,8 @@ fn a_preempted_member_is_repaired_out_replaced_at_once_and_never_counted_as_a_re
     let actions = w.plan();
     assert_eq!(World::creates(&actions), vec![(1, 1)]);
     assert!(World::reasons(&actions).contains(&"Preempted"));
-    assert!(World::reasons(&actions).contains(&"MemberReplaced"));
+    assert!(World::reasons(&actions).contains(&"Replaced"));
+    assert!(World::reasons(&actions).contains(&"Left"));
     assert_eq!(w.state.preemptions.len(), 1);
     assert_eq!(w.state.preemptions[0].member, 1);
     assert_eq!(w.state.preemptions[0].reason, "spot reclaim");
@@ -229,6 +243,10 @@ fn a_preempted_member_is_repaired_out_replaced_at_once_and_never_counted_as_a_re
     );
     // The replacement is added back once it reports.
     assert!(w.plan().is_empty());
+    assert!(
+        w.state.members[&1].joined == false && w.state.members[&1].attempt == 1,
+        "a new attempt has not joined yet"
+    );
     w.join(1);
     w.plan();
     assert!(w.state.topology.as_ref().unwrap().graph.contains(1));
@@ -407,12 +425,213 @@ fn moshpit_jobs_get_a_grid() {
     assert_eq!(w.state.topology.as_ref().unwrap().kind_name(), "moshpit");
 }
 
+/// A spot job whose members wait for nodes (as pods do): created pending, scheduled later.
+fn spot_world(fallback: &str) -> World {
+    let text = MANIFEST.replace(
+        "  recovery: {maxRestarts: 2, backoff: 10s}\n",
+        &format!(
+            "  recovery: {{maxRestarts: 2, backoff: 10s, pendingTimeout: 60s}}\n  scheduling: {{capacity: spot{fallback}}}\n"
+        ),
+    );
+    let mut w = World::new(parse_manifest(&text, "spot.yaml").unwrap().spec);
+    w.pending = true;
+    w
+}
+
+#[test]
+fn lifecycle_events_name_the_node_and_the_join() {
+    let mut w = spot_world("");
+    w.plan();
+    w.schedule(0, "node-a");
+    let actions = w.plan();
+    assert_eq!(World::reasons(&actions), vec!["Scheduled"]);
+    let Action::Event { message, .. } = &actions[0] else {
+        unreachable!()
+    };
+    assert!(message.contains("node-a"), "{message}");
+    w.join(0);
+    assert_eq!(World::reasons(&w.plan()), vec!["Joined"]);
+    assert!(w.plan().is_empty(), "each is said once");
+}
+
+#[test]
+fn a_member_pending_too_long_is_reported_once_and_falls_back_to_on_demand() {
+    let mut w = spot_world(", fallbackToOnDemandAfter: 120s");
+    w.plan();
+    for id in 1..4 {
+        w.schedule(id, "spot-1");
+    }
+    w.plan();
+    assert_eq!(
+        next_deadline(&w.spec, &w.state, &w.observed, at(w.now)),
+        Some(at(JOIN_GRACE_SECONDS)),
+        "the join grace ends first"
+    );
+    w.now = 59.0;
+    assert!(w.plan().is_empty());
+    assert_eq!(
+        next_deadline(&w.spec, &w.state, &w.observed, at(w.now)),
+        Some(at(60.0))
+    );
+    w.now = 60.0;
+    assert_eq!(World::reasons(&w.plan()), vec!["PendingTooLong"]);
+    assert_eq!(
+        next_deadline(&w.spec, &w.state, &w.observed, at(w.now)),
+        Some(at(120.0))
+    );
+    w.now = 120.0;
+    let actions = w.plan();
+    assert!(actions.contains(&Action::Stop {
+        member: 0,
+        attempt: 0
+    }));
+    assert!(actions.contains(&Action::Create {
+        member: 0,
+        attempt: 1,
+        on_demand: true
+    }));
+    assert!(World::reasons(&actions).contains(&"FellBackToOnDemand"));
+    assert!(w.state.members[&0].on_demand);
+    // Falling back is neither a preemption nor a restart, and the stopped attempt's end is
+    // nothing new.
+    w.plan();
+    assert_eq!(w.state.preemptions.len(), 0);
+    assert_eq!(w.state.restarts, 0);
+    // The on-demand attempt never falls back again; a later replacement tries spot first.
+    w.now = 1000.0;
+    assert!(World::creates(&w.plan()).is_empty());
+    w.schedule(0, "on-demand-1");
+    w.plan();
+    w.end(0, preempted());
+    let actions = w.plan();
+    assert!(actions.contains(&Action::Create {
+        member: 0,
+        attempt: 2,
+        on_demand: false
+    }));
+}
+
+#[test]
+fn without_a_fallback_a_pending_member_only_is_reported() {
+    let mut w = spot_world("");
+    w.plan();
+    w.now = 10_000.0;
+    let actions = w.plan();
+    assert_eq!(World::reasons(&actions), vec!["PendingTooLong"; 4]);
+    assert!(World::creates(&actions).is_empty());
+}
+
+#[test]
+fn suspend_stops_every_member_keeps_the_status_and_resume_starts_new_attempts() {
+    let mut w = World::running();
+    w.end(1, preempted());
+    w.plan();
+    w.join(1);
+    w.plan();
+    let version = w.version();
+    w.spec.suspend = true;
+    w.now = 50.0;
+    let actions = w.plan();
+    assert_eq!(
+        actions
+            .iter()
+            .filter(|a| matches!(a, Action::Stop { .. }))
+            .count(),
+        4
+    );
+    assert!(World::reasons(&actions).contains(&"Suspended"));
+    assert_eq!(w.state.phase, JobPhase::Suspended);
+    assert!(w.state.topology.is_none());
+    assert!(
+        w.state
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Suspended" && c.status == "True")
+    );
+    // The members end; their ends count as nothing, nothing is replaced while suspended.
+    w.now = 60.0;
+    let actions = w.plan();
+    assert!(World::creates(&actions).is_empty());
+    assert_eq!(w.state.preemptions.len(), 1, "status kept, nothing added");
+    assert_eq!(w.state.restarts, 0);
+    assert!(w.plan().is_empty());
+    // Resume: a new attempt of every member; the topology comes back with a newer version.
+    w.spec.suspend = false;
+    let actions = w.plan();
+    assert!(World::reasons(&actions).contains(&"Resumed"));
+    assert_eq!(
+        World::creates(&actions),
+        vec![(0, 1), (1, 2), (2, 1), (3, 1)]
+    );
+    for id in 0..4 {
+        w.join(id);
+    }
+    w.plan();
+    assert!(w.version() > version);
+    assert_eq!(w.state.phase, JobPhase::Running);
+    assert!(
+        w.state
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Suspended" && c.status == "False")
+    );
+}
+
+#[test]
+fn a_job_suspended_from_the_start_creates_nothing() {
+    let mut s = spec();
+    s.suspend = true;
+    let mut w = World::new(s);
+    let actions = w.plan();
+    assert!(World::creates(&actions).is_empty());
+    assert_eq!(w.state.phase, JobPhase::Suspended);
+}
+
+#[test]
+fn an_invalid_spec_is_reported_once_and_cleared_when_fixed() {
+    let state = JobState::new(at(0.0));
+    let (s, actions) = reject(&state, "replicas must satisfy min <= target <= max", at(1.0));
+    assert_eq!(World::reasons(&actions), vec!["InvalidSpec"]);
+    assert!(
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == "InvalidSpec" && c.status == "True" && c.message.contains("min <= target"))
+    );
+    let (again, actions) = reject(&s, "replicas must satisfy min <= target <= max", at(2.0));
+    assert!(actions.is_empty());
+    assert_eq!(again, s);
+    // Fixed: the condition flips and members are planned.
+    let (fixed, actions) = plan(&spec(), &s, &Observation::default(), at(3.0));
+    assert_eq!(World::creates(&actions).len(), 4);
+    assert!(
+        fixed
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "InvalidSpec" && c.status == "False")
+    );
+}
+
+#[test]
+fn the_state_survives_a_round_trip_through_json() {
+    let w = World::running();
+    let text = serde_json::to_string(&w.state).unwrap();
+    let back: JobState = serde_json::from_str(&text).unwrap();
+    assert_eq!(back, w.state);
+    // Planning from the restored state is planning from the original.
+    assert_eq!(
+        plan(&w.spec, &back, &w.observed, at(1.0)),
+        plan(&w.spec, &w.state, &w.observed, at(1.0))
+    );
+}
+
 #[derive(Clone, Debug)]
 enum Step {
     Join(u32),
     Preempt(u32),
     Crash(u32),
     Complete(u32),
+    Schedule(u32),
+    ToggleSuspend,
     Wait(u16),
 }
 
@@ -422,6 +641,8 @@ fn step() -> impl Strategy<Value = Step> {
         2 => (0..4u32).prop_map(Step::Preempt),
         1 => (0..4u32).prop_map(Step::Crash),
         1 => (0..4u32).prop_map(Step::Complete),
+        2 => (0..4u32).prop_map(Step::Schedule),
+        1 => Just(Step::ToggleSuspend),
         2 => (0..60u16).prop_map(Step::Wait),
     ]
 }
@@ -431,7 +652,7 @@ proptest! {
     /// Whatever members do, the plan keeps its promises.
     #[test]
     fn invariants_hold_under_any_sequence_of_member_events(steps in prop::collection::vec(step(), 1..60)) {
-        let mut w = World::new(spec());
+        let mut w = spot_world(", fallbackToOnDemandAfter: 30s");
         w.plan();
         let mut last_version = 0;
         for s in steps {
@@ -441,12 +662,14 @@ proptest! {
                 Step::Preempt(id) if live(&w, id) => w.end(id, preempted()),
                 Step::Crash(id) if live(&w, id) => w.end(id, crashed()),
                 Step::Complete(id) if live(&w, id) => w.end(id, Exit::Completed),
+                Step::Schedule(id) if live(&w, id) => w.schedule(id, "node"),
+                Step::ToggleSuspend => w.spec.suspend = !w.spec.suspend,
                 Step::Wait(secs) => w.now += f64::from(secs),
                 _ => {}
             }
             let preemptions = w.state.preemptions.len();
             let restarts = w.state.restarts;
-            w.plan();
+            let planned = w.plan();
             // Versions only grow.
             prop_assert!(w.state.last_version >= last_version);
             last_version = w.state.last_version;
@@ -467,6 +690,18 @@ proptest! {
             let (again, actions) = plan(&w.spec, &w.state, &w.observed, at(w.now));
             prop_assert!(actions.is_empty(), "{:?}", actions);
             prop_assert_eq!(again.last_version, w.state.last_version);
+            // Suspended: nothing is created, and nothing stays live once stops are carried out.
+            if w.state.phase == JobPhase::Suspended {
+                prop_assert!(World::creates(&planned).is_empty());
+                prop_assert!(w.state.topology.is_none());
+            }
+            // An attempt without the spot requirement is one that replaced a member left waiting.
+            for (&id, r) in &w.state.members {
+                if r.on_demand {
+                    let fell_back = w.actions.iter().any(|a| matches!(a, Action::Event { reason: "FellBackToOnDemand", member: Some(m), .. } if *m == id));
+                    prop_assert!(fell_back, "member {} on demand without falling back", id);
+                }
+            }
             if w.state.phase == JobPhase::Failed {
                 prop_assert!(i64::from(w.state.restarts) > 2);
             }

@@ -1,4 +1,5 @@
-//! Runtimes execute the planner's actions: `local` with child processes (`murmur run`); the
-//! Kubernetes runtime (the operator) with pods.
+//! Runtimes execute the planner's actions: `local` with child processes (`murmur run`); `kube`
+//! with pods (`murmur operator`).
 
+pub mod kube;
 pub mod local;

@@ -80,7 +80,8 @@ impl JobHandle {
         lock(&self.series).iter().skip(from).cloned().collect()
     }
 
-    pub(super) fn deliver(&self, message: Inbound) -> bool {
+    /// Hand a trainer's message to the runtime (the router calls it once a post is verified).
+    pub fn deliver(&self, message: Inbound) -> bool {
         self.inbox.send(message).is_ok()
     }
 }
@@ -229,6 +230,14 @@ impl Hub {
             .unwrap_or_else(|e| e.into_inner())
             .insert((namespace.to_string(), name.to_string()), handle.clone());
         (handle, rx)
+    }
+
+    /// Stop serving a job (it was deleted).
+    pub fn forget(&self, namespace: &str, name: &str) {
+        self.jobs
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&(namespace.to_string(), name.to_string()));
     }
 
     pub fn job(&self, namespace: &str, name: &str) -> Option<Arc<JobHandle>> {

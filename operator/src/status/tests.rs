@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
-use murmur_core::api::{MemberCapacity, parse_manifest};
+use murmur_core::api::parse_manifest;
 use murmur_core::contract::{JoinReport, TopologyDocument, control};
 use murmur_core::topology::MemberProfile;
 
@@ -52,7 +52,6 @@ fn view() -> JobView {
         &spec,
         &state,
         &observed,
-        MemberCapacity::Spot,
         now,
     )
 }

@@ -4,7 +4,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 use k8s_openapi::jiff::Timestamp;
 use murmur_core::api::{
-    AlgorithmKind, DecentralizedTrainingJobSpec, DecentralizedTrainingJobStatus, JobPhase,
+    AlgorithmKind, Capacity, DecentralizedTrainingJobSpec, DecentralizedTrainingJobStatus, JobPhase,
     MemberCapacity, MemberPhase, MemberStatus, Progress, Replicas, TopologyKind,
 };
 use murmur_core::contract::TrainerState;
@@ -163,7 +163,6 @@ pub fn job_view(
     spec: &DecentralizedTrainingJobSpec,
     state: &JobState,
     observed: &Observation,
-    capacity: MemberCapacity,
     now: Timestamp,
 ) -> JobView {
     let topology = state.topology.as_ref();
@@ -237,15 +236,28 @@ pub fn job_view(
         conditions: state.conditions.clone(),
         members: members
             .iter()
-            .map(|m| MemberStatus {
-                id: m.id,
-                pod: None,
-                node: None,
-                capacity: Some(capacity),
-                phase: m.phase,
-                step: m.step,
-                joined_at: None,
-                message: None,
+            .map(|m| {
+                let on_demand = state.members.get(&m.id).is_some_and(|r| r.on_demand);
+                let observed = observed.members.get(&m.id);
+                MemberStatus {
+                    id: m.id,
+                    pod: None,
+                    node: observed.and_then(|o| o.node.clone()),
+                    capacity: Some(
+                        if on_demand || spec.scheduling.capacity == Capacity::OnDemand {
+                            MemberCapacity::OnDemand
+                        } else {
+                            MemberCapacity::Spot
+                        },
+                    ),
+                    phase: m.phase,
+                    step: m.step,
+                    joined_at: None,
+                    message: on_demand.then(|| {
+                        "fell back to on-demand: no spot node within scheduling.fallbackToOnDemandAfter"
+                            .to_string()
+                    }),
+                }
             })
             .collect(),
         member_summary: Some(format!("{live}/{}", spec.replicas.target)),

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 use murmur_core::api::{
-    DecentralizedTrainingJob, DecentralizedTrainingJobSpec, JobPhase, MemberCapacity,
+    DecentralizedTrainingJob, DecentralizedTrainingJobSpec, JobPhase,
 };
 use murmur_core::contract::{TrainerEnv, TrainerState, TrainerStatus};
 use serde::Serialize;
@@ -466,7 +466,9 @@ impl Local {
         self.state = next;
         for action in actions {
             match action {
-                Action::Create { member, attempt } => self.spawn(member, attempt)?,
+                Action::Create {
+                    member, attempt, ..
+                } => self.spawn(member, attempt)?,
                 Action::Stop { member, attempt } => self.signal(member, attempt, libc::SIGTERM),
                 Action::Event {
                     kind,
@@ -520,7 +522,6 @@ impl Local {
             &self.spec,
             &self.state,
             &self.observed,
-            MemberCapacity::Spot,
             Timestamp::now(),
         );
         self.hub.publish(&self.job, view.clone());

@@ -1,0 +1,466 @@
+//! What a member's pod says about it (pure): where it runs, since when it waits for a node, and
+//! how it ended — completed, preempted (never a failure) or crashed.
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::jiff::Timestamp;
+use murmur_core::contract::{TerminationMessage, TerminationOutcome, TrainerState};
+use murmur_core::topology::MemberId;
+
+use super::resources::{LABEL_ATTEMPT, LABEL_MEMBER};
+use crate::planner::{Exit, seconds_since};
+
+/// Reasons of the `DisruptionTarget` pod condition: the pod is going away for reasons outside
+/// the trainer — a preemption, whatever the exit code.
+pub const DISRUPTION_REASONS: &[&str] = &[
+    "PreemptionByScheduler",
+    "DeletionByTaintManager",
+    "EvictionByEvictionAPI",
+    "DeletionByPodGC",
+    "TerminationByKubelet",
+];
+
+/// Pod-level `status.reason`s for pods the node gave up on (node shutdown, kubelet eviction,
+/// admission after a node change).
+const NODE_REASONS: &[&str] = &[
+    "Evicted",
+    "Shutdown",
+    "NodeShutdown",
+    "Terminated",
+    "NodeLost",
+    "Preempting",
+    "OutOfcpu",
+    "OutOfmemory",
+    "OutOfpods",
+    "UnexpectedAdmissionError",
+    "NodeAffinity",
+];
+
+/// The member id and attempt in a pod's labels.
+pub fn member_of(pod: &Pod) -> Option<(MemberId, u32)> {
+    let labels = pod.metadata.labels.as_ref()?;
+    Some((
+        labels.get(LABEL_MEMBER)?.parse().ok()?,
+        labels.get(LABEL_ATTEMPT)?.parse().ok()?,
+    ))
+}
+
+/// What the operator knows of the node a pod is bound to.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum NodeState {
+    Ready,
+    /// `Ready` is not True since this time.
+    NotReady { since: Timestamp },
+    /// Not in the (synced) node cache: deleted.
+    Gone,
+}
+
+pub fn node_state(node: Option<&Node>) -> NodeState {
+    let Some(node) = node else {
+        return NodeState::Gone;
+    };
+    let ready = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "Ready"));
+    match ready {
+        Some(c) if c.status == "True" => NodeState::Ready,
+        Some(c) => NodeState::NotReady {
+            since: c
+                .last_transition_time
+                .as_ref()
+                .map_or(Timestamp::UNIX_EPOCH, |t| t.0),
+        },
+        // A node that never reported is not ready, since it was created.
+        None => NodeState::NotReady {
+            since: node
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map_or(Timestamp::UNIX_EPOCH, |t| t.0),
+        },
+    }
+}
+
+/// What one pod tells the planner.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PodFacts {
+    pub node: Option<String>,
+    pub pending_since: Option<Timestamp>,
+    pub exit: Option<Exit>,
+    /// Why its container is not running yet (image pull errors, bad config), for a person.
+    pub waiting: Option<String>,
+}
+
+/// Read a pod. `node` is what the cache says of the node it is bound to; `last` is the state
+/// the trainer last reported (used when no termination message was written).
+pub fn pod_facts(
+    pod: &Pod,
+    node: impl Fn(&str) -> NodeState,
+    last: Option<TrainerState>,
+    now: Timestamp,
+    node_lost_after: std::time::Duration,
+) -> PodFacts {
+    let status = pod.status.as_ref();
+    let node_name = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+    let container = status
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|c| c.iter().find(|c| c.name == "trainer").or(c.first()));
+    let waiting = container
+        .and_then(|c| c.state.as_ref())
+        .and_then(|s| s.waiting.as_ref())
+        .and_then(|w| {
+            let reason = w.reason.clone()?;
+            // Starting normally is not worth a note.
+            (reason != "ContainerCreating" && reason != "PodInitializing").then(|| {
+                match &w.message {
+                    Some(m) => format!("{reason}: {m}"),
+                    None => reason,
+                }
+            })
+        });
+    let mut facts = PodFacts {
+        node: node_name.clone(),
+        pending_since: node_name.is_none().then(|| {
+            pod.metadata
+                .creation_timestamp
+                .as_ref()
+                .map_or(now, |t| t.0)
+        }),
+        exit: None,
+        waiting,
+    };
+    facts.exit = exit(pod, node_name.as_deref(), &node, last, now, node_lost_after);
+    facts
+}
+
+fn exit(
+    pod: &Pod,
+    node_name: Option<&str>,
+    node: &impl Fn(&str) -> NodeState,
+    last: Option<TrainerState>,
+    now: Timestamp,
+    node_lost_after: std::time::Duration,
+) -> Option<Exit> {
+    let status = pod.status.as_ref();
+    let preempted = |reason: String| Some(Exit::Preempted { reason });
+    let disruption = status
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| {
+            c.iter()
+                .find(|c| c.type_ == "DisruptionTarget" && c.status == "True")
+        })
+        .map(|c| {
+            let reason = c.reason.clone().unwrap_or_else(|| "DisruptionTarget".into());
+            match &c.message {
+                Some(m) if !m.is_empty() => format!("{reason}: {m}"),
+                _ => reason,
+            }
+        });
+    let phase = status.and_then(|s| s.phase.as_deref()).unwrap_or("Pending");
+    let terminated = status
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|c| c.iter().find(|c| c.name == "trainer").or(c.first()))
+        .and_then(|c| c.state.as_ref())
+        .and_then(|s| s.terminated.as_ref());
+    let node_reason = status
+        .and_then(|s| s.reason.as_deref())
+        .filter(|r| NODE_REASONS.contains(r))
+        .map(|r| {
+            let message = status.and_then(|s| s.message.as_deref()).unwrap_or("");
+            format!("{r}: {message}").trim_end_matches(": ").to_string()
+        });
+
+    if let Some(t) = terminated {
+        if t.exit_code == 0 {
+            let message = t
+                .message
+                .as_deref()
+                .and_then(|m| serde_json::from_str::<TerminationMessage>(m.trim()).ok());
+            return match message.map(|m| m.outcome) {
+                Some(TerminationOutcome::Done) => Some(Exit::Completed),
+                Some(TerminationOutcome::Left) => preempted(
+                    disruption
+                        .or(node_reason)
+                        .unwrap_or_else(|| "left the job on a stop signal".into()),
+                ),
+                None if last == Some(TrainerState::Done) => Some(Exit::Completed),
+                None => preempted(
+                    disruption
+                        .or(node_reason)
+                        .unwrap_or_else(|| "exited before the stopping target".into()),
+                ),
+            };
+        }
+        if let Some(why) = disruption.or(node_reason) {
+            return preempted(why);
+        }
+        let reason = t.reason.as_deref().unwrap_or("Error");
+        return Some(Exit::Failed {
+            reason: format!("exit code {} ({reason})", t.exit_code),
+        });
+    }
+    if phase == "Failed" || phase == "Succeeded" {
+        // Ended without its container ever finishing: the node gave up on it.
+        return preempted(
+            disruption
+                .or(node_reason)
+                .unwrap_or_else(|| format!("pod {phase} before the trainer ran")),
+        );
+    }
+    if let Some(why) = disruption {
+        return preempted(why);
+    }
+    if pod.metadata.deletion_timestamp.is_some() {
+        return preempted("pod deleted".into());
+    }
+    if let Some(why) = node_reason {
+        return preempted(why);
+    }
+    let name = node_name?;
+    match node(name) {
+        NodeState::Ready => None,
+        NodeState::Gone => preempted(format!("node {name} is gone")),
+        NodeState::NotReady { since } => {
+            let down = seconds_since(since, now);
+            (down >= node_lost_after.as_secs_f64())
+                .then(|| Exit::Preempted {
+                    reason: format!("node {name} not ready for {down:.0} s"),
+                })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{
+        ContainerState, ContainerStateTerminated, ContainerStateWaiting, ContainerStatus,
+        PodCondition, PodSpec, PodStatus,
+    };
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    const LOST_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+
+    fn at(s: i64) -> Timestamp {
+        Timestamp::from_second(s).unwrap()
+    }
+
+    fn running() -> Pod {
+        Pod {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                creation_timestamp: Some(Time(at(100))),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                node_name: Some("n1".into()),
+                ..Default::default()
+            }),
+            status: Some(PodStatus {
+                phase: Some("Running".into()),
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn terminated(phase: &str, code: i32, reason: &str, message: Option<&str>) -> Pod {
+        let mut pod = running();
+        let status = pod.status.as_mut().unwrap();
+        status.phase = Some(phase.into());
+        status.container_statuses = Some(vec![ContainerStatus {
+            name: "trainer".into(),
+            state: Some(ContainerState {
+                terminated: Some(ContainerStateTerminated {
+                    exit_code: code,
+                    reason: Some(reason.into()),
+                    message: message.map(Into::into),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }]);
+        pod
+    }
+
+    fn disrupted(mut pod: Pod, reason: &str) -> Pod {
+        pod.status.as_mut().unwrap().conditions = Some(vec![PodCondition {
+            type_: "DisruptionTarget".into(),
+            status: "True".into(),
+            reason: Some(reason.into()),
+            message: Some("spot".into()),
+            ..Default::default()
+        }]);
+        pod
+    }
+
+    fn facts(pod: &Pod, node: NodeState, last: Option<TrainerState>) -> PodFacts {
+        pod_facts(pod, |_| node, last, at(1000), LOST_AFTER)
+    }
+
+    fn exit(pod: &Pod) -> Option<Exit> {
+        facts(pod, NodeState::Ready, None).exit
+    }
+
+    fn is_preemption(e: &Option<Exit>) -> bool {
+        matches!(e, Some(Exit::Preempted { .. }))
+    }
+
+    #[test]
+    fn a_running_pod_on_a_ready_node_is_live() {
+        let f = facts(&running(), NodeState::Ready, None);
+        assert_eq!(f.exit, None);
+        assert_eq!(f.node.as_deref(), Some("n1"));
+        assert_eq!(f.pending_since, None);
+    }
+
+    #[test]
+    fn an_unscheduled_pod_waits_since_its_creation() {
+        let mut pod = running();
+        pod.spec.as_mut().unwrap().node_name = None;
+        pod.status.as_mut().unwrap().phase = Some("Pending".into());
+        let f = facts(&pod, NodeState::Ready, None);
+        assert_eq!((f.exit, f.node, f.pending_since), (None, None, Some(at(100))));
+    }
+
+    #[test]
+    fn every_disruption_reason_is_a_preemption_even_while_the_pod_still_runs() {
+        for reason in DISRUPTION_REASONS {
+            let e = exit(&disrupted(running(), reason));
+            let Some(Exit::Preempted { reason: why }) = e else {
+                panic!("{reason}: {e:?}")
+            };
+            assert!(why.starts_with(reason), "{why}");
+            // ...and whatever code the trainer exited with afterwards.
+            for code in [0, 1, 137, 143] {
+                let e = exit(&disrupted(terminated("Failed", code, "Error", None), reason));
+                assert!(is_preemption(&e), "{reason} exit {code}: {e:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn node_shutdown_and_eviction_are_preemptions() {
+        for reason in ["Terminated", "Shutdown", "Evicted", "NodeLost", "OutOfcpu"] {
+            let mut pod = terminated("Failed", 143, "Error", None);
+            pod.status.as_mut().unwrap().reason = Some(reason.into());
+            pod.status.as_mut().unwrap().message =
+                Some("Pod was terminated in response to imminent node shutdown.".into());
+            assert!(is_preemption(&exit(&pod)), "{reason}");
+            // Failed before the container ever ran.
+            let mut pod = running();
+            pod.status.as_mut().unwrap().phase = Some("Failed".into());
+            pod.status.as_mut().unwrap().reason = Some(reason.into());
+            assert!(is_preemption(&exit(&pod)), "{reason} before running");
+        }
+    }
+
+    #[test]
+    fn a_deleted_pod_and_a_lost_node_are_preemptions() {
+        let mut pod = running();
+        pod.metadata.deletion_timestamp = Some(Time(at(900)));
+        assert_eq!(
+            exit(&pod),
+            Some(Exit::Preempted {
+                reason: "pod deleted".into()
+            })
+        );
+        let e = facts(&running(), NodeState::Gone, None).exit;
+        assert_eq!(
+            e,
+            Some(Exit::Preempted {
+                reason: "node n1 is gone".into()
+            })
+        );
+        // NotReady: only beyond the timeout.
+        let briefly = NodeState::NotReady { since: at(950) };
+        assert_eq!(facts(&running(), briefly, None).exit, None);
+        let long = NodeState::NotReady { since: at(900) };
+        let e = facts(&running(), long, None).exit;
+        assert_eq!(
+            e,
+            Some(Exit::Preempted {
+                reason: "node n1 not ready for 100 s".into()
+            })
+        );
+    }
+
+    #[test]
+    fn a_crash_is_a_failure_with_its_exit_code() {
+        assert_eq!(
+            exit(&terminated("Failed", 101, "Error", None)),
+            Some(Exit::Failed {
+                reason: "exit code 101 (Error)".into()
+            })
+        );
+        assert_eq!(
+            exit(&terminated("Failed", 137, "OOMKilled", None)),
+            Some(Exit::Failed {
+                reason: "exit code 137 (OOMKilled)".into()
+            })
+        );
+    }
+
+    #[test]
+    fn a_clean_exit_is_completion_only_when_the_trainer_says_done() {
+        let done = r#"{"outcome":"done","step":400}"#;
+        let left = r#"{"outcome":"left","step":120}"#;
+        assert_eq!(
+            exit(&terminated("Succeeded", 0, "Completed", Some(done))),
+            Some(Exit::Completed)
+        );
+        assert!(is_preemption(&exit(&terminated(
+            "Succeeded",
+            0,
+            "Completed",
+            Some(left)
+        ))));
+        // No message (an older trainer): its last status decides.
+        let pod = terminated("Succeeded", 0, "Completed", None);
+        assert!(is_preemption(&exit(&pod)));
+        let f = facts(&pod, NodeState::Ready, Some(TrainerState::Done));
+        assert_eq!(f.exit, Some(Exit::Completed));
+    }
+
+    #[test]
+    fn a_container_that_cannot_start_says_why() {
+        let mut pod = running();
+        pod.status.as_mut().unwrap().container_statuses = Some(vec![ContainerStatus {
+            name: "trainer".into(),
+            state: Some(ContainerState {
+                waiting: Some(ContainerStateWaiting {
+                    reason: Some("ImagePullBackOff".into()),
+                    message: Some("pull access denied".into()),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }]);
+        let f = facts(&pod, NodeState::Ready, None);
+        assert_eq!(f.waiting.as_deref(), Some("ImagePullBackOff: pull access denied"));
+        assert_eq!(f.exit, None);
+    }
+
+    #[test]
+    fn node_readiness_comes_from_its_ready_condition() {
+        use k8s_openapi::api::core::v1::{NodeCondition, NodeStatus};
+        let node = |status: &str| Node {
+            status: Some(NodeStatus {
+                conditions: Some(vec![NodeCondition {
+                    type_: "Ready".into(),
+                    status: status.into(),
+                    last_transition_time: Some(Time(at(5))),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(node_state(Some(&node("True"))), NodeState::Ready);
+        assert_eq!(
+            node_state(Some(&node("Unknown"))),
+            NodeState::NotReady { since: at(5) }
+        );
+        assert_eq!(node_state(None), NodeState::Gone);
+    }
+}

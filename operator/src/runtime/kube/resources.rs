@@ -1,0 +1,415 @@
+//! The objects a job owns, built from its spec (pure): a pod per member attempt, a headless
+//! Service for stable member DNS, the peer-key Secret, the topology ConfigMap.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Capabilities, ConfigMap, Container, ContainerPort, EmptyDirVolumeSource, EnvVar,
+    HTTPGetAction, KeyToPath, PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext,
+    PodSpec, Probe, ResourceRequirements, SeccompProfile, SecretVolumeSource, SecurityContext,
+    Service, ServicePort, ServiceSpec, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use k8s_openapi::ByteString;
+use kube::Resource;
+use murmur_core::api::{CheckpointVolumeKind, DecentralizedTrainingJob};
+use murmur_core::contract::{TERMINATION_LOG, TrainerEnv};
+use murmur_core::topology::MemberId;
+
+use super::scheduling;
+
+pub const LABEL_JOB: &str = "murmur.dev/job";
+pub const LABEL_MEMBER: &str = "murmur.dev/member";
+pub const LABEL_ATTEMPT: &str = "murmur.dev/attempt";
+pub const LABEL_CLIQUE: &str = "murmur.dev/clique";
+pub const ANNOTATION_CAPACITY: &str = "murmur.dev/capacity";
+pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+/// The operator's watches select on this label: only what it created.
+pub const MANAGER: &str = "murmur-operator";
+pub const MANAGED_SELECTOR: &str = "app.kubernetes.io/managed-by=murmur-operator";
+
+pub const PEER_PORT: i32 = 7070;
+pub const STATUS_PORT: i32 = 7071;
+pub const KEY_DIR: &str = "/var/run/murmur/peer-key";
+pub const KEY_ITEM: &str = "key";
+pub const CHECKPOINT_DIR: &str = "/var/lib/murmur/checkpoints";
+pub const TERMINATION_MESSAGE_PATH: &str = "/dev/termination-log";
+/// Spot notices give at most 30 s; the trainer leaves at a round boundary and checkpoints in it.
+pub const TERMINATION_GRACE_SECONDS: i64 = 30;
+/// The non-root user the trainer image runs as (distroless `nonroot`).
+pub const TRAINER_UID: i64 = 65_532;
+
+/// ConfigMap keys: the document trainers follow, the planner's memory, the join reports.
+pub const TOPOLOGY_KEY: &str = "topology.json";
+pub const STATE_KEY: &str = "state.json";
+pub const JOINS_KEY: &str = "joins.json";
+/// Secret key holding the job's HMAC key (hex).
+pub const SECRET_KEY: &str = "peer-key";
+
+pub fn service_name(job: &str) -> String {
+    format!("{job}-peers")
+}
+pub fn secret_name(job: &str) -> String {
+    format!("{job}-peer-key")
+}
+pub fn config_map_name(job: &str) -> String {
+    format!("{job}-topology")
+}
+pub fn pod_name(job: &str, member: MemberId, attempt: u32) -> String {
+    format!("{job}-{member}-{attempt}")
+}
+fn hostname(member: MemberId) -> String {
+    format!("member-{member}")
+}
+
+/// What the operator decides once for all jobs.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Server-side apply field manager.
+    pub field_manager: String,
+    /// Base URL trainers post to and long-poll (the operator's Service).
+    pub control_endpoint: String,
+    pub cluster_domain: String,
+    /// A node NotReady this long counts as lost: its members are preempted and replaced.
+    pub node_lost_after: std::time::Duration,
+    /// A pod the operator created may be missing from its cache this long before it counts as
+    /// deleted (the watch is behind the write).
+    pub creation_grace: std::time::Duration,
+    /// Re-plan at least this often (progress in the status, node timeouts).
+    pub resync: std::time::Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            field_manager: MANAGER.into(),
+            control_endpoint: "http://murmur-operator.murmur-system.svc:8470".into(),
+            cluster_domain: "cluster.local".into(),
+            node_lost_after: std::time::Duration::from_secs(60),
+            creation_grace: std::time::Duration::from_secs(30),
+            resync: std::time::Duration::from_secs(30),
+        }
+    }
+}
+
+/// A member's stable peer address: its DNS name under the job's headless Service.
+pub fn member_address(job: &DecentralizedTrainingJob, member: MemberId, s: &Settings) -> String {
+    format!(
+        "{}.{}.{}.svc.{}:{PEER_PORT}",
+        hostname(member),
+        service_name(&name(job)),
+        namespace(job),
+        s.cluster_domain
+    )
+}
+
+pub fn name(job: &DecentralizedTrainingJob) -> String {
+    job.metadata.name.clone().unwrap_or_default()
+}
+pub fn namespace(job: &DecentralizedTrainingJob) -> String {
+    job.metadata
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".into())
+}
+
+fn owner(job: &DecentralizedTrainingJob) -> OwnerReference {
+    job.controller_owner_ref(&())
+        .expect("a job read from the API server has a name and uid")
+}
+
+fn labels(job: &DecentralizedTrainingJob, component: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (MANAGED_BY.into(), MANAGER.into()),
+        ("app.kubernetes.io/name".into(), "murmur".into()),
+        ("app.kubernetes.io/component".into(), component.into()),
+        ("app.kubernetes.io/instance".into(), name(job)),
+        (LABEL_JOB.into(), name(job)),
+    ])
+}
+
+fn meta(job: &DecentralizedTrainingJob, name: String, component: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name),
+        namespace: Some(namespace(job)),
+        labels: Some(labels(job, component)),
+        owner_references: Some(vec![owner(job)]),
+        ..Default::default()
+    }
+}
+
+/// Headless, and publishing not-ready members: a member's neighbours must reach it while it
+/// joins (before its readiness probe passes).
+pub fn service(job: &DecentralizedTrainingJob) -> Service {
+    Service {
+        metadata: meta(job, service_name(&name(job)), "peers"),
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("None".into()),
+            publish_not_ready_addresses: Some(true),
+            selector: Some(BTreeMap::from([
+                (LABEL_JOB.into(), name(job)),
+                (MANAGED_BY.into(), MANAGER.into()),
+            ])),
+            ports: Some(vec![
+                ServicePort {
+                    name: Some("peer".into()),
+                    port: PEER_PORT,
+                    target_port: Some(IntOrString::Int(PEER_PORT)),
+                    ..Default::default()
+                },
+                ServicePort {
+                    name: Some("status".into()),
+                    port: STATUS_PORT,
+                    target_port: Some(IntOrString::Int(STATUS_PORT)),
+                    ..Default::default()
+                },
+            ]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+pub fn secret(job: &DecentralizedTrainingJob, key_hex: &str) -> k8s_openapi::api::core::v1::Secret {
+    k8s_openapi::api::core::v1::Secret {
+        metadata: meta(job, secret_name(&name(job)), "peer-key"),
+        type_: Some("Opaque".into()),
+        immutable: Some(true),
+        data: Some(BTreeMap::from([(
+            SECRET_KEY.into(),
+            ByteString(key_hex.as_bytes().to_vec()),
+        )])),
+        ..Default::default()
+    }
+}
+
+pub fn config_map(job: &DecentralizedTrainingJob, data: BTreeMap<String, String>) -> ConfigMap {
+    ConfigMap {
+        metadata: meta(job, config_map_name(&name(job)), "topology"),
+        data: Some(data),
+        ..Default::default()
+    }
+}
+
+/// One attempt of one member.
+pub struct MemberPod<'a> {
+    pub job: &'a DecentralizedTrainingJob,
+    pub member: MemberId,
+    pub attempt: u32,
+    pub on_demand: bool,
+    /// Its clique in the current topology, when it has one (a replacement).
+    pub clique: Option<u32>,
+}
+
+pub fn pod(p: &MemberPod, s: &Settings) -> Pod {
+    let job = p.job;
+    let spec = &job.spec;
+    let job_name = name(job);
+    let mut metadata = meta(job, pod_name(&job_name, p.member, p.attempt), "trainer");
+    let labels = metadata.labels.get_or_insert_with(BTreeMap::new);
+    labels.insert(LABEL_MEMBER.into(), p.member.to_string());
+    labels.insert(LABEL_ATTEMPT.into(), p.attempt.to_string());
+    if let Some(c) = p.clique {
+        labels.insert(LABEL_CLIQUE.into(), c.to_string());
+    }
+    metadata.annotations = Some(BTreeMap::from([(
+        ANNOTATION_CAPACITY.into(),
+        if p.on_demand { "on-demand" } else { "spot" }.to_string(),
+    )]));
+
+    let checkpoint = spec.checkpoint.as_ref();
+    let contract = TrainerEnv {
+        job: job_name.clone(),
+        namespace: namespace(job),
+        member_id: p.member,
+        listen_address: format!("0.0.0.0:{PEER_PORT}"),
+        status_address: format!("0.0.0.0:{STATUS_PORT}"),
+        control_endpoint: Some(s.control_endpoint.clone()),
+        peer_key_file: format!("{KEY_DIR}/{KEY_ITEM}").into(),
+        topology_file: None,
+        checkpoint_dir: checkpoint.map(|_| CHECKPOINT_DIR.into()),
+        output_dir: None,
+        backend: spec.trainer.backend,
+        job_spec: Some(serde_json::to_string(spec).expect("a spec serializes")),
+    };
+    // The user's variables first; the contract's own names are murmur's.
+    let mut env: Vec<EnvVar> = spec
+        .trainer
+        .env
+        .iter()
+        .filter(|e| !e.name.starts_with("MURMUR_"))
+        .cloned()
+        .collect();
+    env.extend(contract.to_vars().into_iter().map(|(k, v)| EnvVar {
+        name: k.into(),
+        value: Some(v),
+        value_from: None,
+    }));
+    env.push(EnvVar {
+        name: TERMINATION_LOG.into(),
+        value: Some(TERMINATION_MESSAGE_PATH.into()),
+        value_from: None,
+    });
+
+    let mut limits = BTreeMap::new();
+    let mut requests = BTreeMap::new();
+    if let Some(r) = &spec.trainer.resources {
+        for (name, q) in [("cpu", &r.cpu), ("memory", &r.memory)] {
+            if let Some(q) = q {
+                requests.insert(name.to_string(), q.clone());
+                limits.insert(name.to_string(), q.clone());
+            }
+        }
+        if let Some(gpus) = r.gpus.filter(|&g| g > 0) {
+            limits.insert("nvidia.com/gpu".into(), Quantity(gpus.to_string()));
+        }
+    }
+
+    let mut mounts = vec![
+        VolumeMount {
+            name: "peer-key".into(),
+            mount_path: KEY_DIR.into(),
+            read_only: Some(true),
+            ..Default::default()
+        },
+        VolumeMount {
+            name: "tmp".into(),
+            mount_path: "/tmp".into(),
+            ..Default::default()
+        },
+    ];
+    let mut volumes = vec![
+        Volume {
+            name: "peer-key".into(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(secret_name(&job_name)),
+                default_mode: Some(0o400),
+                items: Some(vec![KeyToPath {
+                    key: SECRET_KEY.into(),
+                    path: KEY_ITEM.into(),
+                    ..Default::default()
+                }]),
+                optional: Some(false),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        Volume {
+            name: "tmp".into(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Default::default()
+        },
+    ];
+    if let Some(c) = checkpoint {
+        mounts.push(VolumeMount {
+            name: "checkpoints".into(),
+            mount_path: CHECKPOINT_DIR.into(),
+            ..Default::default()
+        });
+        volumes.push(Volume {
+            name: "checkpoints".into(),
+            empty_dir: (c.volume.kind == CheckpointVolumeKind::EmptyDir)
+                .then(EmptyDirVolumeSource::default),
+            persistent_volume_claim: c.volume.claim_name.clone().map(|claim_name| {
+                PersistentVolumeClaimVolumeSource {
+                    claim_name,
+                    read_only: Some(false),
+                }
+            }),
+            ..Default::default()
+        });
+    }
+
+    let probe = |path: &str, period: i32, failures: i32| Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::String("status".into()),
+            ..Default::default()
+        }),
+        period_seconds: Some(period),
+        failure_threshold: Some(failures),
+        ..Default::default()
+    };
+    let container = Container {
+        name: "trainer".into(),
+        image: Some(spec.trainer.image.clone()),
+        args: Some(vec!["run".into()]),
+        env: Some(env),
+        ports: Some(vec![
+            ContainerPort {
+                name: Some("peer".into()),
+                container_port: PEER_PORT,
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            },
+            ContainerPort {
+                name: Some("status".into()),
+                container_port: STATUS_PORT,
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            },
+        ]),
+        readiness_probe: Some(probe("/readyz", 5, 3)),
+        // Generous: a trainer busy in a long step must not be killed for a slow answer.
+        liveness_probe: Some(probe("/healthz", 20, 6)),
+        resources: Some(ResourceRequirements {
+            limits: (!limits.is_empty()).then_some(limits),
+            requests: (!requests.is_empty()).then_some(requests),
+            ..Default::default()
+        }),
+        security_context: Some(SecurityContext {
+            run_as_non_root: Some(true),
+            allow_privilege_escalation: Some(false),
+            privileged: Some(false),
+            read_only_root_filesystem: Some(true),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                add: None,
+            }),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".into(),
+                localhost_profile: None,
+            }),
+            ..Default::default()
+        }),
+        termination_message_path: Some(TERMINATION_MESSAGE_PATH.into()),
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        volume_mounts: Some(mounts),
+        ..Default::default()
+    };
+    let placement = scheduling::placement(&spec.scheduling, p.on_demand);
+    let sched = &spec.scheduling;
+    Pod {
+        metadata,
+        spec: Some(PodSpec {
+            hostname: Some(hostname(p.member)),
+            subdomain: Some(service_name(&job_name)),
+            restart_policy: Some("Never".into()),
+            termination_grace_period_seconds: Some(TERMINATION_GRACE_SECONDS),
+            automount_service_account_token: Some(false),
+            enable_service_links: Some(false),
+            containers: vec![container],
+            volumes: Some(volumes),
+            node_selector: (!sched.node_selector.is_empty()).then(|| sched.node_selector.clone()),
+            affinity: placement.affinity,
+            tolerations: (!placement.tolerations.is_empty()).then_some(placement.tolerations),
+            priority_class_name: sched.priority_class_name.clone(),
+            scheduler_name: sched.scheduler_name.clone(),
+            security_context: Some(PodSecurityContext {
+                run_as_non_root: Some(true),
+                run_as_user: Some(TRAINER_UID),
+                run_as_group: Some(TRAINER_UID),
+                fs_group: Some(TRAINER_UID),
+                seccomp_profile: Some(SeccompProfile {
+                    type_: "RuntimeDefault".into(),
+                    localhost_profile: None,
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
