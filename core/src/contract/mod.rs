@@ -10,5 +10,6 @@ pub use control::{DropReason, PeerEvent};
 pub use document::{DocumentEdge, DocumentError, DocumentMember, TopologyDocument};
 pub use env::{EnvError, TrainerEnv};
 pub use reports::{
-    JoinReport, TERMINATION_LOG, TerminationMessage, TerminationOutcome, TrainerState, TrainerStatus,
+    JoinReport, TERMINATION_LOG, TerminationMessage, TerminationOutcome, TrainerState,
+    TrainerStatus,
 };

@@ -15,9 +15,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use murmur_core::api::conditions::{ConditionType, condition_is_true, set_condition};
 use murmur_core::api::{AlgorithmKind, Capacity, DecentralizedTrainingJobSpec, JobPhase};
-use serde::{Deserialize, Serialize};
 use murmur_core::contract::{JoinReport, TrainerStatus};
 use murmur_core::topology::{self, BuildSpec, MemberId, MemberProfile, Topology};
+use serde::{Deserialize, Serialize};
 
 #[cfg(test)]
 mod tests;
@@ -357,7 +357,10 @@ pub fn next_deadline(
             continue;
         };
         if !r.pending_reported {
-            deadlines.push(after(since, spec.recovery.pending_timeout.as_std().as_secs_f64()));
+            deadlines.push(after(
+                since,
+                spec.recovery.pending_timeout.as_std().as_secs_f64(),
+            ));
         }
         if let Some(fallback) = &spec.scheduling.fallback_to_on_demand_after
             && !r.on_demand
@@ -480,7 +483,10 @@ fn note_lifecycle(
                 EventKind::Normal,
                 "Scheduled",
                 Some(id),
-                format!("member {id} (attempt {}) runs on node {node}{capacity}", r.attempt),
+                format!(
+                    "member {id} (attempt {}) runs on node {node}{capacity}",
+                    r.attempt
+                ),
             ));
         }
         if !r.joined && m.join.is_some() {
@@ -849,7 +855,10 @@ fn update_conditions(
         t.clone(),
     );
     let suspended = s.phase == JobPhase::Suspended;
-    if suspended || c.iter().any(|c| c.type_ == ConditionType::Suspended.as_str()) {
+    if suspended
+        || c.iter()
+            .any(|c| c.type_ == ConditionType::Suspended.as_str())
+    {
         set_condition(
             c,
             ConditionType::Suspended,

@@ -244,7 +244,7 @@ fn a_preempted_member_is_repaired_out_replaced_at_once_and_never_counted_as_a_re
     // The replacement is added back once it reports.
     assert!(w.plan().is_empty());
     assert!(
-        w.state.members[&1].joined == false && w.state.members[&1].attempt == 1,
+        !w.state.members[&1].joined && w.state.members[&1].attempt == 1,
         "a new attempt has not joined yet"
     );
     w.join(1);
@@ -590,13 +590,15 @@ fn a_job_suspended_from_the_start_creates_nothing() {
 #[test]
 fn an_invalid_spec_is_reported_once_and_cleared_when_fixed() {
     let state = JobState::new(at(0.0));
-    let (s, actions) = reject(&state, "replicas must satisfy min <= target <= max", at(1.0));
-    assert_eq!(World::reasons(&actions), vec!["InvalidSpec"]);
-    assert!(
-        s.conditions
-            .iter()
-            .any(|c| c.type_ == "InvalidSpec" && c.status == "True" && c.message.contains("min <= target"))
+    let (s, actions) = reject(
+        &state,
+        "replicas must satisfy min <= target <= max",
+        at(1.0),
     );
+    assert_eq!(World::reasons(&actions), vec!["InvalidSpec"]);
+    assert!(s.conditions.iter().any(|c| c.type_ == "InvalidSpec"
+        && c.status == "True"
+        && c.message.contains("min <= target")));
     let (again, actions) = reject(&s, "replicas must satisfy min <= target <= max", at(2.0));
     assert!(actions.is_empty());
     assert_eq!(again, s);

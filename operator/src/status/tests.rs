@@ -46,14 +46,7 @@ fn view() -> JobView {
         observed.members.insert(id, ObservedMember::default());
     }
     let (state, _) = planner::plan(&spec, &state, &observed, now);
-    view::job_view(
-        "ml",
-        "j",
-        &spec,
-        &state,
-        &observed,
-        now,
-    )
+    view::job_view("ml", "j", &spec, &state, &observed, now)
 }
 
 async fn post(base: &str, path: &str, body: &[u8], signature: Option<String>) -> u16 {

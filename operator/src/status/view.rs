@@ -4,8 +4,8 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 use k8s_openapi::jiff::Timestamp;
 use murmur_core::api::{
-    AlgorithmKind, Capacity, DecentralizedTrainingJobSpec, DecentralizedTrainingJobStatus, JobPhase,
-    MemberCapacity, MemberPhase, MemberStatus, Progress, Replicas, TopologyKind,
+    AlgorithmKind, Capacity, DecentralizedTrainingJobSpec, DecentralizedTrainingJobStatus,
+    JobPhase, MemberCapacity, MemberPhase, MemberStatus, Progress, Replicas, TopologyKind,
 };
 use murmur_core::contract::TrainerState;
 use schemars::JsonSchema;

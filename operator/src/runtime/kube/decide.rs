@@ -229,26 +229,38 @@ pub fn decide(i: &Inputs) -> Decision {
     // Observe, plan.
     let (observed, facts) = observe(i);
     let (state, actions) = planner::plan(&job.spec, &i.memory.state, &observed, i.now);
+    let mut observed = observed;
     for action in &actions {
         match *action {
             Action::Create {
                 member,
                 attempt,
                 on_demand,
-            } => d.create.push(resources::pod(
-                &resources::MemberPod {
-                    job,
+            } => {
+                // What the cluster will show of it once the write lands.
+                observed.members.insert(
                     member,
-                    attempt,
-                    on_demand,
-                    clique: state.topology.as_ref().and_then(|t| t.clique_of(member)),
-                },
-                i.settings,
-            )),
+                    ObservedMember {
+                        attempt,
+                        address: Some(resources::member_address(job, member, i.settings)),
+                        pending_since: Some(i.now),
+                        ..Default::default()
+                    },
+                );
+                d.create.push(resources::pod(
+                    &resources::MemberPod {
+                        job,
+                        member,
+                        attempt,
+                        on_demand,
+                        clique: state.topology.as_ref().and_then(|t| t.clique_of(member)),
+                    },
+                    i.settings,
+                ));
+            }
             Action::Stop { member, attempt } => {
                 let pod = resources::pod_name(&name, member, attempt);
-                if i
-                    .pods
+                if i.pods
                     .iter()
                     .any(|p| p.metadata.name.as_deref() == Some(&pod))
                     && !d.delete.iter().any(|(n, _)| n == &pod)
@@ -276,9 +288,10 @@ pub fn decide(i: &Inputs) -> Decision {
     }
 
     // The topology document, with the members' stable addresses.
-    let document = state.topology.as_ref().map(|t| {
-        t.to_document(|id| Some(resources::member_address(job, id, i.settings)))
-    });
+    let document = state
+        .topology
+        .as_ref()
+        .map(|t| t.to_document(|id| Some(resources::member_address(job, id, i.settings))));
     let memory = Persisted {
         state,
         joins: i.memory.joins.clone(),
@@ -313,10 +326,13 @@ pub fn decide(i: &Inputs) -> Decision {
     // When to look again without news.
     let mut wake = planner::next_deadline(&job.spec, &memory.state, &observed, i.now);
     if memory.state.phase.is_finished()
-        && let (Some(ttl), Some(done)) = (job.spec.ttl_seconds_after_finished, memory.state.completed_at)
+        && let (Some(ttl), Some(done)) = (
+            job.spec.ttl_seconds_after_finished,
+            memory.state.completed_at,
+        )
     {
-        let expires = Timestamp::from_second(done.as_second().saturating_add(ttl))
-            .unwrap_or(Timestamp::MAX);
+        let expires =
+            Timestamp::from_second(done.as_second().saturating_add(ttl)).unwrap_or(Timestamp::MAX);
         if expires <= i.now {
             d.delete_job = true;
         } else {

@@ -79,11 +79,7 @@ impl OperatorMetrics {
             "Time one reconcile takes",
             m.duration.clone(),
         );
-        r.register(
-            "members",
-            "Members of each job by phase",
-            m.members.clone(),
-        );
+        r.register("members", "Members of each job by phase", m.members.clone());
         m
     }
 

@@ -129,7 +129,10 @@ impl Context {
         metrics: Arc<OperatorMetrics>,
         settings: Settings,
         instance: String,
-    ) -> (Arc<Self>, mpsc::UnboundedReceiver<ObjectRef<DecentralizedTrainingJob>>) {
+    ) -> (
+        Arc<Self>,
+        mpsc::UnboundedReceiver<ObjectRef<DecentralizedTrainingJob>>,
+    ) {
         let (trigger, triggered) = mpsc::unbounded_channel();
         let ctx = Arc::new(Self {
             client,
@@ -159,9 +162,10 @@ impl Context {
         {
             return Ok(live.clone());
         }
-        let config_map = self.stores.config_maps.get(
-            &ObjectRef::new(&resources::config_map_name(&key.1)).within(&key.0),
-        );
+        let config_map = self
+            .stores
+            .config_maps
+            .get(&ObjectRef::new(&resources::config_map_name(&key.1)).within(&key.0));
         let memory = Persisted::load(job, config_map.as_deref(), pods)?;
         let secret = self
             .stores
@@ -172,7 +176,9 @@ impl Context {
             .and_then(|s| s.data.as_ref()?.get(resources::SECRET_KEY).cloned())
             .and_then(|b| String::from_utf8(b.0).ok())
             .unwrap_or_else(new_key);
-        let (handle, inbox) = self.hub.register(&key.0, &key.1, key_hex.clone().into_bytes());
+        let (handle, inbox) = self
+            .hub
+            .register(&key.0, &key.1, key_hex.clone().into_bytes());
         let live = Arc::new(Mutex::new(Live {
             uid,
             memory,
@@ -230,9 +236,7 @@ async fn listen(
                     .joins
                     .insert(id, decide::StoredJoin { attempt, report });
                 drop(l);
-                let _ = ctx
-                    .trigger
-                    .send(ObjectRef::new(&key.1).within(&key.0));
+                let _ = ctx.trigger.send(ObjectRef::new(&key.1).within(&key.0));
             }
             Inbound::Status(status) => {
                 let id = status.member_id;
@@ -261,7 +265,10 @@ async fn listen(
 }
 
 /// One reconcile of one job.
-pub async fn reconcile(job: Arc<DecentralizedTrainingJob>, ctx: Arc<Context>) -> Result<Action, Error> {
+pub async fn reconcile(
+    job: Arc<DecentralizedTrainingJob>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
     let started = Instant::now();
     let result = reconcile_inner(&job, &ctx).await;
     let outcome = match &result {
@@ -273,7 +280,10 @@ pub async fn reconcile(job: Arc<DecentralizedTrainingJob>, ctx: Arc<Context>) ->
     result
 }
 
-async fn reconcile_inner(job: &DecentralizedTrainingJob, ctx: &Arc<Context>) -> Result<Action, Error> {
+async fn reconcile_inner(
+    job: &DecentralizedTrainingJob,
+    ctx: &Arc<Context>,
+) -> Result<Action, Error> {
     let namespace = resources::namespace(job);
     let name = resources::name(job);
     if job.metadata.deletion_timestamp.is_some() {
@@ -284,11 +294,7 @@ async fn reconcile_inner(job: &DecentralizedTrainingJob, ctx: &Arc<Context>) -> 
     let uid = job.uid().unwrap_or_default();
     let owned = |meta: &ObjectMeta| {
         meta.namespace.as_deref() == Some(namespace.as_str())
-            && meta
-                .owner_references
-                .iter()
-                .flatten()
-                .any(|o| o.uid == uid)
+            && meta.owner_references.iter().flatten().any(|o| o.uid == uid)
     };
     let pods: Vec<Arc<Pod>> = ctx
         .stores
@@ -300,7 +306,14 @@ async fn reconcile_inner(job: &DecentralizedTrainingJob, ctx: &Arc<Context>) -> 
     let pod_refs: Vec<&Pod> = pods.iter().map(|p| p.as_ref()).collect();
     let live = ctx.live(job, &pod_refs)?;
     let (memory, statuses, created, key_hex) = {
-        let l = lock(&live);
+        let mut l = lock(&live);
+        // A pod the cache has shown is no longer expected: from now on its absence is a
+        // deletion.
+        let seen: std::collections::BTreeSet<(MemberId, u32)> = pod_refs
+            .iter()
+            .filter_map(|p| observe::member_of(p))
+            .collect();
+        l.created.retain(|k, _| !seen.contains(k));
         (
             l.memory.clone(),
             l.statuses.clone(),
@@ -308,9 +321,21 @@ async fn reconcile_inner(job: &DecentralizedTrainingJob, ctx: &Arc<Context>) -> 
             l.key_hex.clone(),
         )
     };
-    let service = get(&ctx.stores.services, &namespace, resources::service_name(&name));
-    let secret = get(&ctx.stores.secrets, &namespace, resources::secret_name(&name));
-    let config_map = get(&ctx.stores.config_maps, &namespace, resources::config_map_name(&name));
+    let service = get(
+        &ctx.stores.services,
+        &namespace,
+        resources::service_name(&name),
+    );
+    let secret = get(
+        &ctx.stores.secrets,
+        &namespace,
+        resources::secret_name(&name),
+    );
+    let config_map = get(
+        &ctx.stores.config_maps,
+        &namespace,
+        resources::config_map_name(&name),
+    );
     let nodes = ctx.stores.nodes.clone();
     let node = move |n: &str| observe::node_state(nodes.get(&ObjectRef::new(n)).as_deref());
     let now = (ctx.clock)();

@@ -49,7 +49,9 @@ pub fn member_of(pod: &Pod) -> Option<(MemberId, u32)> {
 pub enum NodeState {
     Ready,
     /// `Ready` is not True since this time.
-    NotReady { since: Timestamp },
+    NotReady {
+        since: Timestamp,
+    },
     /// Not in the (synced) node cache: deleted.
     Gone,
 }
@@ -151,7 +153,10 @@ fn exit(
                 .find(|c| c.type_ == "DisruptionTarget" && c.status == "True")
         })
         .map(|c| {
-            let reason = c.reason.clone().unwrap_or_else(|| "DisruptionTarget".into());
+            let reason = c
+                .reason
+                .clone()
+                .unwrap_or_else(|| "DisruptionTarget".into());
             match &c.message {
                 Some(m) if !m.is_empty() => format!("{reason}: {m}"),
                 _ => reason,
@@ -223,10 +228,9 @@ fn exit(
         NodeState::Gone => preempted(format!("node {name} is gone")),
         NodeState::NotReady { since } => {
             let down = seconds_since(since, now);
-            (down >= node_lost_after.as_secs_f64())
-                .then(|| Exit::Preempted {
-                    reason: format!("node {name} not ready for {down:.0} s"),
-                })
+            (down >= node_lost_after.as_secs_f64()).then(|| Exit::Preempted {
+                reason: format!("node {name} not ready for {down:.0} s"),
+            })
         }
     }
 }
@@ -320,7 +324,10 @@ mod tests {
         pod.spec.as_mut().unwrap().node_name = None;
         pod.status.as_mut().unwrap().phase = Some("Pending".into());
         let f = facts(&pod, NodeState::Ready, None);
-        assert_eq!((f.exit, f.node, f.pending_since), (None, None, Some(at(100))));
+        assert_eq!(
+            (f.exit, f.node, f.pending_since),
+            (None, None, Some(at(100)))
+        );
     }
 
     #[test]
@@ -333,7 +340,10 @@ mod tests {
             assert!(why.starts_with(reason), "{why}");
             // ...and whatever code the trainer exited with afterwards.
             for code in [0, 1, 137, 143] {
-                let e = exit(&disrupted(terminated("Failed", code, "Error", None), reason));
+                let e = exit(&disrupted(
+                    terminated("Failed", code, "Error", None),
+                    reason,
+                ));
                 assert!(is_preemption(&e), "{reason} exit {code}: {e:?}");
             }
         }
@@ -437,7 +447,10 @@ mod tests {
             ..Default::default()
         }]);
         let f = facts(&pod, NodeState::Ready, None);
-        assert_eq!(f.waiting.as_deref(), Some("ImagePullBackOff: pull access denied"));
+        assert_eq!(
+            f.waiting.as_deref(),
+            Some("ImagePullBackOff: pull access denied")
+        );
         assert_eq!(f.exit, None);
     }
 

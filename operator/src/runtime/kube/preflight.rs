@@ -4,8 +4,8 @@
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
 };
-use kube::api::{Api, ListParams, PostParams};
 use kube::Client;
+use kube::api::{Api, ListParams, PostParams};
 use murmur_core::api::DecentralizedTrainingJob;
 
 /// Every (verb, API group, resource) the operator uses.

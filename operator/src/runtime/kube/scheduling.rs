@@ -2,8 +2,8 @@
 //! the user's own nodeSelector, affinity and tolerations — never dropping any of them.
 
 use k8s_openapi::api::core::v1::{
-    Affinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
-    PreferredSchedulingTerm, Toleration,
+    Affinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, PreferredSchedulingTerm,
+    Toleration,
 };
 use murmur_core::api::{Capacity, SchedulingSpec};
 
@@ -57,8 +57,7 @@ pub fn placement(scheduling: &SchedulingSpec, on_demand: bool) -> Placement {
             let required = node
                 .required_during_scheduling_ignored_during_execution
                 .take();
-            node.required_during_scheduling_ignored_during_execution =
-                Some(require_spot(required));
+            node.required_during_scheduling_ignored_during_execution = Some(require_spot(required));
             add_spot_tolerations(&mut tolerations);
         }
         Capacity::PreferSpot => {
@@ -142,7 +141,10 @@ mod tests {
         p.affinity
             .as_ref()
             .and_then(|a| a.node_affinity.as_ref())
-            .and_then(|n| n.required_during_scheduling_ignored_during_execution.clone())
+            .and_then(|n| {
+                n.required_during_scheduling_ignored_during_execution
+                    .clone()
+            })
             .map(|s| s.node_selector_terms)
             .unwrap_or_default()
     }

@@ -1,0 +1,978 @@
+//! The controller against a mocked API server (kube-rs `tower-test`): every request reconcile
+//! makes is answered and logged, and a miniature cluster feeds what was written back into the
+//! watch caches, so scenarios run reconcile after reconcile the way a cluster would.
+
+use super::*;
+use http::{Request, Response};
+use k8s_openapi::api::core::v1::{
+    ContainerState, ContainerStateTerminated, ContainerStatus, NodeCondition, NodeStatus,
+    PodCondition, PodStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::client::Body;
+use kube::runtime::reflector::store::Writer;
+use kube::runtime::watcher::Event;
+use murmur_core::api::{DecentralizedTrainingJobStatus, parse_manifest};
+use murmur_core::contract::JoinReport;
+use serde_json::{Value, json};
+
+const MANIFEST: &str = "\
+apiVersion: murmur.dev/v1alpha1
+kind: DecentralizedTrainingJob
+metadata: {name: mnist, namespace: ml}
+spec:
+  replicas: {min: 2, target: 4, max: 4}
+  topology: {kind: dCliques, cliqueSize: 2}
+  algorithm: {kind: cliqueAveraging}
+  training: {model: mlp, partition: {kind: classesPerMember, k: 5}, steps: 100}
+  trainer: {backend: cuda, resources: {gpus: 1, cpu: '2', memory: 4Gi}, env: [{name: EXTRA, value: x}, {name: MURMUR_JOB, value: hijack}]}
+  scheduling:
+    capacity: spot
+    fallbackToOnDemandAfter: 120s
+    nodeSelector: {pool: training}
+  recovery: {maxRestarts: 2, backoff: 10s}
+  checkpoint: {everySteps: 50}
+";
+
+#[derive(Clone, Debug)]
+struct Call {
+    method: String,
+    path: String,
+    query: String,
+    body: Value,
+}
+
+impl Call {
+    fn is(&self, method: &str, path_contains: &str) -> bool {
+        self.method == method && self.path.contains(path_contains)
+    }
+}
+
+fn at(secs: i64) -> Timestamp {
+    Timestamp::from_second(1_800_000_000 + secs).unwrap()
+}
+
+/// A miniature cluster around the controller.
+struct Cluster {
+    ctx: Arc<Context>,
+    log: Arc<Mutex<Vec<Call>>>,
+    seen: usize,
+    now: Arc<Mutex<Timestamp>>,
+    job: DecentralizedTrainingJob,
+    shared_job: Arc<Mutex<Value>>,
+    pods: Writer<Pod>,
+    services: Writer<Service>,
+    config_maps: Writer<ConfigMap>,
+    secrets: Writer<Secret>,
+    nodes: Writer<Node>,
+    pod_objects: BTreeMap<String, Pod>,
+}
+
+fn job(manifest: &str) -> DecentralizedTrainingJob {
+    let mut job = parse_manifest(manifest, "job.yaml").unwrap();
+    job.metadata.uid = Some("uid-1".into());
+    job.metadata.generation = Some(1);
+    job.metadata.creation_timestamp = Some(Time(at(0)));
+    job
+}
+
+/// Answer every request as an API server would for a successful write, and log it.
+fn serve(
+    mut handle: tower_test::mock::Handle<Request<Body>, Response<Body>>,
+    log: Arc<Mutex<Vec<Call>>>,
+    shared_job: Arc<Mutex<Value>>,
+) {
+    tokio::spawn(async move {
+        while let Some((request, send)) = handle.next_request().await {
+            let method = request.method().to_string();
+            let path = request.uri().path().to_string();
+            let query = request.uri().query().unwrap_or_default().to_string();
+            let bytes = request.into_body().collect_bytes().await.unwrap();
+            let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            let response = if method == "DELETE" {
+                json!({"apiVersion": "v1", "kind": "Status", "status": "Success", "metadata": {}})
+            } else if path.ends_with("/status") {
+                let mut job = lock(&shared_job).clone();
+                job["status"] = body["status"].clone();
+                job
+            } else {
+                body.clone()
+            };
+            lock(&log).push(Call {
+                method,
+                path,
+                query,
+                body,
+            });
+            send.send_response(
+                Response::builder()
+                    .body(Body::from(serde_json::to_vec(&response).unwrap()))
+                    .unwrap(),
+            );
+        }
+    });
+}
+
+impl Cluster {
+    fn new(manifest: &str) -> Self {
+        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = Client::new(service, "default");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let job = job(manifest);
+        let shared_job = Arc::new(Mutex::new(serde_json::to_value(&job).unwrap()));
+        serve(handle, log.clone(), shared_job.clone());
+        let (pods, pod_writer) = reflector::store();
+        let (services, service_writer) = reflector::store();
+        let (config_maps, config_map_writer) = reflector::store();
+        let (secrets, secret_writer) = reflector::store();
+        let (nodes, mut node_writer) = reflector::store();
+        node_writer.apply_watcher_event(&Event::Apply(node("node-a", "True", at(0))));
+        let stores = Stores {
+            pods,
+            services,
+            config_maps,
+            secrets,
+            nodes,
+        };
+        let mut hub = Hub::default();
+        let metrics = Arc::new(OperatorMetrics::register(&mut hub.metrics.registry));
+        let (ctx, _triggered) = Context::new(
+            client,
+            stores,
+            Arc::new(hub),
+            metrics,
+            Settings::default(),
+            "test".into(),
+        );
+        let now = Arc::new(Mutex::new(at(1)));
+        let clock = now.clone();
+        let ctx = Arc::new(Context {
+            client: ctx.client.clone(),
+            stores: ctx.stores.clone(),
+            hub: ctx.hub.clone(),
+            metrics: ctx.metrics.clone(),
+            settings: ctx.settings.clone(),
+            instance: ctx.instance.clone(),
+            clock: Arc::new(move || *lock(&clock)),
+            jobs: Mutex::default(),
+            trigger: ctx.trigger.clone(),
+        });
+        Self {
+            ctx,
+            log,
+            seen: 0,
+            now,
+            job,
+            shared_job,
+            pods: pod_writer,
+            services: service_writer,
+            config_maps: config_map_writer,
+            secrets: secret_writer,
+            nodes: node_writer,
+            pod_objects: BTreeMap::new(),
+        }
+    }
+
+    fn advance(&self, secs: i64) {
+        let mut now = lock(&self.now);
+        *now = Timestamp::from_second(now.as_second() + secs).unwrap();
+    }
+
+    fn now(&self) -> Timestamp {
+        *lock(&self.now)
+    }
+
+    /// One reconcile; returns its action and every request it made, which the cluster then
+    /// carries out (objects appear in the caches, status lands on the job).
+    async fn reconcile(&mut self) -> (Action, Vec<Call>) {
+        *lock(&self.shared_job) = serde_json::to_value(&self.job).unwrap();
+        let action = reconcile(Arc::new(self.job.clone()), self.ctx.clone())
+            .await
+            .expect("reconcile");
+        let calls: Vec<Call> = lock(&self.log)[self.seen..].to_vec();
+        self.seen += calls.len();
+        for call in &calls {
+            self.carry_out(call);
+        }
+        (action, calls)
+    }
+
+    fn carry_out(&mut self, call: &Call) {
+        let object = call.path.rsplit('/').next().unwrap_or_default().to_string();
+        match (call.method.as_str(), call.path.as_str()) {
+            ("PATCH", p) if p.ends_with("/status") => {
+                self.job.status =
+                    Some(serde_json::from_value(call.body["status"].clone()).unwrap());
+            }
+            ("PATCH", p) if p.contains("/pods/") => {
+                let mut pod: Pod = serde_json::from_value(call.body.clone()).unwrap();
+                pod.metadata.creation_timestamp = Some(Time(self.now()));
+                pod.status = Some(PodStatus {
+                    phase: Some("Pending".into()),
+                    ..Default::default()
+                });
+                self.put_pod(pod);
+            }
+            ("DELETE", p) if p.contains("/pods/") => {
+                if let Some(pod) = self.pod_objects.remove(&object) {
+                    self.pods.apply_watcher_event(&Event::Delete(pod));
+                }
+            }
+            ("PATCH", p) if p.contains("/services/") => {
+                let mut s: Service = serde_json::from_value(call.body.clone()).unwrap();
+                // The API server's defaults.
+                for port in s.spec.as_mut().unwrap().ports.iter_mut().flatten() {
+                    port.protocol = Some("TCP".into());
+                }
+                self.services.apply_watcher_event(&Event::Apply(s));
+            }
+            ("PATCH", p) if p.contains("/secrets/") => {
+                let s: Secret = serde_json::from_value(call.body.clone()).unwrap();
+                self.secrets.apply_watcher_event(&Event::Apply(s));
+            }
+            ("PATCH", p) if p.contains("/configmaps/") => {
+                let c: ConfigMap = serde_json::from_value(call.body.clone()).unwrap();
+                self.config_maps.apply_watcher_event(&Event::Apply(c));
+            }
+            _ => {}
+        }
+    }
+
+    fn put_pod(&mut self, pod: Pod) {
+        self.pods.apply_watcher_event(&Event::Apply(pod.clone()));
+        self.pod_objects
+            .insert(pod.metadata.name.clone().unwrap(), pod);
+    }
+
+    fn edit_pod(&mut self, name: &str, edit: impl FnOnce(&mut Pod)) {
+        let mut pod = self.pod_objects[name].clone();
+        edit(&mut pod);
+        self.put_pod(pod);
+    }
+
+    /// Every pod without a node lands on node-a and runs.
+    fn schedule_all(&mut self) {
+        let names: Vec<String> = self.pod_objects.keys().cloned().collect();
+        for name in names {
+            self.edit_pod(&name, |p| {
+                let spec = p.spec.as_mut().unwrap();
+                if spec.node_name.is_none() {
+                    spec.node_name = Some("node-a".into());
+                    p.status.as_mut().unwrap().phase = Some("Running".into());
+                }
+            });
+        }
+    }
+
+    fn live(&self) -> Arc<Mutex<Live>> {
+        lock(&self.ctx.jobs)[&("ml".to_string(), "mnist".to_string())].clone()
+    }
+
+    /// Members post their join reports; wait until the operator took them in.
+    async fn join(&mut self, members: &[u32]) {
+        let handle = self.ctx.hub.job("ml", "mnist").expect("registered");
+        for &id in members {
+            let mut histogram = vec![0u64; 10];
+            for c in 0..5 {
+                histogram[(id as usize % 2) * 5 + c] = 40;
+            }
+            assert!(handle.deliver(Inbound::Join(JoinReport {
+                member_id: id,
+                label_histogram: histogram,
+                proxy_vector: None,
+            })));
+        }
+        for _ in 0..1000 {
+            let attempts: BTreeMap<u32, u32> = {
+                let live = self.live();
+                let l = lock(&live);
+                l.memory
+                    .joins
+                    .iter()
+                    .map(|(id, j)| (*id, j.attempt))
+                    .collect()
+            };
+            let current = |id: &u32| {
+                let live = self.live();
+                let l = lock(&live);
+                l.memory.state.members.get(id).map(|r| r.attempt)
+            };
+            if members
+                .iter()
+                .all(|id| attempts.get(id).copied() == current(id))
+            {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+        panic!("joins never arrived");
+    }
+
+    /// Four members created, scheduled, joined: the topology is built.
+    async fn running() -> Self {
+        let mut c = Cluster::new(MANIFEST);
+        c.reconcile().await;
+        c.schedule_all();
+        c.join(&[0, 1, 2, 3]).await;
+        c.reconcile().await;
+        c
+    }
+
+    fn status(&self) -> &DecentralizedTrainingJobStatus {
+        self.job.status.as_ref().unwrap()
+    }
+
+    fn condition(&self, kind: &str) -> Option<(String, String)> {
+        self.status()
+            .conditions
+            .iter()
+            .find(|c| c.type_ == kind)
+            .map(|c| (c.status.clone(), c.reason.clone()))
+    }
+
+    fn topology_version(&self) -> u64 {
+        let config_map = self
+            .ctx
+            .stores
+            .config_maps
+            .get(&ObjectRef::new("mnist-topology").within("ml"))
+            .unwrap();
+        let doc: Value =
+            serde_json::from_str(&config_map.data.as_ref().unwrap()[resources::TOPOLOGY_KEY])
+                .unwrap();
+        doc["version"].as_u64().unwrap()
+    }
+}
+
+fn node(name: &str, ready: &str, since: Timestamp) -> Node {
+    Node {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        status: Some(NodeStatus {
+            conditions: Some(vec![NodeCondition {
+                type_: "Ready".into(),
+                status: ready.into(),
+                last_transition_time: Some(Time(since)),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn pods_created(calls: &[Call]) -> Vec<String> {
+    calls
+        .iter()
+        .filter(|c| c.is("PATCH", "/pods/"))
+        .map(|c| c.body["metadata"]["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn events(calls: &[Call]) -> Vec<String> {
+    calls
+        .iter()
+        .filter(|c| c.is("POST", "/events"))
+        .map(|c| c.body["reason"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn terminated(code: i32, reason: &str, message: Option<&str>) -> ContainerStatus {
+    ContainerStatus {
+        name: "trainer".into(),
+        state: Some(ContainerState {
+            terminated: Some(ContainerStateTerminated {
+                exit_code: code,
+                reason: Some(reason.into()),
+                message: message.map(Into::into),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn a_new_job_gets_its_service_secret_config_map_and_one_pod_per_member() {
+    let mut c = Cluster::new(MANIFEST);
+    let (action, calls) = c.reconcile().await;
+    let paths: Vec<String> = calls
+        .iter()
+        .map(|c| format!("{} {}", c.method, c.path))
+        .collect();
+    assert_eq!(
+        paths,
+        vec![
+            "PATCH /api/v1/namespaces/ml/services/mnist-peers",
+            "PATCH /api/v1/namespaces/ml/secrets/mnist-peer-key",
+            "PATCH /api/v1/namespaces/ml/pods/mnist-0-0",
+            "PATCH /api/v1/namespaces/ml/pods/mnist-1-0",
+            "PATCH /api/v1/namespaces/ml/pods/mnist-2-0",
+            "PATCH /api/v1/namespaces/ml/pods/mnist-3-0",
+            "PATCH /api/v1/namespaces/ml/configmaps/mnist-topology",
+            "PATCH /apis/murmur.dev/v1alpha1/namespaces/ml/decentralizedtrainingjobs/mnist/status",
+        ],
+        "{paths:#?}"
+    );
+    // Server-side apply with murmur's field manager, everywhere.
+    for call in &calls {
+        assert!(
+            call.query.contains("fieldManager=murmur-operator"),
+            "{}",
+            call.query
+        );
+        assert!(call.query.contains("force=true"), "{}", call.query);
+    }
+    // Every object is owned by the job.
+    for call in &calls[..7] {
+        let owner = &call.body["metadata"]["ownerReferences"][0];
+        assert_eq!(owner["uid"], "uid-1", "{}", call.path);
+        assert_eq!(owner["controller"], true);
+        assert_eq!(owner["kind"], "DecentralizedTrainingJob");
+    }
+    let service = &calls[0].body["spec"];
+    assert_eq!(service["clusterIP"], "None");
+    assert_eq!(service["publishNotReadyAddresses"], true);
+    assert!(calls[1].body["data"]["peer-key"].as_str().unwrap().len() > 40);
+
+    let pod: Pod = serde_json::from_value(calls[3].body.clone()).unwrap();
+    let labels = pod.metadata.labels.as_ref().unwrap();
+    assert_eq!(labels[resources::LABEL_JOB], "mnist");
+    assert_eq!(labels[resources::LABEL_MEMBER], "1");
+    assert_eq!(labels[resources::LABEL_ATTEMPT], "0");
+    let spec = pod.spec.as_ref().unwrap();
+    assert_eq!(spec.hostname.as_deref(), Some("member-1"));
+    assert_eq!(spec.subdomain.as_deref(), Some("mnist-peers"));
+    assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
+    assert_eq!(spec.termination_grace_period_seconds, Some(30));
+    assert_eq!(spec.automount_service_account_token, Some(false));
+    assert_eq!(spec.node_selector.as_ref().unwrap()["pool"], "training");
+    let terms = &spec
+        .affinity
+        .as_ref()
+        .unwrap()
+        .node_affinity
+        .as_ref()
+        .unwrap()
+        .required_during_scheduling_ignored_during_execution
+        .as_ref()
+        .unwrap()
+        .node_selector_terms;
+    assert_eq!(terms.len(), scheduling::SPOT_LABELS.len());
+    assert!(spec.tolerations.as_ref().unwrap().len() >= 3);
+    let container = &spec.containers[0];
+    let env: BTreeMap<&str, &str> = container
+        .env
+        .iter()
+        .flatten()
+        .map(|e| (e.name.as_str(), e.value.as_deref().unwrap_or("")))
+        .collect();
+    assert_eq!(
+        env["MURMUR_JOB"], "mnist",
+        "the contract wins over user env"
+    );
+    assert_eq!(env["EXTRA"], "x");
+    assert_eq!(env["MURMUR_MEMBER_ID"], "1");
+    assert_eq!(env["MURMUR_LISTEN_ADDRESS"], "0.0.0.0:7070");
+    assert_eq!(env["MURMUR_BACKEND"], "cuda");
+    assert_eq!(env["MURMUR_PEER_KEY_FILE"], "/var/run/murmur/peer-key/key");
+    assert_eq!(env["MURMUR_CHECKPOINT_DIR"], resources::CHECKPOINT_DIR);
+    assert_eq!(env["MURMUR_TERMINATION_LOG"], "/dev/termination-log");
+    assert!(env["MURMUR_CONTROL_ENDPOINT"].starts_with("http://"));
+    let spec_json: Value = serde_json::from_str(env["MURMUR_JOB_SPEC"]).unwrap();
+    assert_eq!(spec_json["replicas"]["target"], 4);
+    assert_eq!(
+        container
+            .resources
+            .as_ref()
+            .unwrap()
+            .limits
+            .as_ref()
+            .unwrap()["nvidia.com/gpu"]
+            .0,
+        "1"
+    );
+    assert_eq!(
+        container
+            .readiness_probe
+            .as_ref()
+            .unwrap()
+            .http_get
+            .as_ref()
+            .unwrap()
+            .path
+            .as_deref(),
+        Some("/readyz")
+    );
+    let security = container.security_context.as_ref().unwrap();
+    assert_eq!(security.run_as_non_root, Some(true));
+    assert_eq!(security.allow_privilege_escalation, Some(false));
+    assert_eq!(
+        security.capabilities.as_ref().unwrap().drop.as_deref(),
+        Some(&["ALL".to_string()][..])
+    );
+    assert_eq!(
+        security.seccomp_profile.as_ref().unwrap().type_,
+        "RuntimeDefault"
+    );
+    let ports: Vec<i32> = container
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| p.container_port)
+        .collect();
+    assert_eq!(ports, vec![7070, 7071]);
+
+    let status = c.status();
+    assert_eq!(status.phase, Some(murmur_core::api::JobPhase::Pending));
+    assert_eq!(status.observed_generation, Some(1));
+    assert_eq!(c.condition("Created").unwrap().0, "True");
+    // The join grace is the next deadline.
+    assert_eq!(action, Action::requeue(Duration::from_secs(14)));
+}
+
+#[tokio::test]
+async fn an_unchanged_job_costs_no_request_at_all() {
+    let mut c = Cluster::running().await;
+    let (_, calls) = c.reconcile().await;
+    assert!(calls.is_empty(), "{calls:#?}");
+    c.advance(5);
+    let (_, calls) = c.reconcile().await;
+    assert!(calls.is_empty(), "{calls:#?}");
+}
+
+#[tokio::test]
+async fn joined_members_get_a_data_aware_topology_in_the_config_map_and_events() {
+    let mut c = Cluster::new(MANIFEST);
+    c.reconcile().await;
+    c.schedule_all();
+    let (_, calls) = c.reconcile().await;
+    assert_eq!(events(&calls), vec!["Scheduled"; 4]);
+    c.join(&[0, 1, 2, 3]).await;
+    let (_, calls) = c.reconcile().await;
+    let reasons = events(&calls);
+    assert_eq!(reasons.iter().filter(|r| *r == "Joined").count(), 4);
+    assert!(reasons.contains(&"TopologyChanged".to_string()));
+    assert_eq!(c.topology_version(), 1);
+    let config_map = c
+        .ctx
+        .stores
+        .config_maps
+        .get(&ObjectRef::new("mnist-topology").within("ml"))
+        .unwrap();
+    let doc: murmur_core::contract::TopologyDocument =
+        serde_json::from_str(&config_map.data.as_ref().unwrap()[resources::TOPOLOGY_KEY]).unwrap();
+    assert_eq!(doc.members.len(), 4);
+    assert_eq!(
+        doc.members[2].address.as_deref(),
+        Some("member-2.mnist-peers.ml.svc.cluster.local:7070")
+    );
+    // Cliques pair a member of each kind: every clique holds all ten classes.
+    for m in &doc.members {
+        let mates: Vec<u32> = doc
+            .members
+            .iter()
+            .filter(|o| o.clique == m.clique)
+            .map(|o| o.id)
+            .collect();
+        assert_eq!(mates.len(), 2);
+        assert_ne!(mates[0] % 2, mates[1] % 2);
+    }
+    // Trainers long-poll the same document from the operator.
+    let handle = c.ctx.hub.job("ml", "mnist").unwrap();
+    assert_eq!(handle.topology().borrow().as_ref().unwrap().version, 1);
+    assert_eq!(c.status().phase, Some(murmur_core::api::JobPhase::Running));
+    assert_eq!(c.status().member_summary.as_deref(), Some("4/4"));
+}
+
+#[tokio::test]
+async fn a_preempted_pod_is_replaced_at_once_the_topology_repaired_and_nothing_counts_as_a_restart()
+{
+    for reason in observe::DISRUPTION_REASONS {
+        let mut c = Cluster::running().await;
+        c.advance(30);
+        c.edit_pod("mnist-1-0", |p| {
+            p.status.as_mut().unwrap().conditions = Some(vec![PodCondition {
+                type_: "DisruptionTarget".into(),
+                status: "True".into(),
+                reason: Some(reason.to_string()),
+                message: Some("spot capacity reclaimed".into()),
+                ..Default::default()
+            }]);
+        });
+        let (action, calls) = c.reconcile().await;
+        assert_eq!(pods_created(&calls), vec!["mnist-1-1"], "{reason}");
+        let reasons = events(&calls);
+        for expected in ["Preempted", "Left", "TopologyChanged", "Replaced"] {
+            assert!(
+                reasons.contains(&expected.to_string()),
+                "{reason}: {reasons:?}"
+            );
+        }
+        // The preemption event names the pod it is about.
+        let preempted = calls
+            .iter()
+            .find(|c| c.is("POST", "/events") && c.body["reason"] == "Preempted")
+            .unwrap();
+        assert_eq!(preempted.body["related"]["name"], "mnist-1-1");
+        assert_eq!(preempted.body["regarding"]["name"], "mnist");
+        assert!(preempted.body["note"].as_str().unwrap().contains(reason));
+        assert_eq!(c.topology_version(), 2);
+        let status = c.status();
+        assert_eq!(status.preemptions, 1);
+        assert_eq!(status.restarts, 0);
+        assert_eq!(status.phase, Some(murmur_core::api::JobPhase::Degraded));
+        assert_eq!(c.condition("Degraded").unwrap().0, "True");
+        // The replacement's pod carries the next attempt; the old pod is left to its kubelet.
+        assert!(!calls.iter().any(|c| c.method == "DELETE"));
+        assert_eq!(action, Action::requeue(Duration::from_secs(30)));
+        // It joins: back in the topology, Running again.
+        c.schedule_all();
+        c.join(&[1]).await;
+        c.reconcile().await;
+        assert_eq!(c.topology_version(), 3);
+        assert_eq!(c.status().phase, Some(murmur_core::api::JobPhase::Running));
+    }
+}
+
+#[tokio::test]
+async fn a_deleted_pod_and_a_lost_node_are_preemptions_too() {
+    let mut c = Cluster::running().await;
+    c.advance(30);
+    // Someone deletes a pod (kubectl, a drain): it vanishes from the cache.
+    let pod = c.pod_objects.remove("mnist-0-0").unwrap();
+    c.pods.apply_watcher_event(&Event::Delete(pod));
+    let (_, calls) = c.reconcile().await;
+    assert_eq!(pods_created(&calls), vec!["mnist-0-1"]);
+    assert_eq!(c.status().preemptions, 1);
+
+    // node-a stops reporting: after the timeout its pods are preempted, force-deleted (no
+    // kubelet will finish a graceful deletion) and replaced.
+    c.schedule_all();
+    c.join(&[0]).await;
+    c.reconcile().await;
+    c.advance(10);
+    let down_since = c.now();
+    c.nodes
+        .apply_watcher_event(&Event::Apply(node("node-a", "Unknown", down_since)));
+    let (_, calls) = c.reconcile().await;
+    assert!(pods_created(&calls).is_empty(), "not before the timeout");
+    c.advance(61);
+    let (_, calls) = c.reconcile().await;
+    assert_eq!(pods_created(&calls).len(), 4);
+    let forced: Vec<&Call> = calls.iter().filter(|c| c.method == "DELETE").collect();
+    assert_eq!(forced.len(), 4);
+    for call in forced {
+        assert_eq!(call.body["gracePeriodSeconds"], 0, "{:?}", call.body);
+    }
+    assert_eq!(c.status().preemptions, 5);
+    assert_eq!(c.status().restarts, 0);
+}
+
+#[tokio::test]
+async fn a_crash_loop_backs_off_counts_restarts_and_fails_the_job_past_max_restarts() {
+    let mut c = Cluster::running().await;
+    let crash = |c: &mut Cluster, pod: &str| {
+        c.edit_pod(pod, |p| {
+            let s = p.status.as_mut().unwrap();
+            s.phase = Some("Failed".into());
+            s.container_statuses = Some(vec![terminated(101, "Error", None)]);
+        });
+    };
+    crash(&mut c, "mnist-2-0");
+    let (action, calls) = c.reconcile().await;
+    assert!(pods_created(&calls).is_empty(), "backoff first");
+    assert_eq!(events(&calls)[0], "MemberFailed");
+    assert_eq!(c.status().restarts, 1);
+    assert_eq!(action, Action::requeue(Duration::from_secs(10)));
+    c.advance(10);
+    let (_, calls) = c.reconcile().await;
+    assert_eq!(pods_created(&calls), vec!["mnist-2-1"]);
+    // Second crash: twice the wait.
+    c.schedule_all();
+    crash(&mut c, "mnist-2-1");
+    let (action, _) = c.reconcile().await;
+    assert_eq!(action, Action::requeue(Duration::from_secs(20)));
+    c.advance(20);
+    c.reconcile().await;
+    c.schedule_all();
+    crash(&mut c, "mnist-2-2");
+    let (_, calls) = c.reconcile().await;
+    // Three crashes > maxRestarts (2): the job fails and its live members are stopped.
+    assert_eq!(c.status().phase, Some(murmur_core::api::JobPhase::Failed));
+    assert_eq!(c.status().restarts, 3);
+    let (status, reason) = c.condition("Failed").unwrap();
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "Failed"));
+    let deleted: Vec<&str> = calls
+        .iter()
+        .filter(|c| c.method == "DELETE")
+        .map(|c| c.path.rsplit('/').next().unwrap())
+        .collect();
+    assert_eq!(deleted, vec!["mnist-0-0", "mnist-1-0", "mnist-3-0"]);
+    assert!(events(&calls).contains(&"Failed".to_string()));
+}
+
+#[tokio::test]
+async fn an_invalid_spec_sets_invalid_spec_and_creates_nothing() {
+    // The CRD would refuse it; an operator must not trust that (an older CRD, a direct write).
+    let mut bad = job(MANIFEST);
+    bad.spec.replicas.min = 5;
+    let mut c = Cluster::new(MANIFEST);
+    c.job = bad;
+    let (_, calls) = c.reconcile().await;
+    assert!(pods_created(&calls).is_empty());
+    assert!(!calls.iter().any(|c| c.path.contains("/services/")));
+    assert_eq!(events(&calls), vec!["InvalidSpec"]);
+    let (status, reason) = c.condition("InvalidSpec").unwrap();
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "InvalidSpec"));
+    let message = &c
+        .status()
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "InvalidSpec")
+        .unwrap()
+        .message;
+    assert!(message.contains("min <= target <= max"), "{message}");
+    // Said once.
+    let (_, calls) = c.reconcile().await;
+    assert!(calls.is_empty(), "{calls:#?}");
+    // Fixed: members are created and the condition flips.
+    c.job.spec.replicas.min = 2;
+    c.job.metadata.generation = Some(2);
+    let (_, calls) = c.reconcile().await;
+    assert_eq!(pods_created(&calls).len(), 4);
+    assert_eq!(c.condition("InvalidSpec").unwrap().0, "False");
+}
+
+#[tokio::test]
+async fn suspend_removes_the_pods_keeps_the_status_and_resume_starts_new_attempts() {
+    let mut c = Cluster::running().await;
+    c.job.spec.suspend = true;
+    c.job.metadata.generation = Some(2);
+    let (_, calls) = c.reconcile().await;
+    let deleted = calls.iter().filter(|c| c.method == "DELETE").count();
+    assert_eq!(deleted, 4);
+    assert!(events(&calls).contains(&"Suspended".to_string()));
+    assert_eq!(
+        c.status().phase,
+        Some(murmur_core::api::JobPhase::Suspended)
+    );
+    assert_eq!(c.condition("Suspended").unwrap().0, "True");
+    // Pods gone (the cluster carried the deletes out): nothing is replaced while suspended.
+    let (_, calls) = c.reconcile().await;
+    assert!(pods_created(&calls).is_empty());
+    assert_eq!(c.status().preemptions, 0);
+    let (_, calls) = c.reconcile().await;
+    assert!(calls.is_empty(), "{calls:#?}");
+    c.job.spec.suspend = false;
+    c.job.metadata.generation = Some(3);
+    let (_, calls) = c.reconcile().await;
+    assert_eq!(
+        pods_created(&calls),
+        vec!["mnist-0-1", "mnist-1-1", "mnist-2-1", "mnist-3-1"]
+    );
+    assert!(events(&calls).contains(&"Resumed".to_string()));
+    c.schedule_all();
+    c.join(&[0, 1, 2, 3]).await;
+    c.reconcile().await;
+    assert_eq!(
+        c.topology_version(),
+        2,
+        "a newer version than before the suspend"
+    );
+    assert_eq!(c.condition("Suspended").unwrap().0, "False");
+}
+
+#[tokio::test]
+async fn a_member_without_a_spot_node_falls_back_to_on_demand() {
+    let mut c = Cluster::new(MANIFEST);
+    c.reconcile().await;
+    // Members 1..3 find spot nodes; member 0 waits.
+    for name in ["mnist-1-0", "mnist-2-0", "mnist-3-0"] {
+        c.edit_pod(name, |p| {
+            p.spec.as_mut().unwrap().node_name = Some("node-a".into());
+        });
+    }
+    c.reconcile().await;
+    c.advance(120);
+    let (_, calls) = c.reconcile().await;
+    assert_eq!(pods_created(&calls), vec!["mnist-0-1"]);
+    assert!(calls.iter().any(|c| c.is("DELETE", "/pods/mnist-0-0")));
+    assert!(events(&calls).contains(&"FellBackToOnDemand".to_string()));
+    let pod = &c.pod_objects["mnist-0-1"];
+    assert!(
+        pod.spec.as_ref().unwrap().affinity.is_none(),
+        "no spot requirement"
+    );
+    assert_eq!(
+        pod.metadata.annotations.as_ref().unwrap()[resources::ANNOTATION_CAPACITY],
+        "on-demand"
+    );
+    let member = &c.status().members[0];
+    assert_eq!(
+        member.capacity,
+        Some(murmur_core::api::MemberCapacity::OnDemand)
+    );
+    assert!(member.message.as_deref().unwrap().contains("fell back"));
+    assert_eq!(c.status().preemptions, 0);
+    assert_eq!(c.status().restarts, 0);
+}
+
+#[tokio::test]
+async fn a_restarted_operator_carries_on_with_the_same_topology_and_writes_nothing() {
+    let mut c = Cluster::running().await;
+    c.advance(30);
+    c.edit_pod("mnist-3-0", |p| {
+        p.metadata.deletion_timestamp = Some(Time(at(30)));
+    });
+    c.reconcile().await;
+    let version = c.topology_version();
+    let document = lock(&c.live()).handle.topology().borrow().clone();
+    // A new operator process: empty memory, same caches.
+    let ctx = Arc::new(Context {
+        client: c.ctx.client.clone(),
+        stores: c.ctx.stores.clone(),
+        hub: Arc::new(Hub::default()),
+        metrics: c.ctx.metrics.clone(),
+        settings: c.ctx.settings.clone(),
+        instance: "restarted".into(),
+        clock: c.ctx.clock.clone(),
+        jobs: Mutex::default(),
+        trigger: c.ctx.trigger.clone(),
+    });
+    c.ctx = ctx;
+    let (_, calls) = c.reconcile().await;
+    assert!(calls.is_empty(), "{calls:#?}");
+    assert_eq!(c.topology_version(), version);
+    let republished = lock(&c.live()).handle.topology().borrow().clone();
+    assert_eq!(
+        republished, document,
+        "trainers long-poll the same document"
+    );
+    assert_eq!(c.status().preemptions, 1);
+    // Its memory holds the same attempts: the replacement joins as before.
+    c.schedule_all();
+    c.join(&[3]).await;
+    c.reconcile().await;
+    assert_eq!(c.topology_version(), version + 1);
+}
+
+#[tokio::test]
+async fn completion_comes_from_the_trainers_termination_message_and_ttl_deletes_the_job() {
+    let manifest = format!("{MANIFEST}  ttlSecondsAfterFinished: 60\n");
+    let mut c = Cluster::new(&manifest);
+    c.reconcile().await;
+    c.schedule_all();
+    c.join(&[0, 1, 2, 3]).await;
+    c.reconcile().await;
+    let done = r#"{"outcome":"done","step":100}"#;
+    for name in ["mnist-0-0", "mnist-1-0", "mnist-2-0", "mnist-3-0"] {
+        c.edit_pod(name, |p| {
+            let s = p.status.as_mut().unwrap();
+            s.phase = Some("Succeeded".into());
+            s.container_statuses = Some(vec![terminated(0, "Completed", Some(done))]);
+        });
+    }
+    c.advance(100);
+    let (action, calls) = c.reconcile().await;
+    assert_eq!(
+        c.status().phase,
+        Some(murmur_core::api::JobPhase::Succeeded)
+    );
+    assert!(events(&calls).contains(&"Succeeded".to_string()));
+    assert_eq!(c.condition("Succeeded").unwrap().0, "True");
+    assert!(pods_created(&calls).is_empty());
+    assert_eq!(action, Action::requeue(Duration::from_secs(30)));
+    c.advance(60);
+    let (action, calls) = c.reconcile().await;
+    assert!(
+        calls
+            .iter()
+            .any(|c| c.is("DELETE", "/decentralizedtrainingjobs/mnist"))
+    );
+    assert_eq!(action, Action::await_change());
+}
+
+#[tokio::test]
+async fn a_job_being_deleted_is_forgotten_without_a_write() {
+    let mut c = Cluster::running().await;
+    assert!(c.ctx.hub.job("ml", "mnist").is_some());
+    c.job.metadata.deletion_timestamp = Some(Time(at(50)));
+    let (action, calls) = c.reconcile().await;
+    assert!(calls.is_empty(), "{calls:#?}");
+    assert_eq!(action, Action::await_change());
+    assert!(c.ctx.hub.job("ml", "mnist").is_none());
+    assert!(lock(&c.ctx.jobs).is_empty());
+}
+
+#[tokio::test]
+async fn the_lease_is_taken_with_optimistic_concurrency() {
+    let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = Client::new(service, "default");
+    let elector = lease::Elector::new(
+        Api::namespaced(client, "murmur-system"),
+        "murmur-operator",
+        "replica-a",
+        Duration::from_secs(15),
+    );
+    let server = tokio::spawn(async move {
+        // GET: another replica's lease, renewed long ago.
+        let (request, send) = handle.next_request().await.unwrap();
+        assert_eq!(request.method(), "GET");
+        assert_eq!(
+            request.uri().path(),
+            "/apis/coordination.k8s.io/v1/namespaces/murmur-system/leases/murmur-operator"
+        );
+        let stale = json!({
+            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": "murmur-operator", "namespace": "murmur-system", "resourceVersion": "41"},
+            "spec": {"holderIdentity": "replica-b", "leaseDurationSeconds": 15,
+                     "renewTime": "2020-01-01T00:00:00.000000Z", "leaseTransitions": 3}
+        });
+        send.send_response(
+            Response::builder()
+                .body(Body::from(serde_json::to_vec(&stale).unwrap()))
+                .unwrap(),
+        );
+        // PUT: must carry the resourceVersion it read.
+        let (request, send) = handle.next_request().await.unwrap();
+        assert_eq!(request.method(), "PUT");
+        let body: Value =
+            serde_json::from_slice(&request.into_body().collect_bytes().await.unwrap()).unwrap();
+        assert_eq!(body["metadata"]["resourceVersion"], "41");
+        assert_eq!(body["spec"]["holderIdentity"], "replica-a");
+        assert_eq!(body["spec"]["leaseTransitions"], 4);
+        send.send_response(
+            Response::builder()
+                .body(Body::from(serde_json::to_vec(&body).unwrap()))
+                .unwrap(),
+        );
+        // A second attempt loses the race: 409.
+        let (_, send) = handle.next_request().await.unwrap();
+        let mut mine = stale.clone();
+        mine["spec"]["holderIdentity"] = json!("replica-a");
+        send.send_response(
+            Response::builder()
+                .body(Body::from(serde_json::to_vec(&mine).unwrap()))
+                .unwrap(),
+        );
+        let (_, send) = handle.next_request().await.unwrap();
+        let conflict = json!({"apiVersion": "v1", "kind": "Status", "status": "Failure",
+                              "reason": "Conflict", "code": 409, "message": "the object has been modified"});
+        send.send_response(
+            Response::builder()
+                .status(409)
+                .body(Body::from(serde_json::to_vec(&conflict).unwrap()))
+                .unwrap(),
+        );
+    });
+    assert!(elector.try_hold().await.unwrap());
+    assert!(
+        !elector.try_hold().await.unwrap(),
+        "a conflict is not leadership"
+    );
+    server.await.unwrap();
+}

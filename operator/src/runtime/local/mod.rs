@@ -14,9 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
-use murmur_core::api::{
-    DecentralizedTrainingJob, DecentralizedTrainingJobSpec, JobPhase,
-};
+use murmur_core::api::{DecentralizedTrainingJob, DecentralizedTrainingJobSpec, JobPhase};
 use murmur_core::contract::{TrainerEnv, TrainerState, TrainerStatus};
 use serde::Serialize;
 use tokio::sync::mpsc;
