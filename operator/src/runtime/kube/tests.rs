@@ -976,3 +976,163 @@ async fn the_lease_is_taken_with_optimistic_concurrency() {
     );
     server.await.unwrap();
 }
+
+/// What can happen to a member's pod.
+#[derive(Clone, Debug)]
+enum PodEvent {
+    Schedule(u32),
+    Join(u32),
+    Disrupt(u32, usize),
+    Crash(u32),
+    Delete(u32),
+    Complete(u32),
+    NodeDown,
+    NodeUp,
+    Wait(u8),
+}
+
+fn pod_event() -> impl proptest::strategy::Strategy<Value = PodEvent> {
+    use proptest::prelude::*;
+    prop_oneof![
+        3 => (0..4u32).prop_map(PodEvent::Schedule),
+        3 => (0..4u32).prop_map(PodEvent::Join),
+        2 => (0..4u32, 0..observe::DISRUPTION_REASONS.len()).prop_map(|(m, r)| PodEvent::Disrupt(m, r)),
+        1 => (0..4u32).prop_map(PodEvent::Crash),
+        1 => (0..4u32).prop_map(PodEvent::Delete),
+        1 => (0..4u32).prop_map(PodEvent::Complete),
+        1 => Just(PodEvent::NodeDown),
+        1 => Just(PodEvent::NodeUp),
+        2 => any::<u8>().prop_map(PodEvent::Wait),
+    ]
+}
+
+impl Cluster {
+    /// The pod of a member's newest attempt.
+    fn newest(&self, member: u32) -> Option<String> {
+        self.pod_objects
+            .values()
+            .filter_map(|p| observe::member_of(p).map(|k| (k, p)))
+            .filter(|((m, _), _)| *m == member)
+            .max_by_key(|((_, a), _)| *a)
+            .and_then(|(_, p)| p.metadata.name.clone())
+    }
+
+    fn end_pod(&mut self, name: &str, code: i32, message: Option<&str>) {
+        self.edit_pod(name, |p| {
+            let s = p.status.as_mut().unwrap();
+            if s.container_statuses.is_none() {
+                s.phase = Some(if code == 0 { "Succeeded" } else { "Failed" }.into());
+                s.container_statuses = Some(vec![terminated(code, "Error", message)]);
+            }
+        });
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(32))]
+    /// Whatever happens to pods and nodes, the controller keeps its promises.
+    #[test]
+    fn invariants_hold_under_any_sequence_of_pod_events(events in proptest::collection::vec(pod_event(), 1..40)) {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(async move {
+            let mut c = Cluster::new(MANIFEST);
+            c.reconcile().await;
+            let mut crashes = 0u32;
+            for event in events {
+                match event {
+                    PodEvent::Schedule(m) => if let Some(p) = c.newest(m) {
+                        c.edit_pod(&p, |p| {
+                            let spec = p.spec.as_mut().unwrap();
+                            if spec.node_name.is_none() && p.status.as_ref().unwrap().phase.as_deref() == Some("Pending") {
+                                spec.node_name = Some("node-a".into());
+                                p.status.as_mut().unwrap().phase = Some("Running".into());
+                            }
+                        });
+                    },
+                    PodEvent::Join(m) => {
+                        let running = c.newest(m).is_some_and(|p| c.pod_objects[&p].status.as_ref().unwrap().phase.as_deref() == Some("Running"));
+                        let known = lock(&c.live()).memory.state.members.contains_key(&m);
+                        if running && known { c.join(&[m]).await; }
+                    }
+                    PodEvent::Disrupt(m, r) => if let Some(p) = c.newest(m) {
+                        c.edit_pod(&p, |p| {
+                            p.status.as_mut().unwrap().conditions = Some(vec![PodCondition {
+                                type_: "DisruptionTarget".into(),
+                                status: "True".into(),
+                                reason: Some(observe::DISRUPTION_REASONS[r].into()),
+                                ..Default::default()
+                            }]);
+                        });
+                    },
+                    PodEvent::Crash(m) => if let Some(p) = c.newest(m) {
+                        let pod = &c.pod_objects[&p];
+                        // Only a container that runs can crash.
+                        if pod.spec.as_ref().unwrap().node_name.is_some() {
+                            let fresh = pod.status.as_ref().unwrap().container_statuses.is_none()
+                                && pod.status.as_ref().unwrap().conditions.is_none();
+                            let current = observe::member_of(pod).map(|(_, a)| a)
+                                == lock(&c.live()).memory.state.members.get(&m).map(|r| r.attempt);
+                            let finished = c.job.status.as_ref().and_then(|s| s.phase).is_some_and(|p| p.is_finished());
+                            let node_lost = match c.ctx.stores.nodes.get(&ObjectRef::new("node-a")).map(|n| observe::node_state(Some(&n))) {
+                                Some(observe::NodeState::NotReady { since }) => planner::seconds_since(since, c.now()) >= 60.0,
+                                _ => false,
+                            };
+                            if fresh && current && !finished && !node_lost { crashes += 1; }
+                            c.end_pod(&p, 1, None);
+                        }
+                    },
+                    PodEvent::Delete(m) => if let Some(p) = c.newest(m) {
+                        let pod = c.pod_objects.remove(&p).unwrap();
+                        c.pods.apply_watcher_event(&Event::Delete(pod));
+                    },
+                    PodEvent::Complete(m) => if let Some(p) = c.newest(m) {
+                        c.end_pod(&p, 0, Some(r#"{"outcome":"done","step":100}"#));
+                    },
+                    PodEvent::NodeDown => {
+                        let since = c.now();
+                        c.nodes.apply_watcher_event(&Event::Apply(node("node-a", "False", since)));
+                    }
+                    PodEvent::NodeUp => {
+                        let since = c.now();
+                        c.nodes.apply_watcher_event(&Event::Apply(node("node-a", "True", since)));
+                    }
+                    PodEvent::Wait(s) => c.advance(i64::from(s)),
+                }
+                // The cluster carries out each round of writes (deleted pods vanish): it settles
+                // within a few reconciles, and then deciding again writes nothing.
+                let mut calls = Vec::new();
+                let mut settled = false;
+                for _ in 0..4 {
+                    let (_, round) = c.reconcile().await;
+                    if round.is_empty() {
+                        settled = true;
+                        break;
+                    }
+                    calls.extend(round);
+                }
+                proptest::prop_assert!(settled, "still writing after 4 reconciles: {:#?}", calls);
+                let status = c.status().clone();
+                let state = lock(&c.live()).memory.state.clone();
+                // Never two creations of one pod name.
+                let created = pods_created(&calls);
+                let mut unique = created.clone();
+                unique.sort();
+                unique.dedup();
+                proptest::prop_assert_eq!(unique.len(), created.len());
+                // Restarts are the crashes of current attempts; preemptions never add to them.
+                proptest::prop_assert!(status.restarts <= crashes, "{} restarts, {} crashes", status.restarts, crashes);
+                proptest::prop_assert_eq!(status.restarts, state.restarts);
+                proptest::prop_assert_eq!(status.preemptions as usize, state.preemptions.len());
+                // The topology holds only members whose current attempt joined.
+                if let Some(t) = &state.topology && !state.finishing() {
+                    for id in t.graph.members() {
+                        let joined = lock(&c.live()).memory.joins.get(&id).map(|j| j.attempt);
+                        proptest::prop_assert_eq!(joined, Some(state.members[&id].attempt), "member {}", id);
+                    }
+                    proptest::prop_assert!(t.graph.is_connected());
+                }
+            }
+            Ok(())
+        })?;
+    }
+}
