@@ -11,6 +11,7 @@ use murmur_core::api::{DecentralizedTrainingJob, DecentralizedTrainingJobStatus,
 use murmur_core::contract::{JoinReport, TopologyDocument, TrainerStatus};
 use murmur_core::topology::MemberId;
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
 
 use super::observe::{self, NodeState};
 use super::resources::{self, JOINS_KEY, STATE_KEY, Settings, TOPOLOGY_KEY};
@@ -111,9 +112,23 @@ impl Persisted {
     }
 }
 
+/// Why a job's spec is invalid (every broken rule, with its field), or None when it is valid.
+/// Validation evaluates the CRD's CEL rules: callers cache it per generation.
+pub fn problems(job: &DecentralizedTrainingJob) -> Option<String> {
+    validate(job).err().map(|violations| {
+        violations
+            .iter()
+            .map(|v| format!("{}: {}", v.field.trim_start_matches('.'), v.message))
+            .collect::<Vec<_>>()
+            .join("; ")
+    })
+}
+
 /// Everything one reconcile looks at.
 pub struct Inputs<'a> {
     pub job: &'a DecentralizedTrainingJob,
+    /// [`problems`] of this job's spec.
+    pub problems: Option<&'a str>,
     pub pods: &'a [&'a Pod],
     pub node: &'a dyn Fn(&str) -> NodeState,
     pub service: Option<&'a Service>,
@@ -182,13 +197,8 @@ pub fn decide(i: &Inputs) -> Decision {
         requeue: i.settings.resync,
         ..Default::default()
     };
-    if let Err(violations) = validate(job) {
-        let problems = violations
-            .iter()
-            .map(|v| format!("{}: {}", v.field.trim_start_matches('.'), v.message))
-            .collect::<Vec<_>>()
-            .join("; ");
-        let (state, actions) = planner::reject(&i.memory.state, &problems, i.now);
+    if let Some(problems) = i.problems {
+        let (state, actions) = planner::reject(&i.memory.state, problems, i.now);
         collect_events(&mut d, &actions, &name, &state);
         let view = view::job_view(
             &resources::namespace(job),
@@ -310,10 +320,15 @@ pub fn decide(i: &Inputs) -> Decision {
         &observed,
         i.now,
     );
+    let by_name: HashMap<&str, &Pod> = i
+        .pods
+        .iter()
+        .filter_map(|p| Some((p.metadata.name.as_deref()?, *p)))
+        .collect();
     for m in &mut view.status.members {
         let attempt = memory.state.members.get(&m.id).map_or(0, |r| r.attempt);
         let pod = resources::pod_name(&name, m.id, attempt);
-        if let Some(Some(waiting)) = waiting_of(i.pods, &pod) {
+        if let Some(waiting) = by_name.get(pod.as_str()).and_then(|p| waiting_of(p)) {
             m.message = Some(waiting);
         }
         m.pod = Some(pod);
@@ -352,20 +367,15 @@ pub fn decide(i: &Inputs) -> Decision {
     d
 }
 
-fn waiting_of(pods: &[&Pod], name: &str) -> Option<Option<String>> {
-    let pod = pods
-        .iter()
-        .find(|p| p.metadata.name.as_deref() == Some(name))?;
-    Some(
-        observe::pod_facts(
-            pod,
-            |_| NodeState::Ready,
-            None,
-            Timestamp::UNIX_EPOCH,
-            Duration::MAX,
-        )
-        .waiting,
+fn waiting_of(pod: &Pod) -> Option<String> {
+    observe::pod_facts(
+        pod,
+        |_| NodeState::Ready,
+        None,
+        Timestamp::UNIX_EPOCH,
+        Duration::MAX,
     )
+    .waiting
 }
 
 /// What the runtime sees of each member: its newest attempt's pod (or the pod it just created).

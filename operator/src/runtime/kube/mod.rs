@@ -98,6 +98,8 @@ struct Live {
     published_version: u64,
     /// Newest step sampled per member attempt, so the series holds changes only.
     sampled: BTreeMap<(MemberId, u32), u64>,
+    /// The spec's validation result for a generation (CEL evaluation is not free).
+    validated: Option<(Option<i64>, Option<String>)>,
 }
 
 type JobKey = (String, String);
@@ -148,6 +150,21 @@ impl Context {
         (ctx, triggered)
     }
 
+    /// The same operator process (its memory of jobs) reading other caches.
+    pub fn with_stores(&self, stores: Stores) -> Arc<Self> {
+        Arc::new(Self {
+            client: self.client.clone(),
+            stores,
+            hub: self.hub.clone(),
+            metrics: self.metrics.clone(),
+            settings: self.settings.clone(),
+            instance: self.instance.clone(),
+            clock: self.clock.clone(),
+            jobs: Mutex::new(lock(&self.jobs).clone()),
+            trigger: self.trigger.clone(),
+        })
+    }
+
     /// The job's live record: created on its first reconcile in this process, from its
     /// ConfigMap and Secret when they exist (an operator restart), registering it with the hub.
     fn live(
@@ -188,6 +205,7 @@ impl Context {
             created: BTreeMap::new(),
             published_version: 0,
             sampled: BTreeMap::new(),
+            validated: None,
         }));
         lock(&self.jobs).insert(key.clone(), live.clone());
         tokio::spawn(listen(
@@ -305,8 +323,17 @@ async fn reconcile_inner(
         .collect();
     let pod_refs: Vec<&Pod> = pods.iter().map(|p| p.as_ref()).collect();
     let live = ctx.live(job, &pod_refs)?;
-    let (memory, statuses, created, key_hex) = {
+    let (memory, statuses, created, key_hex, problems) = {
         let mut l = lock(&live);
+        let generation = job.metadata.generation;
+        let problems = match &l.validated {
+            Some((g, p)) if *g == generation && generation.is_some() => p.clone(),
+            _ => {
+                let p = decide::problems(job);
+                l.validated = Some((generation, p.clone()));
+                p
+            }
+        };
         // A pod the cache has shown is no longer expected: from now on its absence is a
         // deletion.
         let seen: std::collections::BTreeSet<(MemberId, u32)> = pod_refs
@@ -319,6 +346,7 @@ async fn reconcile_inner(
             l.statuses.clone(),
             l.created.clone(),
             l.key_hex.clone(),
+            problems,
         )
     };
     let service = get(
@@ -341,6 +369,7 @@ async fn reconcile_inner(
     let now = (ctx.clock)();
     let decision = decide(&Inputs {
         job,
+        problems: problems.as_deref(),
         pods: &pod_refs,
         node: &node,
         service: service.as_deref(),
