@@ -193,18 +193,16 @@ fn mock(job: Value) -> Client {
 
 /// A fresh operator process whose caches hold the steady job.
 fn operator(s: &Steady, pods: &[Pod], settings: &Settings) -> Arc<Context> {
-    let (pod_store, mut pod_writer): (_, Writer<Pod>) = reflector::store();
-    for p in pods {
-        pod_writer.apply_watcher_event(&Event::Apply(p.clone()));
-    }
-    let (services, mut w) = reflector::store();
-    w.apply_watcher_event(&Event::Apply(s.first.service.clone().unwrap()));
-    let (secrets, mut w) = reflector::store();
-    w.apply_watcher_event(&Event::Apply(s.first.secret.clone().unwrap()));
-    let (config_maps, mut w) = reflector::store();
-    w.apply_watcher_event(&Event::Apply(s.decision.config_map.clone().unwrap()));
-    let (nodes, mut w) = reflector::store();
-    w.apply_watcher_event(&Event::Apply(node()));
+    let (pod_store, pod_writer) = reflector::store();
+    listed(pod_writer, pods.to_vec());
+    let (services, w) = reflector::store();
+    listed(w, vec![s.first.service.clone().unwrap()]);
+    let (secrets, w) = reflector::store();
+    listed(w, vec![s.first.secret.clone().unwrap()]);
+    let (config_maps, w) = reflector::store();
+    listed(w, vec![s.decision.config_map.clone().unwrap()]);
+    let (nodes, w) = reflector::store();
+    listed(w, vec![node()]);
     let mut hub = Hub::default();
     let metrics = Arc::new(OperatorMetrics::register(&mut hub.metrics.registry));
     let (ctx, _) = Context::new(
@@ -222,6 +220,20 @@ fn operator(s: &Steady, pods: &[Pod], settings: &Settings) -> Arc<Context> {
         "bench".into(),
     );
     ctx
+}
+
+/// A cache that has listed `objects` (kept alive: a dropped writer ends the cache).
+fn listed<K>(mut writer: Writer<K>, objects: Vec<K>) -> Writer<K>
+where
+    K: kube::runtime::reflector::Lookup + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone + Default,
+{
+    writer.apply_watcher_event(&Event::Init);
+    for o in objects {
+        writer.apply_watcher_event(&Event::InitApply(o));
+    }
+    writer.apply_watcher_event(&Event::InitDone);
+    writer
 }
 
 fn preempt(pods: &[Pod], member: usize) -> Vec<Pod> {
@@ -308,10 +320,8 @@ fn benches(c: &mut Criterion) {
                 runtime
                     .block_on(reconcile(job.clone(), ctx.clone()))
                     .unwrap();
-                let (pods, mut writer): (_, Writer<Pod>) = reflector::store();
-                for p in &preempted {
-                    writer.apply_watcher_event(&Event::Apply(p.clone()));
-                }
+                let (pods, writer): (_, Writer<Pod>) = reflector::store();
+                let writer = listed(writer, preempted.clone());
                 // Same process, newer cache: swap in the preempted pods.
                 let stores = Stores {
                     pods,

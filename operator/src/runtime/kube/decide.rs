@@ -164,6 +164,8 @@ pub struct Decision {
     /// Pod names, and whether to delete at once (its node is gone: no kubelet will finish a
     /// graceful deletion).
     pub delete: Vec<(String, bool)>,
+    /// Pods whose `murmur.dev/clique` label is behind the topology (None: remove it).
+    pub relabel: Vec<(String, Option<u32>)>,
     pub service: Option<Service>,
     pub secret: Option<Secret>,
     pub config_map: Option<ConfigMap>,
@@ -181,6 +183,7 @@ impl Decision {
     pub fn writes(&self) -> usize {
         self.create.len()
             + self.delete.len()
+            + self.relabel.len()
             + usize::from(self.service.is_some())
             + usize::from(self.secret.is_some())
             + usize::from(self.config_map.is_some())
@@ -294,6 +297,35 @@ pub fn decide(i: &Inputs) -> Decision {
         if lost_node && pod.metadata.deletion_timestamp.is_none() {
             d.delete.retain(|(n, _)| n != &pod_name);
             d.delete.push((pod_name, true));
+        }
+    }
+
+    // Clique labels follow the topology, so `kubectl get pods -l murmur.dev/clique=3` works.
+    for pod in i.pods {
+        let Some((member, attempt)) = observe::member_of(pod) else {
+            continue;
+        };
+        let current = state
+            .members
+            .get(&member)
+            .is_some_and(|r| r.attempt == attempt)
+            && observed.members.get(&member).is_some_and(|m| m.is_live())
+            && pod.metadata.deletion_timestamp.is_none();
+        if !current {
+            continue;
+        }
+        let want = state.topology.as_ref().and_then(|t| t.clique_of(member));
+        let have = pod
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(resources::LABEL_CLIQUE))
+            .and_then(|c| c.parse().ok());
+        if want != have
+            && let Some(name) = &pod.metadata.name
+            && !d.delete.iter().any(|(n, _)| n == name)
+        {
+            d.relabel.push((name.clone(), want));
         }
     }
 

@@ -87,6 +87,20 @@ pub struct Stores {
     pub nodes: Store<Node>,
 }
 
+impl Stores {
+    /// Wait until every cache holds a complete list: before that, a missing Secret would get a
+    /// new key and every node would look gone.
+    pub async fn ready(&self) {
+        let _ = futures::join!(
+            self.pods.wait_until_ready(),
+            self.services.wait_until_ready(),
+            self.config_maps.wait_until_ready(),
+            self.secrets.wait_until_ready(),
+            self.nodes.wait_until_ready(),
+        );
+    }
+}
+
 /// What this operator process holds of one job between reconciles.
 struct Live {
     uid: String,
@@ -309,6 +323,7 @@ async fn reconcile_inner(
         ctx.forget(&namespace, &name);
         return Ok(Action::await_change());
     }
+    ctx.stores.ready().await;
     let uid = job.uid().unwrap_or_default();
     let owned = |meta: &ObjectMeta| {
         meta.namespace.as_deref() == Some(namespace.as_str())
@@ -445,6 +460,20 @@ async fn execute(
             Err(e) => return Err(kube_err("delete Pod", object.clone())(e)),
         }
         m.wrote("pod_delete", 1);
+    }
+    for (object, clique) in &d.relabel {
+        let patch = serde_json::json!({
+            "metadata": {"labels": {resources::LABEL_CLIQUE: clique.map(|c| c.to_string())}}
+        });
+        match pods
+            .patch(object, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(kube_err("label Pod", object.clone())(e)),
+        }
+        m.wrote("pod_label", 1);
     }
     if let Some(config_map) = &d.config_map {
         let api: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);

@@ -91,6 +91,9 @@ fn serve(
             let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
             let response = if method == "DELETE" {
                 json!({"apiVersion": "v1", "kind": "Status", "status": "Success", "metadata": {}})
+            } else if method == "PATCH" && !query.contains("force=true") {
+                // A merge patch: the real server answers with the whole object.
+                json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": path.rsplit('/').next()}})
             } else if path.ends_with("/status") {
                 let mut job = lock(&shared_job).clone();
                 job["status"] = body["status"].clone();
@@ -121,11 +124,17 @@ impl Cluster {
         let job = job(manifest);
         let shared_job = Arc::new(Mutex::new(serde_json::to_value(&job).unwrap()));
         serve(handle, log.clone(), shared_job.clone());
-        let (pods, pod_writer) = reflector::store();
-        let (services, service_writer) = reflector::store();
-        let (config_maps, config_map_writer) = reflector::store();
-        let (secrets, secret_writer) = reflector::store();
+        let (pods, mut pod_writer) = reflector::store();
+        let (services, mut service_writer) = reflector::store();
+        let (config_maps, mut config_map_writer) = reflector::store();
+        let (secrets, mut secret_writer) = reflector::store();
         let (nodes, mut node_writer) = reflector::store();
+        // Every cache has listed (empty) before the first reconcile.
+        synced(&mut pod_writer);
+        synced(&mut service_writer);
+        synced(&mut config_map_writer);
+        synced(&mut secret_writer);
+        synced(&mut node_writer);
         node_writer.apply_watcher_event(&Event::Apply(node("node-a", "True", at(0))));
         let stores = Stores {
             pods,
@@ -203,6 +212,19 @@ impl Cluster {
             ("PATCH", p) if p.ends_with("/status") => {
                 self.job.status =
                     Some(serde_json::from_value(call.body["status"].clone()).unwrap());
+            }
+            ("PATCH", p) if p.contains("/pods/") && !call.query.contains("force=true") => {
+                // A merge patch of labels.
+                let labels = call.body["metadata"]["labels"].as_object().unwrap().clone();
+                self.edit_pod(&object, |pod| {
+                    let current = pod.metadata.labels.get_or_insert_with(BTreeMap::new);
+                    for (k, v) in labels {
+                        match v.as_str() {
+                            Some(v) => current.insert(k, v.to_string()),
+                            None => current.remove(&k),
+                        };
+                    }
+                });
             }
             ("PATCH", p) if p.contains("/pods/") => {
                 let mut pod: Pod = serde_json::from_value(call.body.clone()).unwrap();
@@ -344,6 +366,15 @@ impl Cluster {
     }
 }
 
+fn synced<K>(writer: &mut Writer<K>)
+where
+    K: kube::runtime::reflector::Lookup + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone + Default,
+{
+    writer.apply_watcher_event(&Event::Init);
+    writer.apply_watcher_event(&Event::InitDone);
+}
+
 fn node(name: &str, ready: &str, since: Timestamp) -> Node {
     Node {
         metadata: ObjectMeta {
@@ -366,7 +397,7 @@ fn node(name: &str, ready: &str, since: Timestamp) -> Node {
 fn pods_created(calls: &[Call]) -> Vec<String> {
     calls
         .iter()
-        .filter(|c| c.is("PATCH", "/pods/"))
+        .filter(|c| c.is("PATCH", "/pods/") && c.query.contains("force=true"))
         .map(|c| c.body["metadata"]["name"].as_str().unwrap().to_string())
         .collect()
 }
@@ -557,6 +588,12 @@ async fn joined_members_get_a_data_aware_topology_in_the_config_map_and_events()
     assert_eq!(reasons.iter().filter(|r| *r == "Joined").count(), 4);
     assert!(reasons.contains(&"TopologyChanged".to_string()));
     assert_eq!(c.topology_version(), 1);
+    // Pods are labelled with their clique.
+    let relabelled: Vec<&Call> = calls
+        .iter()
+        .filter(|c| c.is("PATCH", "/pods/") && !c.query.contains("force"))
+        .collect();
+    assert_eq!(relabelled.len(), 4);
     let config_map = c
         .ctx
         .stores
@@ -580,6 +617,11 @@ async fn joined_members_get_a_data_aware_topology_in_the_config_map_and_events()
             .collect();
         assert_eq!(mates.len(), 2);
         assert_ne!(mates[0] % 2, mates[1] % 2);
+        let pod = &c.pod_objects[&format!("mnist-{}-0", m.id)];
+        assert_eq!(
+            pod.metadata.labels.as_ref().unwrap()[resources::LABEL_CLIQUE],
+            m.clique.unwrap().to_string()
+        );
     }
     // Trainers long-poll the same document from the operator.
     let handle = c.ctx.hub.job("ml", "mnist").unwrap();
