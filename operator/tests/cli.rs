@@ -322,3 +322,17 @@ fn json_documents_can_carry_peer_addresses_for_bare_metal_trainers() {
         assert!(err.contains("--address"), "{bad}: {err}");
     }
 }
+
+#[test]
+fn the_operator_without_a_cluster_says_so() {
+    let out = Command::new(env!("CARGO_BIN_EXE_murmur"))
+        .args(["operator", "--log-format", "text"])
+        .env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBERNETES_SERVICE_PORT")
+        .output()
+        .expect("murmur runs");
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("no Kubernetes configuration"), "{stderr}");
+}

@@ -41,7 +41,11 @@ fn a_member_is_ready_once_it_has_a_topology_and_leaves_on_sigterm() {
     let held_back = job.dir.path().join("topology.later");
     std::fs::rename(&topology, &held_back).unwrap();
     let ckpt = job.dir.path().join("checkpoints");
-    let env = [("MURMUR_CHECKPOINT_DIR", ckpt.display().to_string())];
+    let termination = job.dir.path().join("termination-log");
+    let env = [
+        ("MURMUR_CHECKPOINT_DIR", ckpt.display().to_string()),
+        ("MURMUR_TERMINATION_LOG", termination.display().to_string()),
+    ];
     let mut procs = Reaper::default();
     for id in 0..3 {
         procs.0.push(job.spawn(id, 0, &env));
@@ -85,6 +89,13 @@ fn a_member_is_ready_once_it_has_a_topology_and_leaves_on_sigterm() {
     let step = left["step"].as_u64().unwrap();
     let checkpoint = ckpt.join(format!("member-1-step-{step:010}.ckpt"));
     assert!(checkpoint.exists(), "{} missing", checkpoint.display());
+    // What a pod's terminationMessagePath would hold: it left, it did not finish.
+    let message: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&termination).unwrap()).unwrap();
+    assert_eq!(
+        message,
+        serde_json::json!({"outcome": "left", "step": step})
+    );
 
     // Its neighbours drop it as "left" and keep training.
     wait_for(Duration::from_secs(10), "survivors to go on", || {
@@ -138,9 +149,11 @@ fn a_job_whose_members_all_died_resumes_from_the_newest_valid_checkpoint() {
     std::fs::write(&newest, bytes).unwrap();
 
     let out = job.dir.path().join("model");
+    let termination = job.dir.path().join("termination-log");
     let env = [
         env[0].clone(),
         ("MURMUR_OUTPUT_DIR", out.display().to_string()),
+        ("MURMUR_TERMINATION_LOG", termination.display().to_string()),
     ];
     let mut procs = Reaper::default();
     for id in 0..2 {
@@ -166,6 +179,9 @@ fn a_job_whose_members_all_died_resumes_from_the_newest_valid_checkpoint() {
         assert_eq!(done["step"], 300);
         assert!(done["accuracy"].as_f64().unwrap() >= 0.85, "{done}");
     }
+    let message: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&termination).unwrap()).unwrap();
+    assert_eq!(message, serde_json::json!({"outcome": "done", "step": 300}));
     // The lowest member wrote the final model, as a burn record and as safetensors.
     assert!(out.join("model.mpk").exists());
     let bytes = std::fs::read(out.join("model.safetensors")).unwrap();

@@ -1178,3 +1178,58 @@ proptest::proptest! {
         })?;
     }
 }
+
+/// An API server for the startup check: DecentralizedTrainingJobs answer `jobs`; access
+/// reviews allow everything but `denied` ((verb, resource) pairs).
+fn preflight_server(jobs: u16, denied: &'static [(&'static str, &'static str)]) -> Client {
+    let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    tokio::spawn(async move {
+        while let Some((request, send)) = handle.next_request().await {
+            let path = request.uri().path().to_string();
+            let bytes = request.into_body().collect_bytes().await.unwrap();
+            let (code, body) = if path.ends_with("/decentralizedtrainingjobs") {
+                let body = if jobs == 200 {
+                    json!({"apiVersion": "murmur.dev/v1alpha1", "kind": "DecentralizedTrainingJobList", "metadata": {}, "items": []})
+                } else {
+                    json!({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": jobs, "reason": "NotFound", "message": "the server could not find the requested resource"})
+                };
+                (jobs, body)
+            } else {
+                let mut review: Value = serde_json::from_slice(&bytes).unwrap();
+                let attributes = &review["spec"]["resourceAttributes"];
+                let verb = attributes["verb"].as_str().unwrap().to_string();
+                let resource = attributes["resource"].as_str().unwrap().to_string();
+                let allowed = !denied.iter().any(|(v, r)| *v == verb && *r == resource);
+                review["status"] = json!({"allowed": allowed});
+                (200, review)
+            };
+            send.send_response(
+                Response::builder()
+                    .status(code)
+                    .body(Body::from(serde_json::to_vec(&body).unwrap()))
+                    .unwrap(),
+            );
+        }
+    });
+    Client::new(service, "default")
+}
+
+#[tokio::test]
+async fn the_startup_check_names_a_missing_crd_and_every_missing_permission() {
+    let e = preflight::check(&preflight_server(404, &[]))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, preflight::PreflightError::CrdMissing));
+    assert!(e.to_string().contains("kubectl apply -f crds/"), "{e}");
+
+    let denied = &[("watch", "nodes"), ("create", "events")];
+    let e = preflight::check(&preflight_server(200, denied))
+        .await
+        .unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.contains("watch nodes, create events.events.k8s.io"),
+        "{text}"
+    );
+    preflight::check(&preflight_server(200, &[])).await.unwrap();
+}
