@@ -130,11 +130,30 @@ fn steady(settings: &Settings) -> Steady {
         now,
     });
     let memory = built.memory.clone().unwrap();
+    // The cluster carries out the relabelling (clique labels follow the topology).
+    let mut pods = pods;
+    for (name, clique) in &built.relabel {
+        let pod = pods
+            .iter_mut()
+            .find(|p| p.metadata.name.as_ref() == Some(name))
+            .unwrap();
+        let labels = pod.metadata.labels.get_or_insert_with(Default::default);
+        match clique {
+            Some(c) => labels.insert("murmur.dev/clique".into(), c.to_string()),
+            None => labels.remove("murmur.dev/clique"),
+        };
+    }
     assert_eq!(
         memory.state.topology.as_ref().unwrap().graph.member_count(),
         MEMBERS as usize
     );
     job.status = built.status.clone();
+    let bytes: usize = built
+        .config_map
+        .as_ref()
+        .and_then(|c| c.data.as_ref())
+        .map_or(0, |d| d.values().map(String::len).sum());
+    eprintln!("topology ConfigMap of a {MEMBERS}-member job: {bytes} bytes (limit 1 MiB)");
     Steady {
         job,
         pods,

@@ -79,28 +79,44 @@ impl Observation {
 #[serde(rename_all = "camelCase", default)]
 pub struct MemberRecord {
     /// The newest attempt created (0 for the first).
+    #[serde(skip_serializing_if = "is_zero")]
     pub attempt: u32,
     /// Whether `attempt` has been created.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub created: bool,
     /// Whether `attempt`'s end has been handled.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub ended: bool,
     /// It reached the stopping target.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub done: bool,
     /// Crashes of this id (for the backoff).
+    #[serde(skip_serializing_if = "is_zero")]
     pub crashes: u32,
     /// No new attempt before this (crash backoff).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub not_before: Option<Timestamp>,
     /// Stopped because the job no longer needs it (finishing, suspended, falling back to
     /// on-demand); its end counts as nothing.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub retired: bool,
     /// `attempt` runs without the spot requirement (it waited too long for a spot node).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub on_demand: bool,
     /// The next attempt is to be created without the spot requirement.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub fall_back: bool,
     /// `attempt` was seen on a node / sent its join report / was reported as pending too long.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub scheduled: bool,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub joined: bool,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub pending_reported: bool,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// One member lost to preemption.

@@ -105,7 +105,7 @@ impl Persisted {
         if let Some(doc) = document {
             data.insert(
                 TOPOLOGY_KEY.to_string(),
-                serde_json::to_string_pretty(doc).expect("a document serializes"),
+                serde_json::to_string(doc).expect("a document serializes"),
             );
         }
         data

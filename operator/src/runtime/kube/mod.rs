@@ -287,7 +287,17 @@ async fn listen(
                         consensus_distance: status.progress.consensus_distance,
                     });
                 }
+                // A member that starts training, pauses, leaves or finishes changes the job's
+                // phase: reconcile now rather than at the next resync.
+                let changed = l
+                    .statuses
+                    .get(&id)
+                    .is_none_or(|(a, s)| *a != attempt || s.state != status.state);
                 l.statuses.insert(id, (attempt, status));
+                drop(l);
+                if changed {
+                    let _ = ctx.trigger.send(ObjectRef::new(&key.1).within(&key.0));
+                }
             }
             Inbound::PeerEvent(e) => {
                 tracing::debug!(namespace = %key.0, job = %key.1, member = e.member_id, peer = e.peer, reason = e.reason.as_str(), "peer event");
