@@ -236,6 +236,20 @@ impl Context {
         self.hub.forget(namespace, name);
         self.metrics.forget(namespace, name);
     }
+
+    /// Forget jobs that are gone from the cluster (deleted without the operator seeing a
+    /// deletion timestamp: there is no finalizer, so deletion never waits for the operator).
+    pub fn forget_deleted(&self, exists: impl Fn(&str, &str) -> bool) -> usize {
+        let gone: Vec<JobKey> = lock(&self.jobs)
+            .keys()
+            .filter(|(ns, name)| !exists(ns, name))
+            .cloned()
+            .collect();
+        for (ns, name) in &gone {
+            self.forget(ns, name);
+        }
+        gone.len()
+    }
 }
 
 fn new_key() -> String {
@@ -774,6 +788,19 @@ pub async fn run(options: OperatorOptions) -> Result<(), OperatorError> {
         }
         tracing::info!("shutting down: finishing reconciles in flight");
     };
+    let sweep = {
+        let (ctx, jobs) = (Arc::downgrade(&ctx), jobs.clone());
+        let every = options.settings.resync;
+        async move {
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tick.tick().await;
+                let Some(ctx) = ctx.upgrade() else { return };
+                ctx.forget_deleted(|ns, name| jobs.get(&ObjectRef::new(name).within(ns)).is_some());
+            }
+        }
+    };
+    tokio::spawn(sweep);
     let controller = Controller::for_stream(job_stream, jobs)
         .with_config(
             ControllerConfig::default()

@@ -951,6 +951,20 @@ async fn a_job_being_deleted_is_forgotten_without_a_write() {
 }
 
 #[tokio::test]
+async fn a_job_deleted_behind_the_operators_back_is_forgotten_by_the_sweep() {
+    let c = Cluster::running().await;
+    assert_eq!(c.ctx.forget_deleted(|_, _| true), 0);
+    assert!(c.ctx.hub.job("ml", "mnist").is_some());
+    assert_eq!(
+        c.ctx
+            .forget_deleted(|ns, name| (ns, name) != ("ml", "mnist")),
+        1
+    );
+    assert!(c.ctx.hub.job("ml", "mnist").is_none());
+    assert!(lock(&c.ctx.jobs).is_empty());
+}
+
+#[tokio::test]
 async fn the_lease_is_taken_with_optimistic_concurrency() {
     let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = Client::new(service, "default");
