@@ -272,12 +272,9 @@ pub fn decide(i: &Inputs) -> Decision {
                 ));
             }
             Action::Stop { member, attempt } => {
+                // Even when the cache does not show it yet (a 404 is fine).
                 let pod = resources::pod_name(&name, member, attempt);
-                if i.pods
-                    .iter()
-                    .any(|p| p.metadata.name.as_deref() == Some(&pod))
-                    && !d.delete.iter().any(|(n, _)| n == &pod)
-                {
+                if !d.delete.iter().any(|(n, _)| n == &pod) {
                     d.delete.push((pod, false));
                 }
             }
