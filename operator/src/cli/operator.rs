@@ -34,6 +34,7 @@ pub struct OperatorArgs {
     /// Re-plan every job at least this often.
     #[arg(long, default_value = "30s")]
     pub resync: api::Duration,
+    /// The cluster's DNS domain, for members' stable addresses.
     #[arg(long, default_value = "cluster.local")]
     pub cluster_domain: String,
     /// Elect a leader on a Lease (run several replicas, one reconciles).
@@ -42,11 +43,13 @@ pub struct OperatorArgs {
     /// Namespace of the Lease (default: the pod's namespace).
     #[arg(long, env = "POD_NAMESPACE", default_value = "murmur-system")]
     pub lease_namespace: String,
+    /// Name of the Lease the replicas compete for.
     #[arg(long, default_value = "murmur-operator")]
     pub lease_name: String,
     /// This replica's identity in the Lease and in events (default: the pod's name).
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
+    /// JSON lines (for log collectors) or plain text.
     #[arg(long, value_enum, default_value = "json")]
     pub log_format: LogFormat,
 }
