@@ -446,20 +446,10 @@ async fn execute(
     let client = &ctx.client;
     let m = &ctx.metrics;
     if let Some(service) = &d.service {
-        let api: Api<Service> = Api::namespaced(client.clone(), &namespace);
-        let object = resources::service_name(&name);
-        api.patch(&object, &apply, &Patch::Apply(service))
-            .await
-            .map_err(kube_err("apply Service", object))?;
-        m.wrote("service", 1);
+        apply_object(ctx, &namespace, service, "service").await?;
     }
     if let Some(secret) = &d.secret {
-        let api: Api<Secret> = Api::namespaced(client.clone(), &namespace);
-        let object = resources::secret_name(&name);
-        api.patch(&object, &apply, &Patch::Apply(secret))
-            .await
-            .map_err(kube_err("apply Secret", object))?;
-        m.wrote("secret", 1);
+        apply_object(ctx, &namespace, secret, "secret").await?;
     }
     let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
     for pod in &d.create {
@@ -500,12 +490,7 @@ async fn execute(
         m.wrote("pod_label", 1);
     }
     if let Some(config_map) = &d.config_map {
-        let api: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
-        let object = resources::config_map_name(&name);
-        api.patch(&object, &apply, &Patch::Apply(config_map))
-            .await
-            .map_err(kube_err("apply ConfigMap", object))?;
-        m.wrote("configmap", 1);
+        apply_object(ctx, &namespace, config_map, "configmap").await?;
     }
     let jobs: Api<DecentralizedTrainingJob> = Api::namespaced(client.clone(), &namespace);
     if let Some(status) = &d.status {
@@ -554,6 +539,30 @@ async fn execute(
         return Ok(Action::await_change());
     }
     Ok(Action::requeue(d.requeue))
+}
+
+/// Server-side apply one of a job's objects (by its own name), counted as a write of `kind`.
+async fn apply_object<K>(
+    ctx: &Context,
+    namespace: &str,
+    object: &K,
+    kind: &'static str,
+) -> Result<(), Error>
+where
+    K: Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::Serialize
+        + serde::de::DeserializeOwned,
+{
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), namespace);
+    let name = object.meta().name.clone().unwrap_or_default();
+    let apply = PatchParams::apply(&ctx.settings.field_manager).force();
+    api.patch(&name, &apply, &Patch::Apply(object))
+        .await
+        .map_err(kube_err("apply", format!("{} {name}", K::kind(&()))))?;
+    ctx.metrics.wrote(kind, 1);
+    Ok(())
 }
 
 /// A Kubernetes Event (events.k8s.io/v1) on the job, naming the member's pod, and the same

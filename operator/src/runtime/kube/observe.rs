@@ -236,7 +236,7 @@ fn exit(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{
         ContainerState, ContainerStateTerminated, ContainerStateWaiting, ContainerStatus,
@@ -267,11 +267,13 @@ mod tests {
         }
     }
 
-    fn terminated(phase: &str, code: i32, reason: &str, message: Option<&str>) -> Pod {
-        let mut pod = running();
-        let status = pod.status.as_mut().unwrap();
-        status.phase = Some(phase.into());
-        status.container_statuses = Some(vec![ContainerStatus {
+    /// The trainer container, exited.
+    pub(in crate::runtime::kube) fn exited(
+        code: i32,
+        reason: &str,
+        message: Option<&str>,
+    ) -> ContainerStatus {
+        ContainerStatus {
             name: "trainer".into(),
             state: Some(ContainerState {
                 terminated: Some(ContainerStateTerminated {
@@ -283,7 +285,14 @@ mod tests {
                 ..Default::default()
             }),
             ..Default::default()
-        }]);
+        }
+    }
+
+    fn terminated(phase: &str, code: i32, reason: &str, message: Option<&str>) -> Pod {
+        let mut pod = running();
+        let status = pod.status.as_mut().unwrap();
+        status.phase = Some(phase.into());
+        status.container_statuses = Some(vec![exited(code, reason, message)]);
         pod
     }
 

@@ -2,12 +2,10 @@
 //! makes is answered and logged, and a miniature cluster feeds what was written back into the
 //! watch caches, so scenarios run reconcile after reconcile the way a cluster would.
 
+use super::observe::tests::exited as terminated;
 use super::*;
 use http::{Request, Response};
-use k8s_openapi::api::core::v1::{
-    ContainerState, ContainerStateTerminated, ContainerStatus, NodeCondition, NodeStatus,
-    PodCondition, PodStatus,
-};
+use k8s_openapi::api::core::v1::{NodeCondition, NodeStatus, PodCondition, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::client::Body;
 use kube::runtime::reflector::store::Writer;
@@ -408,22 +406,6 @@ fn events(calls: &[Call]) -> Vec<String> {
         .filter(|c| c.is("POST", "/events"))
         .map(|c| c.body["reason"].as_str().unwrap().to_string())
         .collect()
-}
-
-fn terminated(code: i32, reason: &str, message: Option<&str>) -> ContainerStatus {
-    ContainerStatus {
-        name: "trainer".into(),
-        state: Some(ContainerState {
-            terminated: Some(ContainerStateTerminated {
-                exit_code: code,
-                reason: Some(reason.into()),
-                message: message.map(Into::into),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
 }
 
 #[tokio::test]
