@@ -763,7 +763,7 @@ pub async fn run(options: OperatorOptions) -> Result<(), OperatorError> {
     let pods_for_nodes = pods.clone();
     let jobs_on_node = move |node: Node| {
         let node = node.name_any();
-        let mut jobs: Vec<ObjectRef<DecentralizedTrainingJob>> = pods_for_nodes
+        let jobs: std::collections::HashSet<ObjectRef<DecentralizedTrainingJob>> = pods_for_nodes
             .state()
             .iter()
             .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(&node))
@@ -772,7 +772,6 @@ pub async fn run(options: OperatorOptions) -> Result<(), OperatorError> {
                 Some(ObjectRef::new(job).within(&p.namespace()?))
             })
             .collect();
-        jobs.dedup();
         jobs
     };
     // Our own status writes change no generation: they do not wake the controller again.
