@@ -88,7 +88,16 @@ fn a_job_under_preemption_chaos_succeeds_close_to_an_undisturbed_run() {
 
     // How fast the job healed, from the events and the trainers' own logs.
     let healing = chaos.healing();
-    assert_eq!(healing.len() as u64, preemptions);
+    let retired = events
+        .iter()
+        .filter(|e| e["reason"] == "MemberRetired")
+        .count();
+    assert!(!healing.is_empty());
+    assert!(
+        healing.len() + retired >= preemptions as usize,
+        "{} kills healed, {retired} replacements retired at the end, {preemptions} kills",
+        healing.len()
+    );
     for h in &healing {
         println!(
             "member {}: SIGKILL -> survivors' first round without it {:.3} s; replacement spawn -> first averaging round {:.3} s",

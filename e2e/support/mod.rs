@@ -214,8 +214,9 @@ impl Finished {
         logs
     }
 
-    /// For each chaos kill: how long until the survivors moved on, and how long the
-    /// replacement took from spawn to its first averaging round.
+    /// For each chaos kill whose replacement joined before the job finished: how long until the
+    /// survivors moved on, and how long the replacement took from spawn to its first averaging
+    /// round.
     pub fn healing(&self) -> Vec<Healing> {
         let events = self.events();
         let logs = self.logs();
@@ -240,8 +241,18 @@ impl Finished {
             let averaged = lines
                 .iter()
                 .find(|l| l["fields"]["message"] == "first averaging round with peers")
-                .map(|l| seconds(l["timestamp"].as_str().unwrap()))
-                .unwrap_or_else(|| panic!("member {member} attempt {attempt} never averaged"));
+                .map(|l| seconds(l["timestamp"].as_str().unwrap()));
+            let Some(averaged) = averaged else {
+                // Killed just before the end: the job finished before its replacement joined,
+                // and the planner retired it (nothing to heal).
+                let retired = events.iter().any(|e| {
+                    e["reason"] == "MemberRetired"
+                        && e["member"].as_u64() == Some(member)
+                        && seconds(e["time"].as_str().unwrap()) >= spawned_at
+                });
+                assert!(retired, "member {member} attempt {attempt} never averaged");
+                continue;
+            };
             // Each survivor's first round without the killed attempt: dropped as disconnected
             // after the kill and before its replacement was back (later drops are of the
             // replacement).
