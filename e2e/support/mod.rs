@@ -224,14 +224,20 @@ impl Finished {
         for kill in events.iter().filter(|e| e["reason"] == "Chaos") {
             let member = kill["member"].as_u64().unwrap();
             let killed_at = seconds(kill["time"].as_str().unwrap());
-            let replaced = events
-                .iter()
-                .find(|e| {
-                    e["reason"] == "Replaced"
-                        && e["member"].as_u64() == Some(member)
-                        && seconds(e["time"].as_str().unwrap()) >= killed_at
-                })
-                .unwrap_or_else(|| panic!("member {member} was not replaced"));
+            let replaced = events.iter().find(|e| {
+                e["reason"] == "Replaced"
+                    && e["member"].as_u64() == Some(member)
+                    && seconds(e["time"].as_str().unwrap()) >= killed_at
+            });
+            let Some(replaced) = replaced else {
+                // A member reached the target as the kill landed: a finishing job replaces no one.
+                let finishing = events.iter().any(|e| {
+                    e["reason"] == "MemberCompleted"
+                        && seconds(e["time"].as_str().unwrap()) <= killed_at + 1.0
+                });
+                assert!(finishing, "member {member} was not replaced");
+                continue;
+            };
             let spawned_at = seconds(replaced["time"].as_str().unwrap());
             let attempt = attempt_of(kill) + 1;
             let (_, lines) = logs
