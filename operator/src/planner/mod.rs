@@ -765,12 +765,34 @@ fn create_members(
 /// Once the job is finishing the topology is frozen: a member outside it (a replacement that
 /// joined too late) would wait forever, so it is stopped.
 fn retire_outsiders(s: &mut JobState, observed: &Observation, actions: &mut Vec<Action>) {
+    // Members whose current attempt is over (Some) or still running (None).
+    let ended_attempts: BTreeMap<MemberId, Option<u32>> = s
+        .members
+        .iter()
+        .map(|(&id, r)| {
+            (
+                id,
+                observed.live(id, r.attempt).is_none().then_some(r.attempt),
+            )
+        })
+        .collect();
     for (&id, record) in s.members.iter_mut() {
         let Some(m) = observed.live(id, record.attempt) else {
             continue;
         };
         let inside = s.topology.as_ref().is_some_and(|t| t.graph.contains(id));
-        if inside || record.retired {
+        // Inside, but it never heard from a peer and every neighbour has finished or gone: no
+        // one will send it state or say goodbye, so it would wait forever (seen under chaos: a
+        // replacement that joined just before its neighbours completed).
+        let never_heard = m.status.as_ref().is_some_and(|st| st.bytes_in == 0);
+        let stranded = never_heard
+            && s.topology.as_ref().is_some_and(|t| {
+                t.graph.degree(id) > 0
+                    && t.graph
+                        .neighbours(id)
+                        .all(|n| ended_attempts.get(&n).copied().flatten().is_some())
+            });
+        if (inside && !stranded) || record.retired {
             continue;
         }
         record.retired = true;

@@ -377,6 +377,80 @@ fn a_replacement_outside_the_topology_is_retired_when_the_job_finishes() {
     assert_eq!(w.state.phase, JobPhase::Succeeded);
 }
 
+fn status(id: u32, bytes_in: u64) -> TrainerStatus {
+    TrainerStatus {
+        member_id: id,
+        state: murmur_core::contract::TrainerState::Training,
+        progress: Default::default(),
+        topology_version: 1,
+        neighbours_seen: vec![],
+        bytes_in,
+        bytes_out: 800,
+        rejected_frames: 0,
+    }
+}
+
+#[test]
+fn a_replacement_whose_neighbours_all_finished_before_it_heard_from_them_is_retired() {
+    let mut w = World::running();
+    w.end(1, preempted());
+    w.plan();
+    w.join(1);
+    w.plan();
+    assert!(w.state.topology.as_ref().unwrap().graph.contains(1));
+    // Its neighbours complete before sending it anything (no bytes in).
+    w.observed.members.get_mut(&1).unwrap().status = Some(status(1, 0));
+    let neighbours: Vec<u32> = w
+        .state
+        .topology
+        .as_ref()
+        .unwrap()
+        .graph
+        .neighbours(1)
+        .collect();
+    for &n in &neighbours {
+        w.end(n, Exit::Completed);
+    }
+    let actions = w.plan();
+    assert!(actions.contains(&Action::Stop {
+        member: 1,
+        attempt: 1
+    }));
+    assert!(World::reasons(&actions).contains(&"MemberRetired"));
+    for id in 0..4 {
+        if w.observed.members[&id].is_live() && id != 1 {
+            w.end(id, Exit::Completed);
+        }
+    }
+    w.plan();
+    w.plan();
+    assert_eq!(w.state.phase, JobPhase::Succeeded);
+    assert_eq!(w.state.restarts, 0);
+}
+
+#[test]
+fn a_member_that_averaged_with_its_neighbours_is_left_to_finish_alone() {
+    let mut w = World::running();
+    w.observed.members.get_mut(&1).unwrap().status = Some(status(1, 4096));
+    let neighbours: Vec<u32> = w
+        .state
+        .topology
+        .as_ref()
+        .unwrap()
+        .graph
+        .neighbours(1)
+        .collect();
+    for &n in &neighbours {
+        w.end(n, Exit::Completed);
+    }
+    let actions = w.plan();
+    assert!(
+        !actions
+            .iter()
+            .any(|a| matches!(a, Action::Stop { member: 1, .. }))
+    );
+}
+
 #[test]
 fn losing_every_member_rebuilds_the_topology_with_a_newer_version() {
     let mut w = World::running();
