@@ -176,6 +176,16 @@ pub enum EventKind {
     Warning,
 }
 
+impl EventKind {
+    /// The Kubernetes Event `type`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::Normal => "Normal",
+            EventKind::Warning => "Warning",
+        }
+    }
+}
+
 /// What a runtime must do.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Action {

@@ -103,6 +103,11 @@ impl World {
         self.observed.members.get_mut(&id).unwrap().exit = Some(exit);
     }
 
+    fn neighbours(&self, id: u32) -> Vec<u32> {
+        let t = self.state.topology.as_ref().unwrap();
+        t.graph.neighbours(id).collect()
+    }
+
     fn version(&self) -> u64 {
         self.state.topology.as_ref().map_or(0, |t| t.version)
     }
@@ -400,14 +405,7 @@ fn a_replacement_whose_neighbours_all_finished_before_it_heard_from_them_is_reti
     assert!(w.state.topology.as_ref().unwrap().graph.contains(1));
     // Its neighbours complete before sending it anything (no bytes in).
     w.observed.members.get_mut(&1).unwrap().status = Some(status(1, 0));
-    let neighbours: Vec<u32> = w
-        .state
-        .topology
-        .as_ref()
-        .unwrap()
-        .graph
-        .neighbours(1)
-        .collect();
+    let neighbours = w.neighbours(1);
     for &n in &neighbours {
         w.end(n, Exit::Completed);
     }
@@ -432,14 +430,7 @@ fn a_replacement_whose_neighbours_all_finished_before_it_heard_from_them_is_reti
 fn a_member_that_averaged_with_its_neighbours_is_left_to_finish_alone() {
     let mut w = World::running();
     w.observed.members.get_mut(&1).unwrap().status = Some(status(1, 4096));
-    let neighbours: Vec<u32> = w
-        .state
-        .topology
-        .as_ref()
-        .unwrap()
-        .graph
-        .neighbours(1)
-        .collect();
+    let neighbours = w.neighbours(1);
     for &n in &neighbours {
         w.end(n, Exit::Completed);
     }

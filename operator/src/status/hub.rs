@@ -24,6 +24,9 @@ pub enum Inbound {
     PeerEvent(PeerEvent),
 }
 
+/// A member attempt's (step, accuracy), as last sampled.
+type Sample = (u64, Option<f64>);
+
 /// One job's published state.
 pub struct JobHandle {
     key: Vec<u8>,
@@ -31,6 +34,8 @@ pub struct JobHandle {
     topology: watch::Sender<Option<TopologyDocument>>,
     events: Mutex<Vec<JobEvent>>,
     series: Mutex<Vec<SeriesPoint>>,
+    /// The newest (step, accuracy) sampled per member attempt, so the series holds changes only.
+    sampled: Mutex<BTreeMap<(u32, u32), Sample>>,
     inbox: mpsc::UnboundedSender<Inbound>,
 }
 
@@ -73,6 +78,26 @@ impl JobHandle {
 
     pub fn record(&self, point: SeriesPoint) {
         lock(&self.series).push(point);
+    }
+
+    /// Record a member attempt's status as a progress sample at `t` seconds, unless its step
+    /// and accuracy are what was last sampled (trainers repeat their status).
+    pub fn sample(&self, t: f64, attempt: u32, status: &TrainerStatus) {
+        let p = &status.progress;
+        let key = (status.member_id, attempt);
+        let sample = (p.step, p.accuracy);
+        if lock(&self.sampled).insert(key, sample) == Some(sample) {
+            return;
+        }
+        self.record(SeriesPoint {
+            t,
+            member: status.member_id,
+            attempt,
+            step: p.step,
+            loss: p.loss,
+            accuracy: p.accuracy,
+            consensus_distance: p.consensus_distance,
+        });
     }
 
     /// Samples from index `from` on.
@@ -223,6 +248,7 @@ impl Hub {
             topology: watch::channel(None).0,
             events: Mutex::default(),
             series: Mutex::default(),
+            sampled: Mutex::default(),
             inbox,
         });
         self.jobs

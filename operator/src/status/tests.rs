@@ -247,3 +247,36 @@ async fn the_openapi_document_describes_every_route_with_generated_schemas() {
         assert!(schemas.contains_key(name), "dangling $ref {name}");
     }
 }
+
+#[test]
+fn a_status_is_sampled_only_when_its_step_or_accuracy_changed() {
+    let hub = Hub::default();
+    let (job, _inbox) = hub.register("ml", "j", b"key".to_vec());
+    let status = |step: u64, accuracy: Option<f64>| murmur_core::contract::TrainerStatus {
+        member_id: 1,
+        state: murmur_core::contract::TrainerState::Training,
+        progress: murmur_core::api::Progress {
+            step,
+            accuracy,
+            ..Default::default()
+        },
+        topology_version: 1,
+        neighbours_seen: vec![],
+        bytes_in: 0,
+        bytes_out: 0,
+        rejected_frames: 0,
+    };
+    job.sample(1.0, 0, &status(10, None));
+    job.sample(1.5, 0, &status(10, None));
+    job.sample(2.0, 0, &status(10, Some(0.9)));
+    job.sample(2.5, 1, &status(10, Some(0.9)));
+    let steps: Vec<(f64, u32, Option<f64>)> = job
+        .series(0)
+        .iter()
+        .map(|p| (p.t, p.attempt, p.accuracy))
+        .collect();
+    assert_eq!(
+        steps,
+        vec![(1.0, 0, None), (2.0, 0, Some(0.9)), (2.5, 1, Some(0.9))]
+    );
+}

@@ -151,6 +151,27 @@ pub struct JobEvent {
     pub message: String,
 }
 
+impl JobEvent {
+    /// An event of a job created at `created`, happening `now`.
+    pub fn new(
+        kind: crate::planner::EventKind,
+        reason: &str,
+        member: Option<u32>,
+        message: String,
+        created: Timestamp,
+        now: Timestamp,
+    ) -> Self {
+        Self {
+            time: MicroTime(now),
+            at_seconds: seconds_since(created, now),
+            type_: kind.as_str().into(),
+            reason: reason.into(),
+            member,
+            message,
+        }
+    }
+}
+
 fn mean(values: impl Iterator<Item = f64>) -> Option<f64> {
     let (sum, n) = values.fold((0.0, 0usize), |(s, n), v| (s + v, n + 1));
     (n > 0).then(|| sum / n as f64)

@@ -38,8 +38,8 @@ pub use decide::{Decision, Inputs, Persisted, decide};
 pub use metrics::OperatorMetrics;
 pub use resources::Settings;
 
-use crate::planner::{self, EventKind};
-use crate::status::{Hub, Inbound, JobEvent, JobHandle, SeriesPoint};
+use crate::planner;
+use crate::status::{Hub, Inbound, JobEvent, JobHandle};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -110,8 +110,6 @@ struct Live {
     statuses: BTreeMap<MemberId, (u32, TrainerStatus)>,
     created: BTreeMap<(MemberId, u32), Timestamp>,
     published_version: u64,
-    /// Newest step sampled per member attempt, so the series holds changes only.
-    sampled: BTreeMap<(MemberId, u32), u64>,
     /// The spec's validation result for a generation (CEL evaluation is not free).
     validated: Option<(Option<i64>, Option<String>)>,
 }
@@ -206,7 +204,7 @@ impl Context {
             .as_ref()
             .and_then(|s| s.data.as_ref()?.get(resources::SECRET_KEY).cloned())
             .and_then(|b| String::from_utf8(b.0).ok())
-            .unwrap_or_else(new_key);
+            .unwrap_or_else(super::new_job_key);
         let (handle, inbox) = self
             .hub
             .register(&key.0, &key.1, key_hex.clone().into_bytes());
@@ -218,7 +216,6 @@ impl Context {
             statuses: BTreeMap::new(),
             created: BTreeMap::new(),
             published_version: 0,
-            sampled: BTreeMap::new(),
             validated: None,
         }));
         lock(&self.jobs).insert(key.clone(), live.clone());
@@ -252,12 +249,6 @@ impl Context {
     }
 }
 
-fn new_key() -> String {
-    use rand::Rng;
-    let bytes: [u8; 32] = rand::rng().random();
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 /// What a job's trainers post: join reports go into the job's memory (and so into its
 /// ConfigMap) and trigger a reconcile; statuses feed the status API.
 async fn listen(
@@ -289,18 +280,8 @@ async fn listen(
                 let Some(attempt) = attempt_of(&l, id) else {
                     continue;
                 };
-                let step = status.progress.step;
-                if l.sampled.insert((id, attempt), step) != Some(step) {
-                    l.handle.record(SeriesPoint {
-                        t: planner::seconds_since(l.memory.state.created_at, Timestamp::now()),
-                        member: id,
-                        attempt,
-                        step,
-                        loss: status.progress.loss,
-                        accuracy: status.progress.accuracy,
-                        consensus_distance: status.progress.consensus_distance,
-                    });
-                }
+                let t = planner::seconds_since(l.memory.state.created_at, Timestamp::now());
+                l.handle.sample(t, attempt, &status);
                 // A member that starts training, pauses, leaves or finishes changes the job's
                 // phase: reconcile now rather than at the next resync.
                 let changed = l
@@ -575,23 +556,20 @@ async fn record_event(
     now: Timestamp,
 ) {
     let namespace = resources::namespace(job);
-    let type_ = match note.kind {
-        EventKind::Normal => "Normal",
-        EventKind::Warning => "Warning",
-    };
+    let type_ = note.kind.as_str();
     let created = job
         .metadata
         .creation_timestamp
         .as_ref()
         .map_or(now, |t| t.0);
-    handle.push_event(JobEvent {
-        time: MicroTime(now),
-        at_seconds: planner::seconds_since(created, now),
-        type_: type_.into(),
-        reason: note.reason.into(),
-        member: note.member,
-        message: note.message.clone(),
-    });
+    handle.push_event(JobEvent::new(
+        note.kind,
+        note.reason,
+        note.member,
+        note.message.clone(),
+        created,
+        now,
+    ));
     static SEQUENCE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let sequence = SEQUENCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut message = note.message.clone();

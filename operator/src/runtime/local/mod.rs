@@ -20,7 +20,7 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 
 use crate::planner::{self, Action, EventKind, JobState, Observation, ObservedMember};
-use crate::status::{self, Hub, Inbound, JobEvent, JobHandle, JobView, SeriesPoint};
+use crate::status::{self, Hub, Inbound, JobEvent, JobHandle, JobView};
 
 pub use chaos::Chaos;
 pub use exit::{Ended, classify};
@@ -184,8 +184,6 @@ struct Local {
     processes: BTreeMap<(u32, u32), Process>,
     /// Bytes each attempt sent, from its newest status.
     bytes_out: BTreeMap<(u32, u32), u64>,
-    /// The newest step sampled per attempt, so the series holds changes only.
-    sampled: BTreeMap<(u32, u32), (u64, Option<f64>)>,
     next_port: u16,
     hub: Arc<Hub>,
     job: Arc<JobHandle>,
@@ -217,11 +215,7 @@ pub async fn run(
         ),
     };
     std::fs::create_dir_all(workdir.join("logs")).map_err(io(&workdir))?;
-    let key: String = {
-        use rand::Rng;
-        let bytes: [u8; 32] = rand::rng().random();
-        bytes.iter().map(|b| format!("{b:02x}")).collect()
-    };
+    let key = super::new_job_key();
     let key_file = workdir.join("peer-key");
     write_private(&key_file, key.as_bytes())?;
 
@@ -248,7 +242,6 @@ pub async fn run(
         observed: Observation::default(),
         processes: BTreeMap::new(),
         bytes_out: BTreeMap::new(),
-        sampled: BTreeMap::new(),
         next_port: 20_000 + (std::process::id() % 100) as u16 * 100,
         hub,
         job,
@@ -408,20 +401,7 @@ impl Local {
 
     fn take_status(&mut self, member: u32, attempt: u32, status: TrainerStatus) {
         self.bytes_out.insert((member, attempt), status.bytes_out);
-        let key = (member, attempt);
-        let sample = (status.progress.step, status.progress.accuracy);
-        if self.sampled.get(&key) != Some(&sample) {
-            self.sampled.insert(key, sample);
-            self.job.record(SeriesPoint {
-                t: self.seconds(),
-                member,
-                attempt,
-                step: status.progress.step,
-                loss: status.progress.loss,
-                accuracy: status.progress.accuracy,
-                consensus_distance: status.progress.consensus_distance,
-            });
-        }
+        self.job.sample(self.seconds(), attempt, &status);
         if let Some(m) = self.current(member, attempt)
             && m.is_live()
         {
@@ -499,18 +479,14 @@ impl Local {
     fn event(&self, kind: EventKind, reason: &str, member: Option<u32>, message: String) {
         let now = Timestamp::now();
         self.progress.line(&format!("{reason}: {message}"));
-        self.job.push_event(JobEvent {
-            time: k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(now),
-            at_seconds: planner::seconds_since(self.state.created_at, now),
-            type_: match kind {
-                EventKind::Normal => "Normal",
-                EventKind::Warning => "Warning",
-            }
-            .into(),
-            reason: reason.into(),
+        self.job.push_event(JobEvent::new(
+            kind,
+            reason,
             member,
             message,
-        });
+            self.state.created_at,
+            now,
+        ));
     }
 
     fn publish(&self) -> JobView {
