@@ -380,9 +380,11 @@ pub enum Backend {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct TrainerSpec {
-    #[serde(default = "default_trainer_image")]
-    #[schemars(length(max = 1024))]
-    pub image: String,
+    /// The trainer image. Default: the operator's (`--trainer-image`, or `--trainer-cuda-image`
+    /// for the cuda backend; the chart's `trainer.image` and `trainer.cudaImage`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024))]
+    pub image: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<TrainerResources>,
     /// Extra environment for the trainer container.
@@ -392,17 +394,15 @@ pub struct TrainerSpec {
     pub backend: Backend,
 }
 
-/// Default trainer image; the chart and the docs build and push it under this name.
+/// The operator's default trainer images; images/trainer.Dockerfile builds them, the chart
+/// passes its own.
 pub const DEFAULT_TRAINER_IMAGE: &str = "ghcr.io/murmur-dev/murmur-trainer:0.1.0";
-
-fn default_trainer_image() -> String {
-    DEFAULT_TRAINER_IMAGE.to_string()
-}
+pub const DEFAULT_TRAINER_CUDA_IMAGE: &str = "ghcr.io/murmur-dev/murmur-trainer:0.1.0-cuda";
 
 impl Default for TrainerSpec {
     fn default() -> Self {
         Self {
-            image: DEFAULT_TRAINER_IMAGE.to_string(),
+            image: None,
             resources: None,
             env: Vec::new(),
             backend: Backend::Cpu,

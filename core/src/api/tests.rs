@@ -48,7 +48,7 @@ fn the_valid_fixture_is_valid_and_defaults_are_filled() {
     let job = with("steps: 100", "steps: 100").unwrap();
     assert_eq!(job.spec.replicas.target, 4);
     assert_eq!(job.spec.training.batch_size, 32);
-    assert_eq!(job.spec.trainer.image, DEFAULT_TRAINER_IMAGE);
+    assert_eq!(job.spec.trainer.image, None, "the operator picks it");
     assert_eq!(job.spec.scheduling.capacity, Capacity::PreferSpot);
     assert_eq!(job.spec.recovery.max_restarts, 3);
     assert_eq!(job.spec.algorithm.round_timeout, Duration::from_secs(5));

@@ -1,6 +1,6 @@
 //! Command-line surface. Each subcommand parses its flags, calls pure code, and prints.
 
-mod operator;
+pub mod operator;
 mod run;
 mod topology;
 
@@ -18,17 +18,19 @@ use murmur_core::api::{self, ManifestError};
 )]
 pub struct Cli {
     #[command(subcommand)]
-    command: Command,
+    pub command: Command,
 }
 
 #[derive(Subcommand, Debug)]
-enum Command {
+pub enum Command {
     /// Build a communication graph and print it with its measures.
     Topology(topology::TopologyArgs),
     /// Run a job manifest on this machine: trainers as local processes, with the status API
     /// and dashboard.
     Run(run::RunArgs),
     /// Run the Kubernetes operator: reconcile DecentralizedTrainingJobs into trainer pods.
+    // A flag given twice takes the last value: the chart's `operator.extraArgs` override.
+    #[command(args_override_self = true)]
     Operator(operator::OperatorArgs),
     /// Print the DecentralizedTrainingJob CustomResourceDefinition (what `crds/` holds).
     Crd,

@@ -5,6 +5,7 @@ use murmur_core::api;
 use tracing_subscriber::EnvFilter;
 
 use super::CliError;
+use crate::runtime::kube::resources::NetworkPolicySettings;
 use crate::runtime::kube::{self, LeaseOptions, OperatorOptions, Settings};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -49,14 +50,44 @@ pub struct OperatorArgs {
     /// This replica's identity in the Lease and in events (default: the pod's name).
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
+    /// The trainer image for jobs that name none (cpu backend).
+    #[arg(long, default_value = api::DEFAULT_TRAINER_IMAGE, env = "MURMUR_TRAINER_IMAGE")]
+    pub trainer_image: String,
+    /// The trainer image for jobs that name none (cuda backend).
+    #[arg(long, default_value = api::DEFAULT_TRAINER_CUDA_IMAGE, env = "MURMUR_TRAINER_CUDA_IMAGE")]
+    pub trainer_cuda_image: String,
+    /// Give each job a NetworkPolicy: its trainers accept and reach only their own job's peers,
+    /// the operator and DNS. Needs a CNI that enforces NetworkPolicy.
+    #[arg(long)]
+    pub network_policies: bool,
+    /// Where cluster DNS runs (for --network-policies).
+    #[arg(long, default_value = "kube-system")]
+    pub dns_namespace: String,
+    /// The operator's own namespace, which trainers may reach (for --network-policies; default:
+    /// the Lease's namespace, i.e. the pod's).
+    #[arg(long)]
+    pub operator_namespace: Option<String>,
     /// JSON lines (for log collectors) or plain text.
     #[arg(long, value_enum, default_value = "json")]
     pub log_format: LogFormat,
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct OperatorCliError(#[from] pub kube::OperatorError);
+pub enum OperatorCliError {
+    #[error("{0}")]
+    Operator(#[from] kube::OperatorError),
+    #[error("--listen {0}: expected HOST:PORT")]
+    Listen(String),
+}
+
+/// The port of `--listen` (trainers reach the operator's pods on it).
+fn listen_port(listen: &str) -> Result<i32, CliError> {
+    listen
+        .rsplit_once(':')
+        .and_then(|(_, port)| port.parse::<u16>().ok())
+        .map(i32::from)
+        .ok_or_else(|| CliError::Operator(OperatorCliError::Listen(listen.to_string())))
+}
 
 pub fn run(args: OperatorArgs) -> Result<(), CliError> {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
@@ -73,12 +104,26 @@ pub fn run(args: OperatorArgs) -> Result<(), CliError> {
                 .unwrap_or_else(|_| std::process::id().to_string())
         )
     });
+    let network_policies = match args.network_policies {
+        false => None,
+        true => Some(NetworkPolicySettings {
+            operator_namespace: args
+                .operator_namespace
+                .clone()
+                .unwrap_or_else(|| args.lease_namespace.clone()),
+            operator_port: listen_port(&args.listen)?,
+            dns_namespace: args.dns_namespace.clone(),
+        }),
+    };
     let options = OperatorOptions {
         settings: Settings {
             control_endpoint: args.control_endpoint,
             cluster_domain: args.cluster_domain,
             node_lost_after: args.node_lost_after.as_std(),
             resync: args.resync.as_std(),
+            trainer_image: args.trainer_image,
+            trainer_cuda_image: args.trainer_cuda_image,
+            network_policies,
             ..Settings::default()
         },
         listen: args.listen,
@@ -93,5 +138,5 @@ pub fn run(args: OperatorArgs) -> Result<(), CliError> {
     let runtime = tokio::runtime::Runtime::new().map_err(CliError::Output)?;
     runtime
         .block_on(kube::run(options))
-        .map_err(|e| CliError::Operator(OperatorCliError(e)))
+        .map_err(|e| CliError::Operator(OperatorCliError::Operator(e)))
 }

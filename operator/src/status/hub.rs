@@ -231,9 +231,21 @@ impl Metrics {
 pub struct Hub {
     jobs: RwLock<BTreeMap<(String, String), Arc<JobHandle>>>,
     pub metrics: Metrics,
+    /// Serving nothing yet (an operator replica not leading, or still listing): `/readyz`
+    /// says so, and the operator's Service sends no one here.
+    standby: std::sync::atomic::AtomicBool,
 }
 
 impl Hub {
+    pub fn set_standby(&self, standby: bool) {
+        self.standby
+            .store(standby, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn is_standby(&self) -> bool {
+        self.standby.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Serve a job; its trainers' posts (signed with `key`) arrive on the returned inbox.
     pub fn register(
         &self,

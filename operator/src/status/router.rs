@@ -23,7 +23,7 @@ pub fn router(hub: Arc<Hub>) -> Router {
     Router::new()
         .route("/", get(dashboard))
         .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/api/v1/openapi.json", get(openapi))
         .route("/api/v1/jobs", get(list_jobs))
@@ -46,13 +46,24 @@ pub fn router(hub: Arc<Hub>) -> Router {
         .with_state(hub)
 }
 
-/// An error body: `{"error": "..."}` with a status code.
 /// An error answer: `{"error": "..."}` with a status code.
 struct ApiError(StatusCode, String);
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         (self.0, axum::Json(serde_json::json!({"error": self.1}))).into_response()
+    }
+}
+
+async fn readyz(State(hub): State<Arc<Hub>>) -> Response {
+    if hub.is_standby() {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "standby: not leading, or the caches are still listing\n",
+        )
+            .into_response()
+    } else {
+        "ok".into_response()
     }
 }
 

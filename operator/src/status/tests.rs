@@ -280,3 +280,24 @@ fn a_status_is_sampled_only_when_its_step_or_accuracy_changed() {
         vec![(1.0, 0, None), (2.0, 0, Some(0.9)), (2.5, 1, Some(0.9))]
     );
 }
+
+#[tokio::test]
+async fn a_standby_is_alive_but_not_ready() {
+    let (hub, base) = serve().await;
+    let status = |path: &'static str| {
+        let base = base.clone();
+        async move {
+            reqwest::get(format!("{base}{path}"))
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    assert_eq!(status("/readyz").await, 200, "murmur run is ready at once");
+    hub.set_standby(true);
+    assert_eq!(status("/readyz").await, 503);
+    assert_eq!(status("/healthz").await, 200, "a standby is not restarted");
+    hub.set_standby(false);
+    assert_eq!(status("/readyz").await, 200);
+}

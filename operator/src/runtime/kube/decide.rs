@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use murmur_core::api::{DecentralizedTrainingJob, DecentralizedTrainingJobStatus, validate};
 use murmur_core::contract::{JoinReport, TopologyDocument, TrainerStatus};
@@ -134,6 +136,7 @@ pub struct Inputs<'a> {
     pub service: Option<&'a Service>,
     pub secret: Option<&'a Secret>,
     pub config_map: Option<&'a ConfigMap>,
+    pub network_policy: Option<&'a NetworkPolicy>,
     pub memory: &'a Persisted,
     /// The newest status each member's current attempt posted.
     pub statuses: &'a BTreeMap<MemberId, (u32, TrainerStatus)>,
@@ -169,6 +172,7 @@ pub struct Decision {
     pub service: Option<Service>,
     pub secret: Option<Secret>,
     pub config_map: Option<ConfigMap>,
+    pub network_policy: Option<NetworkPolicy>,
     pub status: Option<DecentralizedTrainingJobStatus>,
     pub events: Vec<Note>,
     pub document: Option<TopologyDocument>,
@@ -187,6 +191,7 @@ impl Decision {
             + usize::from(self.service.is_some())
             + usize::from(self.secret.is_some())
             + usize::from(self.config_map.is_some())
+            + usize::from(self.network_policy.is_some())
             + usize::from(self.status.is_some())
             + self.events.len()
             + usize::from(self.delete_job)
@@ -237,6 +242,14 @@ pub fn decide(i: &Inputs) -> Decision {
         .is_some_and(|data| data.contains_key(resources::SECRET_KEY));
     if !has_key {
         d.secret = Some(resources::secret(job, i.key_hex));
+    }
+    if let Some(settings) = &i.settings.network_policies {
+        let policy = resources::network_policy(job, settings);
+        if i.network_policy
+            .is_none_or(|p| p.spec != policy.spec || !owned_by(&p.metadata, &policy.metadata))
+        {
+            d.network_policy = Some(policy);
+        }
     }
 
     // Observe, plan.
@@ -504,6 +517,17 @@ fn collect_events(d: &mut Decision, actions: &[Action], job: &str, state: &JobSt
     }
 }
 
+/// `current` carries every owner reference `desired` sets (the job's uid).
+fn owned_by(current: &ObjectMeta, desired: &ObjectMeta) -> bool {
+    current.owner_references.as_ref().is_some_and(|o| {
+        desired
+            .owner_references
+            .iter()
+            .flatten()
+            .all(|d| o.iter().any(|c| c.uid == d.uid))
+    })
+}
+
 /// The fields murmur sets on its Service, compared with what the cluster holds (which the API
 /// server fills with defaults).
 fn same_service(current: &Service, desired: &Service) -> bool {
@@ -517,15 +541,7 @@ fn same_service(current: &Service, desired: &Service) -> bool {
             .map(|p| (p.name.clone(), p.port, p.target_port.clone()))
             .collect::<Vec<_>>()
     };
-    let owned = current.metadata.owner_references.as_ref().is_some_and(|o| {
-        desired
-            .metadata
-            .owner_references
-            .iter()
-            .flatten()
-            .all(|d| o.iter().any(|c| c.uid == d.uid))
-    });
-    owned
+    owned_by(&current.metadata, &desired.metadata)
         && c.cluster_ip == d.cluster_ip
         && c.publish_not_ready_addresses == d.publish_not_ready_addresses
         && c.selector == d.selector

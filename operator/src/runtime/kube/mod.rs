@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, ObjectReference, Pod, Secret, Service};
 use k8s_openapi::api::events::v1::Event as KubeEvent;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, PropagationPolicy};
@@ -85,6 +86,8 @@ pub struct Stores {
     pub config_maps: Store<ConfigMap>,
     pub secrets: Store<Secret>,
     pub nodes: Store<Node>,
+    /// Filled only with `--network-policies` (otherwise never listed, never waited for).
+    pub network_policies: Option<Store<NetworkPolicy>>,
 }
 
 impl Stores {
@@ -97,6 +100,11 @@ impl Stores {
             self.config_maps.wait_until_ready(),
             self.secrets.wait_until_ready(),
             self.nodes.wait_until_ready(),
+            async {
+                if let Some(store) = &self.network_policies {
+                    let _ = store.wait_until_ready().await;
+                }
+            },
         );
     }
 }
@@ -384,6 +392,11 @@ async fn reconcile_inner(
         &namespace,
         resources::config_map_name(&name),
     );
+    let network_policy = ctx
+        .stores
+        .network_policies
+        .as_ref()
+        .and_then(|store| get(store, &namespace, resources::network_policy_name(&name)));
     let nodes = ctx.stores.nodes.clone();
     let node = move |n: &str| observe::node_state(nodes.get(&ObjectRef::new(n)).as_deref());
     let now = (ctx.clock)();
@@ -395,6 +408,7 @@ async fn reconcile_inner(
         service: service.as_deref(),
         secret: secret.as_deref(),
         config_map: config_map.as_deref(),
+        network_policy: network_policy.as_deref(),
         memory: &memory,
         statuses: &statuses,
         created: &created,
@@ -431,6 +445,9 @@ async fn execute(
     }
     if let Some(secret) = &d.secret {
         apply_object(ctx, &namespace, secret, "secret").await?;
+    }
+    if let Some(policy) = &d.network_policy {
+        apply_object(ctx, &namespace, policy, "networkpolicy").await?;
     }
     let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
     for pod in &d.create {
@@ -667,11 +684,32 @@ pub enum OperatorError {
 /// Run the operator until SIGTERM / Ctrl-C (or until it loses its lease).
 pub async fn run(options: OperatorOptions) -> Result<(), OperatorError> {
     let client = Client::try_default().await.map_err(OperatorError::Config)?;
-    preflight::check(&client).await?;
+    let shutdown = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("a SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        tracing::info!("shutting down: finishing reconciles in flight");
+    };
+    run_with(client, options, shutdown).await
+}
+
+/// The operator against `client` until `shutdown` completes.
+pub async fn run_with(
+    client: Client,
+    options: OperatorOptions,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) -> Result<(), OperatorError> {
+    preflight::check(&client, options.settings.network_policies.is_some()).await?;
 
     let mut hub = Hub::default();
     let metrics = Arc::new(OperatorMetrics::register(&mut hub.metrics.registry));
     let hub = Arc::new(hub);
+    // Not Ready until leading with complete caches: the Service then sends trainers' posts and
+    // users to the replica that runs the jobs, not to a standby.
+    hub.set_standby(true);
     let listener = tokio::net::TcpListener::bind(&options.listen)
         .await
         .map_err(|source| OperatorError::Bind {
@@ -680,6 +718,7 @@ pub async fn run(options: OperatorOptions) -> Result<(), OperatorError> {
         })?;
     tracing::info!(address = %options.listen, "status API, dashboard and control endpoint listening");
     tokio::spawn(axum::serve(listener, crate::status::router(hub.clone())).into_future());
+    let ready_hub = hub.clone();
 
     let elector = options.lease.as_ref().map(|l| {
         lease::Elector::new(
@@ -701,12 +740,15 @@ pub async fn run(options: OperatorOptions) -> Result<(), OperatorError> {
     let (secrets, secret_writer) = reflector::store();
     let (nodes, node_writer) = reflector::store();
     let (jobs, job_writer) = reflector::store();
+    let (network_policies, network_policy_writer) = reflector::store();
+    let with_policies = options.settings.network_policies.is_some();
     let stores = Stores {
         pods: pods.clone(),
         services,
         config_maps,
         secrets,
         nodes,
+        network_policies: with_policies.then_some(network_policies),
     };
     let (ctx, triggered) = Context::new(
         client.clone(),
@@ -729,10 +771,16 @@ pub async fn run(options: OperatorOptions) -> Result<(), OperatorError> {
         .default_backoff()
         .reflect(config_map_writer)
         .applied_objects();
-    let secret_stream = watcher(Api::<Secret>::all(client.clone()), managed)
+    let secret_stream = watcher(Api::<Secret>::all(client.clone()), managed.clone())
         .default_backoff()
         .reflect(secret_writer)
         .applied_objects();
+    let network_policy_stream = with_policies.then(|| {
+        watcher(Api::<NetworkPolicy>::all(client.clone()), managed)
+            .default_backoff()
+            .reflect(network_policy_writer)
+            .applied_objects()
+    });
     // A node that goes away or NotReady re-plans the jobs with members on it.
     let node_stream = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
         .default_backoff()
@@ -765,15 +813,13 @@ pub async fn run(options: OperatorOptions) -> Result<(), OperatorError> {
         rx.recv().await.map(|r| (r, rx))
     });
 
-    let shutdown = async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("a SIGTERM handler");
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-        tracing::info!("shutting down: finishing reconciles in flight");
-    };
+    // Leading (the elector returned above); Ready once every cache has listed.
+    let stores = ctx.stores.clone();
+    tokio::spawn(async move {
+        stores.ready().await;
+        ready_hub.set_standby(false);
+        tracing::info!("caches synced: ready");
+    });
     let sweep = {
         let (ctx, jobs) = (Arc::downgrade(&ctx), jobs.clone());
         let every = options.settings.resync;
@@ -787,7 +833,7 @@ pub async fn run(options: OperatorOptions) -> Result<(), OperatorError> {
         }
     };
     tokio::spawn(sweep);
-    let controller = Controller::for_stream(job_stream, jobs)
+    let mut controller = Controller::for_stream(job_stream, jobs)
         .with_config(
             ControllerConfig::default()
                 .concurrency(options.concurrency)
@@ -796,7 +842,11 @@ pub async fn run(options: OperatorOptions) -> Result<(), OperatorError> {
         .owns_stream(pod_stream)
         .owns_stream(service_stream)
         .owns_stream(config_map_stream)
-        .owns_stream(secret_stream)
+        .owns_stream(secret_stream);
+    if let Some(stream) = network_policy_stream {
+        controller = controller.owns_stream(stream);
+    }
+    let controller = controller
         .watches_stream(node_stream, jobs_on_node)
         .reconcile_on(triggered)
         .graceful_shutdown_on(shutdown)

@@ -10,11 +10,18 @@ use k8s_openapi::api::core::v1::{
     ResourceRequirements, SeccompProfile, SecretVolumeSource, SecurityContext, Service,
     ServicePort, ServiceSpec, Volume, VolumeMount,
 };
+use k8s_openapi::api::networking::v1::{
+    NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer,
+    NetworkPolicyPort, NetworkPolicySpec,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
-use murmur_core::api::{CheckpointVolumeKind, DecentralizedTrainingJob};
+use murmur_core::api::{
+    Backend, CheckpointVolumeKind, DEFAULT_TRAINER_CUDA_IMAGE, DEFAULT_TRAINER_IMAGE,
+    DecentralizedTrainingJob,
+};
 use murmur_core::contract::{TERMINATION_LOG, TrainerEnv};
 use murmur_core::topology::MemberId;
 
@@ -54,6 +61,9 @@ pub fn service_name(job: &str) -> String {
 pub fn secret_name(job: &str) -> String {
     format!("{job}-peer-key")
 }
+pub fn network_policy_name(job: &str) -> String {
+    format!("{job}-trainers")
+}
 pub fn config_map_name(job: &str) -> String {
     format!("{job}-topology")
 }
@@ -79,6 +89,22 @@ pub struct Settings {
     pub creation_grace: std::time::Duration,
     /// Re-plan at least this often (progress in the status, node timeouts).
     pub resync: std::time::Duration,
+    /// Images for jobs that name none, by backend.
+    pub trainer_image: String,
+    pub trainer_cuda_image: String,
+    /// Give each job a NetworkPolicy fencing its trainers in (None: none).
+    pub network_policies: Option<NetworkPolicySettings>,
+}
+
+/// Where the peers a trainer may reach besides its own job's live.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NetworkPolicySettings {
+    /// The operator's namespace: its control endpoint, and where status polls come from.
+    pub operator_namespace: String,
+    /// The port the operator listens on (its pods', behind its Service).
+    pub operator_port: i32,
+    /// Where cluster DNS runs.
+    pub dns_namespace: String,
 }
 
 impl Default for Settings {
@@ -90,6 +116,9 @@ impl Default for Settings {
             node_lost_after: std::time::Duration::from_secs(60),
             creation_grace: std::time::Duration::from_secs(30),
             resync: std::time::Duration::from_secs(30),
+            trainer_image: DEFAULT_TRAINER_IMAGE.into(),
+            trainer_cuda_image: DEFAULT_TRAINER_CUDA_IMAGE.into(),
+            network_policies: None,
         }
     }
 }
@@ -190,6 +219,70 @@ pub fn config_map(job: &DecentralizedTrainingJob, data: BTreeMap<String, String>
         metadata: meta(job, config_map_name(&name(job)), "topology"),
         data: Some(data),
         ..Default::default()
+    }
+}
+
+/// The job's trainers accept their own job's members on the peer port and the operator's
+/// namespace on the status port, and reach only their own job's peer ports, the operator's
+/// control endpoint and DNS. (A trainer of another job could not authenticate anyway: this keeps
+/// it, or anything else in the cluster, from even connecting.)
+pub fn network_policy(job: &DecentralizedTrainingJob, n: &NetworkPolicySettings) -> NetworkPolicy {
+    let trainers = LabelSelector {
+        match_labels: Some(BTreeMap::from([
+            (LABEL_JOB.into(), name(job)),
+            (MANAGED_BY.into(), MANAGER.into()),
+        ])),
+        ..Default::default()
+    };
+    let namespace = |ns: &str| NetworkPolicyPeer {
+        namespace_selector: Some(LabelSelector {
+            match_labels: Some(BTreeMap::from([(
+                "kubernetes.io/metadata.name".into(),
+                ns.into(),
+            )])),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let same_job = NetworkPolicyPeer {
+        pod_selector: Some(trainers.clone()),
+        ..Default::default()
+    };
+    let port = |port: i32, protocol: &str| NetworkPolicyPort {
+        port: Some(IntOrString::Int(port)),
+        protocol: Some(protocol.into()),
+        ..Default::default()
+    };
+    NetworkPolicy {
+        metadata: meta(job, network_policy_name(&name(job)), "network-policy"),
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(trainers),
+            policy_types: Some(vec!["Ingress".into(), "Egress".into()]),
+            ingress: Some(vec![
+                NetworkPolicyIngressRule {
+                    from: Some(vec![same_job.clone()]),
+                    ports: Some(vec![port(PEER_PORT, "TCP")]),
+                },
+                NetworkPolicyIngressRule {
+                    from: Some(vec![namespace(&n.operator_namespace)]),
+                    ports: Some(vec![port(STATUS_PORT, "TCP")]),
+                },
+            ]),
+            egress: Some(vec![
+                NetworkPolicyEgressRule {
+                    to: Some(vec![same_job]),
+                    ports: Some(vec![port(PEER_PORT, "TCP")]),
+                },
+                NetworkPolicyEgressRule {
+                    to: Some(vec![namespace(&n.operator_namespace)]),
+                    ports: Some(vec![port(n.operator_port, "TCP")]),
+                },
+                NetworkPolicyEgressRule {
+                    to: Some(vec![namespace(&n.dns_namespace)]),
+                    ports: Some(vec![port(53, "UDP"), port(53, "TCP")]),
+                },
+            ]),
+        }),
     }
 }
 
@@ -334,7 +427,11 @@ pub fn pod(p: &MemberPod, s: &Settings) -> Pod {
     };
     let container = Container {
         name: "trainer".into(),
-        image: Some(spec.trainer.image.clone()),
+        image: Some(match (&spec.trainer.image, spec.trainer.backend) {
+            (Some(image), _) => image.clone(),
+            (None, Backend::Cpu) => s.trainer_image.clone(),
+            (None, Backend::Cuda) => s.trainer_cuda_image.clone(),
+        }),
         args: Some(vec!["run".into()]),
         env: Some(env),
         ports: Some(vec![

@@ -37,7 +37,25 @@ struct Call {
     method: String,
     path: String,
     query: String,
+    content_type: String,
     body: Value,
+}
+
+type Permission = (String, String, String);
+
+impl Call {
+    fn permissions(&self) -> Vec<Permission> {
+        preflight::permissions_of(&self.method, &self.path, &self.query, &self.content_type)
+    }
+}
+
+/// Everything the operator declares it may do, network policies included.
+fn declared() -> std::collections::BTreeSet<Permission> {
+    preflight::PERMISSIONS
+        .iter()
+        .chain(preflight::NETWORK_POLICY_PERMISSIONS)
+        .map(|(v, g, r)| (v.to_string(), g.to_string(), r.to_string()))
+        .collect()
 }
 
 impl Call {
@@ -63,6 +81,7 @@ struct Cluster {
     config_maps: Writer<ConfigMap>,
     secrets: Writer<Secret>,
     nodes: Writer<Node>,
+    network_policies: Writer<NetworkPolicy>,
     pod_objects: BTreeMap<String, Pod>,
 }
 
@@ -72,6 +91,15 @@ fn job(manifest: &str) -> DecentralizedTrainingJob {
     job.metadata.generation = Some(1);
     job.metadata.creation_timestamp = Some(Time(at(0)));
     job
+}
+
+fn content_type(request: &Request<Body>) -> String {
+    request
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string()
 }
 
 /// Answer every request as an API server would for a successful write, and log it.
@@ -85,6 +113,7 @@ fn serve(
             let method = request.method().to_string();
             let path = request.uri().path().to_string();
             let query = request.uri().query().unwrap_or_default().to_string();
+            let content_type = content_type(&request);
             let bytes = request.into_body().collect_bytes().await.unwrap();
             let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
             let response = if method == "DELETE" {
@@ -103,6 +132,7 @@ fn serve(
                 method,
                 path,
                 query,
+                content_type,
                 body,
             });
             send.send_response(
@@ -116,6 +146,10 @@ fn serve(
 
 impl Cluster {
     fn new(manifest: &str) -> Self {
+        Self::with_settings(manifest, Settings::default())
+    }
+
+    fn with_settings(manifest: &str, settings: Settings) -> Self {
         let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let client = Client::new(service, "default");
         let log = Arc::new(Mutex::new(Vec::new()));
@@ -127,12 +161,14 @@ impl Cluster {
         let (config_maps, mut config_map_writer) = reflector::store();
         let (secrets, mut secret_writer) = reflector::store();
         let (nodes, mut node_writer) = reflector::store();
+        let (network_policies, mut network_policy_writer) = reflector::store();
         // Every cache has listed (empty) before the first reconcile.
         synced(&mut pod_writer);
         synced(&mut service_writer);
         synced(&mut config_map_writer);
         synced(&mut secret_writer);
         synced(&mut node_writer);
+        synced(&mut network_policy_writer);
         node_writer.apply_watcher_event(&Event::Apply(node("node-a", "True", at(0))));
         let stores = Stores {
             pods,
@@ -140,6 +176,7 @@ impl Cluster {
             config_maps,
             secrets,
             nodes,
+            network_policies: Some(network_policies),
         };
         let mut hub = Hub::default();
         let metrics = Arc::new(OperatorMetrics::register(&mut hub.metrics.registry));
@@ -148,7 +185,7 @@ impl Cluster {
             stores,
             Arc::new(hub),
             metrics,
-            Settings::default(),
+            settings,
             "test".into(),
         );
         let now = Arc::new(Mutex::new(at(1)));
@@ -176,8 +213,24 @@ impl Cluster {
             config_maps: config_map_writer,
             secrets: secret_writer,
             nodes: node_writer,
+            network_policies: network_policy_writer,
             pod_objects: BTreeMap::new(),
         }
+    }
+
+    /// A new operator process: empty memory, a new status hub, the same caches.
+    fn restart_operator(&mut self) {
+        self.ctx = Arc::new(Context {
+            client: self.ctx.client.clone(),
+            stores: self.ctx.stores.clone(),
+            hub: Arc::new(Hub::default()),
+            metrics: self.ctx.metrics.clone(),
+            settings: self.ctx.settings.clone(),
+            instance: "restarted".into(),
+            clock: self.ctx.clock.clone(),
+            jobs: Mutex::default(),
+            trigger: self.ctx.trigger.clone(),
+        });
     }
 
     fn advance(&self, secs: i64) {
@@ -198,7 +251,16 @@ impl Cluster {
             .expect("reconcile");
         let calls: Vec<Call> = lock(&self.log)[self.seen..].to_vec();
         self.seen += calls.len();
+        let declared = declared();
         for call in &calls {
+            for permission in call.permissions() {
+                assert!(
+                    declared.contains(&permission),
+                    "{} {} needs {permission:?}, which preflight::PERMISSIONS (and the chart's RBAC) lack",
+                    call.method,
+                    call.path
+                );
+            }
             self.carry_out(call);
         }
         (action, calls)
@@ -253,6 +315,10 @@ impl Cluster {
             ("PATCH", p) if p.contains("/configmaps/") => {
                 let c: ConfigMap = serde_json::from_value(call.body.clone()).unwrap();
                 self.config_maps.apply_watcher_event(&Event::Apply(c));
+            }
+            ("PATCH", p) if p.contains("/networkpolicies/") => {
+                let n: NetworkPolicy = serde_json::from_value(call.body.clone()).unwrap();
+                self.network_policies.apply_watcher_event(&Event::Apply(n));
             }
             _ => {}
         }
@@ -348,6 +414,22 @@ impl Cluster {
             .iter()
             .find(|c| c.type_ == kind)
             .map(|c| (c.status.clone(), c.reason.clone()))
+    }
+
+    /// The version of the topology document in the ConfigMap, once there is one.
+    fn published_version(&self) -> Option<u64> {
+        let config_map = self
+            .ctx
+            .stores
+            .config_maps
+            .get(&ObjectRef::new("mnist-topology").within("ml"))?;
+        let text = config_map
+            .data
+            .as_ref()?
+            .get(resources::TOPOLOGY_KEY)?
+            .clone();
+        let doc: Value = serde_json::from_str(&text).ok()?;
+        doc["version"].as_u64()
     }
 
     fn topology_version(&self) -> u64 {
@@ -488,6 +570,11 @@ async fn a_new_job_gets_its_service_secret_config_map_and_one_pod_per_member() {
         "the contract wins over user env"
     );
     assert_eq!(env["EXTRA"], "x");
+    // The job names no image: the operator's default for its backend.
+    assert_eq!(
+        container.image.as_deref(),
+        Some(murmur_core::api::DEFAULT_TRAINER_CUDA_IMAGE)
+    );
     assert_eq!(env["MURMUR_MEMBER_ID"], "1");
     assert_eq!(env["MURMUR_LISTEN_ADDRESS"], "0.0.0.0:7070");
     assert_eq!(env["MURMUR_BACKEND"], "cuda");
@@ -545,6 +632,149 @@ async fn a_new_job_gets_its_service_secret_config_map_and_one_pod_per_member() {
     assert_eq!(c.condition("Created").unwrap().0, "True");
     // The join grace is the next deadline.
     assert_eq!(action, Action::requeue(Duration::from_secs(14)));
+}
+
+#[tokio::test]
+async fn a_job_names_its_trainer_image_or_gets_the_operators_for_its_backend() {
+    let settings = Settings {
+        trainer_image: "registry.example/trainer:cpu".into(),
+        trainer_cuda_image: "registry.example/trainer:cuda".into(),
+        ..Settings::default()
+    };
+    let image = |manifest: String| {
+        let job = job(&manifest);
+        let pod = resources::pod(
+            &resources::MemberPod {
+                job: &job,
+                member: 0,
+                attempt: 0,
+                on_demand: false,
+                clique: None,
+            },
+            &settings,
+        );
+        pod.spec.unwrap().containers[0].image.clone().unwrap()
+    };
+    assert_eq!(image(MANIFEST.into()), "registry.example/trainer:cuda");
+    assert_eq!(
+        image(MANIFEST.replace("backend: cuda, ", "")),
+        "registry.example/trainer:cpu"
+    );
+    assert_eq!(
+        image(MANIFEST.replace("backend: cuda, ", "image: mine:1, ")),
+        "mine:1"
+    );
+}
+
+/// A NetworkPolicy rule's peers and ports (ingress `from` or egress `to`).
+type PolicyRule = (
+    Option<Vec<k8s_openapi::api::networking::v1::NetworkPolicyPeer>>,
+    Option<Vec<k8s_openapi::api::networking::v1::NetworkPolicyPort>>,
+);
+
+#[tokio::test]
+async fn with_network_policies_each_job_fences_its_trainers_in_once() {
+    let settings = Settings {
+        network_policies: Some(resources::NetworkPolicySettings {
+            operator_namespace: "murmur-system".into(),
+            operator_port: 8470,
+            dns_namespace: "kube-system".into(),
+        }),
+        ..Settings::default()
+    };
+    let mut c = Cluster::with_settings(MANIFEST, settings);
+    let (_, calls) = c.reconcile().await;
+    let applied: Vec<&Call> = calls
+        .iter()
+        .filter(|c| c.path.contains("/networkpolicies/"))
+        .collect();
+    assert_eq!(applied.len(), 1);
+    assert_eq!(
+        applied[0].path,
+        "/apis/networking.k8s.io/v1/namespaces/ml/networkpolicies/mnist-trainers"
+    );
+    let policy: NetworkPolicy = serde_json::from_value(applied[0].body.clone()).unwrap();
+    assert_eq!(
+        policy.metadata.owner_references.as_ref().unwrap()[0].uid,
+        "uid-1"
+    );
+    let spec = policy.spec.unwrap();
+    // It selects exactly the labels every member pod carries.
+    let selected = spec
+        .pod_selector
+        .as_ref()
+        .unwrap()
+        .match_labels
+        .clone()
+        .unwrap();
+    let pod = &c.pod_objects["mnist-0-0"];
+    for (k, v) in &selected {
+        assert_eq!(pod.metadata.labels.as_ref().unwrap().get(k), Some(v), "{k}");
+    }
+    assert_eq!(selected[resources::LABEL_JOB], "mnist");
+    let ports = |rules: Vec<PolicyRule>| {
+        rules
+            .into_iter()
+            .map(|(peers, ports)| {
+                let peer = &peers.unwrap()[0];
+                let who = match (&peer.pod_selector, &peer.namespace_selector) {
+                    (Some(p), None) if p.match_labels.as_ref() == Some(&selected) => {
+                        "same job".to_string()
+                    }
+                    (None, Some(n)) => {
+                        n.match_labels.as_ref().unwrap()["kubernetes.io/metadata.name"].clone()
+                    }
+                    other => panic!("unexpected peer {other:?}"),
+                };
+                let ports: Vec<String> = ports
+                    .unwrap()
+                    .iter()
+                    .map(|p| {
+                        format!(
+                            "{:?}/{}",
+                            p.port.as_ref().unwrap(),
+                            p.protocol.as_deref().unwrap()
+                        )
+                    })
+                    .collect();
+                format!("{who}: {}", ports.join(","))
+            })
+            .collect::<Vec<_>>()
+    };
+    let ingress = ports(
+        spec.ingress
+            .unwrap()
+            .into_iter()
+            .map(|r| (r.from, r.ports))
+            .collect(),
+    );
+    let egress = ports(
+        spec.egress
+            .unwrap()
+            .into_iter()
+            .map(|r| (r.to, r.ports))
+            .collect(),
+    );
+    assert_eq!(
+        ingress,
+        ["same job: Int(7070)/TCP", "murmur-system: Int(7071)/TCP"]
+    );
+    assert_eq!(
+        egress,
+        [
+            "same job: Int(7070)/TCP",
+            "murmur-system: Int(8470)/TCP",
+            "kube-system: Int(53)/UDP,Int(53)/TCP"
+        ]
+    );
+    assert_eq!(spec.policy_types.unwrap(), ["Ingress", "Egress"]);
+    // In the cache now: not written again.
+    c.schedule_all();
+    c.join(&[0, 1, 2, 3]).await;
+    let (_, calls) = c.reconcile().await;
+    assert!(!calls.iter().any(|c| c.path.contains("/networkpolicies/")));
+    let (_, calls) = c.reconcile().await;
+    assert!(calls.is_empty(), "{calls:#?}");
 }
 
 #[tokio::test]
@@ -855,19 +1085,7 @@ async fn a_restarted_operator_carries_on_with_the_same_topology_and_writes_nothi
     c.reconcile().await;
     let version = c.topology_version();
     let document = lock(&c.live()).handle.topology().borrow().clone();
-    // A new operator process: empty memory, same caches.
-    let ctx = Arc::new(Context {
-        client: c.ctx.client.clone(),
-        stores: c.ctx.stores.clone(),
-        hub: Arc::new(Hub::default()),
-        metrics: c.ctx.metrics.clone(),
-        settings: c.ctx.settings.clone(),
-        instance: "restarted".into(),
-        clock: c.ctx.clock.clone(),
-        jobs: Mutex::default(),
-        trigger: c.ctx.trigger.clone(),
-    });
-    c.ctx = ctx;
+    c.restart_operator();
     let (_, calls) = c.reconcile().await;
     assert!(calls.is_empty(), "{calls:#?}");
     assert_eq!(c.topology_version(), version);
@@ -1027,6 +1245,8 @@ enum PodEvent {
     NodeDown,
     NodeUp,
     Wait(u8),
+    /// The operator process restarts (a new leader, a crash, an upgrade).
+    RestartOperator,
 }
 
 fn pod_event() -> impl proptest::strategy::Strategy<Value = PodEvent> {
@@ -1041,6 +1261,7 @@ fn pod_event() -> impl proptest::strategy::Strategy<Value = PodEvent> {
         1 => Just(PodEvent::NodeDown),
         1 => Just(PodEvent::NodeUp),
         2 => any::<u8>().prop_map(PodEvent::Wait),
+        1 => Just(PodEvent::RestartOperator),
     ]
 }
 
@@ -1076,7 +1297,11 @@ proptest::proptest! {
             let mut c = Cluster::new(MANIFEST);
             c.reconcile().await;
             let mut crashes = 0u32;
+            let mut newest_version = 0;
             for event in events {
+                let before = lock(&c.live()).memory.state.clone();
+                let existing: std::collections::BTreeSet<String> = c.pod_objects.keys().cloned().collect();
+                let restarting = matches!(event, PodEvent::RestartOperator);
                 match event {
                     PodEvent::Schedule(m) => if let Some(p) = c.newest(m) {
                         c.edit_pod(&p, |p| {
@@ -1135,6 +1360,7 @@ proptest::proptest! {
                         c.nodes.apply_watcher_event(&Event::Apply(node("node-a", "True", since)));
                     }
                     PodEvent::Wait(s) => c.advance(i64::from(s)),
+                    PodEvent::RestartOperator => c.restart_operator(),
                 }
                 // The cluster carries out each round of writes (deleted pods vanish): it settles
                 // within a few reconciles, and then deciding again writes nothing.
@@ -1151,8 +1377,26 @@ proptest::proptest! {
                 proptest::prop_assert!(settled, "still writing after 4 reconciles: {:#?}", calls);
                 let status = c.status().clone();
                 let state = lock(&c.live()).memory.state.clone();
-                // Never two creations of one pod name.
                 let created = pods_created(&calls);
+                // No pod is created twice, whoever creates it.
+                for name in &created {
+                    proptest::prop_assert!(!existing.contains(name), "{} created again", name);
+                }
+                // A restarted operator rebuilds its state from the cluster: it loses no member
+                // and forgets no attempt. (It may act at once on what its predecessor was still
+                // giving the cache time for, like a pod deleted right after its creation.)
+                if restarting {
+                    for (id, record) in &before.members {
+                        let now = state.members.get(id);
+                        proptest::prop_assert!(now.is_some_and(|r| r.attempt >= record.attempt), "member {} lost or went back: {:?} -> {:?}", id, record, now);
+                    }
+                }
+                // The topology version trainers see never goes backwards.
+                if let Some(version) = c.published_version() {
+                    proptest::prop_assert!(version >= newest_version, "version {} after {}", version, newest_version);
+                    newest_version = version;
+                }
+                // Never two creations of one pod name.
                 let mut unique = created.clone();
                 unique.sort();
                 unique.dedup();
@@ -1212,14 +1456,14 @@ fn preflight_server(jobs: u16, denied: &'static [(&'static str, &'static str)]) 
 
 #[tokio::test]
 async fn the_startup_check_names_a_missing_crd_and_every_missing_permission() {
-    let e = preflight::check(&preflight_server(404, &[]))
+    let e = preflight::check(&preflight_server(404, &[]), false)
         .await
         .unwrap_err();
     assert!(matches!(e, preflight::PreflightError::CrdMissing));
     assert!(e.to_string().contains("kubectl apply -f crds/"), "{e}");
 
     let denied = &[("watch", "nodes"), ("create", "events")];
-    let e = preflight::check(&preflight_server(200, denied))
+    let e = preflight::check(&preflight_server(200, denied), false)
         .await
         .unwrap_err();
     let text = e.to_string();
@@ -1227,5 +1471,206 @@ async fn the_startup_check_names_a_missing_crd_and_every_missing_permission() {
         text.contains("watch nodes, create events.events.k8s.io"),
         "{text}"
     );
-    preflight::check(&preflight_server(200, &[])).await.unwrap();
+    preflight::check(&preflight_server(200, &[]), false)
+        .await
+        .unwrap();
+    // With per-job NetworkPolicies, their verbs are checked too.
+    let denied = &[("create", "networkpolicies")];
+    preflight::check(&preflight_server(200, denied), false)
+        .await
+        .unwrap();
+    let e = preflight::check(&preflight_server(200, denied), true)
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("create networkpolicies.networking.k8s.io"),
+        "{e}"
+    );
+}
+
+/// A bare API server for the whole operator (`run_with`): lists are empty, watches stay open,
+/// access reviews allow, the Lease is stored (and reads as long expired, so another replica
+/// takes it over), writes echo. Every request's permissions are collected; `watched` says when
+/// every watch the operator starts has arrived.
+fn bare_api_server(
+    permissions: Arc<Mutex<std::collections::BTreeSet<Permission>>>,
+    watched: tokio::sync::oneshot::Sender<()>,
+) -> Client {
+    let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    tokio::spawn(async move {
+        let mut watched = Some(watched);
+        let mut held = Vec::new();
+        let mut lease: Option<Value> = None;
+        while let Some((request, send)) = handle.next_request().await {
+            let method = request.method().to_string();
+            let path = request.uri().path().to_string();
+            let query = request.uri().query().unwrap_or_default().to_string();
+            let content_type = content_type(&request);
+            let bytes = request.into_body().collect_bytes().await.unwrap();
+            let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            let needs = preflight::permissions_of(&method, &path, &query, &content_type);
+            let watches = {
+                let mut p = lock(&permissions);
+                p.extend(needs.iter().cloned());
+                p.iter().filter(|(v, _, _)| v == "watch").count()
+            };
+            if needs.iter().any(|(v, _, _)| v == "watch") {
+                // Jobs, pods, services, config maps, secrets, nodes, network policies.
+                if watches == 7
+                    && let Some(tx) = watched.take()
+                {
+                    let _ = tx.send(());
+                }
+                held.push(send);
+                continue;
+            }
+            let (code, answer) = match (method.as_str(), needs.first()) {
+                ("GET", Some((verb, _, _))) if verb == "list" => (
+                    200,
+                    json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": "1"}, "items": []}),
+                ),
+                ("GET", Some((_, _, r))) if r == "leases" => match &lease {
+                    Some(l) => (200, l.clone()),
+                    None => (
+                        404,
+                        json!({"apiVersion": "v1", "kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404}),
+                    ),
+                },
+                (_, Some((_, _, r))) if r == "leases" => {
+                    let mut l = body.clone();
+                    l["metadata"]["resourceVersion"] = json!("7");
+                    l["spec"]["renewTime"] = json!("2020-01-01T00:00:00.000000Z");
+                    lease = Some(l.clone());
+                    (200, l)
+                }
+                (_, Some((_, _, r))) if r == "selfsubjectaccessreviews" => {
+                    let mut review = body.clone();
+                    review["status"] = json!({"allowed": true});
+                    (201, review)
+                }
+                _ => (200, body.clone()),
+            };
+            send.send_response(
+                Response::builder()
+                    .status(code)
+                    .body(Body::from(serde_json::to_vec(&answer).unwrap()))
+                    .unwrap(),
+            );
+        }
+        drop(held);
+    });
+    Client::new(service, "default")
+}
+
+#[tokio::test]
+async fn the_operator_uses_exactly_the_permissions_it_declares() {
+    let used = Arc::new(Mutex::new(std::collections::BTreeSet::new()));
+    let network_policies = Some(resources::NetworkPolicySettings {
+        operator_namespace: "murmur-system".into(),
+        operator_port: 8470,
+        dns_namespace: "kube-system".into(),
+    });
+
+    // The whole operator: startup check, lease, every watch, then a graceful shutdown.
+    let (watched_tx, watched_rx) = tokio::sync::oneshot::channel();
+    let client = bare_api_server(used.clone(), watched_tx);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let options = OperatorOptions {
+        settings: Settings {
+            network_policies: network_policies.clone(),
+            ..Settings::default()
+        },
+        listen: format!("127.0.0.1:{port}"),
+        concurrency: 2,
+        lease: Some(LeaseOptions {
+            namespace: "murmur-system".into(),
+            name: "murmur-operator".into(),
+            duration: Duration::from_secs(15),
+        }),
+        instance: "replica-a".into(),
+    };
+    // Once every watch is up and the caches have listed, the leader turns Ready.
+    let became_ready = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let ready = became_ready.clone();
+    let shutdown = async move {
+        let _ = watched_rx.await;
+        for _ in 0..200 {
+            let answer = reqwest::get(format!("http://127.0.0.1:{port}/readyz")).await;
+            if answer.is_ok_and(|a| a.status() == 200) {
+                ready.store(true, std::sync::atomic::Ordering::Relaxed);
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        run_with(client.clone(), options, shutdown),
+    )
+    .await
+    .expect("every watch started and the operator shut down")
+    .expect("the operator ran");
+    assert!(became_ready.load(std::sync::atomic::Ordering::Relaxed));
+    // Another replica takes the (expired) Lease over: an update.
+    let other = lease::Elector::new(
+        Api::namespaced(client, "murmur-system"),
+        "murmur-operator",
+        "replica-b",
+        Duration::from_secs(15),
+    );
+    assert!(other.try_hold().await.unwrap());
+
+    // A job's whole life against the miniature cluster: every write reconcile can make.
+    let manifest = format!("{MANIFEST}  ttlSecondsAfterFinished: 60\n");
+    let mut c = Cluster::with_settings(
+        &manifest,
+        Settings {
+            network_policies,
+            ..Settings::default()
+        },
+    );
+    c.reconcile().await;
+    c.schedule_all();
+    c.join(&[0, 1, 2, 3]).await;
+    c.reconcile().await;
+    c.advance(10);
+    c.nodes
+        .apply_watcher_event(&Event::Apply(node("node-a", "Unknown", c.now())));
+    c.advance(61);
+    c.reconcile().await;
+    c.nodes
+        .apply_watcher_event(&Event::Apply(node("node-a", "True", c.now())));
+    c.schedule_all();
+    let done = r#"{"outcome":"done","step":100}"#;
+    for name in ["mnist-0-1", "mnist-1-1", "mnist-2-1", "mnist-3-1"] {
+        c.edit_pod(name, |p| {
+            let s = p.status.as_mut().unwrap();
+            s.phase = Some("Succeeded".into());
+            s.container_statuses = Some(vec![terminated(0, "Completed", Some(done))]);
+        });
+    }
+    c.reconcile().await;
+    c.advance(61);
+    c.reconcile().await;
+    let calls = lock(&c.log).clone();
+    lock(&used).extend(calls.iter().flat_map(Call::permissions));
+
+    let used = lock(&used).clone();
+    // Access reviews are every account's right (system:basic-user); they need no grant.
+    let used: std::collections::BTreeSet<Permission> = used
+        .into_iter()
+        .filter(|(_, _, r)| r != "selfsubjectaccessreviews")
+        .collect();
+    let declared = declared();
+    let unused: Vec<_> = declared.difference(&used).collect();
+    let undeclared: Vec<_> = used.difference(&declared).collect();
+    assert!(
+        unused.is_empty() && undeclared.is_empty(),
+        "declared but never used: {unused:?}; used but not declared: {undeclared:?}"
+    );
 }
