@@ -1,0 +1,468 @@
+//! charts/murmur rendered as `helm template` would, and its objects checked: RBAC against the
+//! operator's own permission list, the Deployment's security and probes, its arguments against
+//! the operator's command line, values overrides, and the copies of the CRD and install manifest.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use clap::Parser;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::rbac::v1::{ClusterRole, Role};
+use murmur::cli::{Cli, Command};
+use murmur::runtime::kube::preflight::{NETWORK_POLICY_PERMISSIONS, PERMISSIONS};
+use murmur_chart::{Chart, Release, repository_chart};
+use serde_json::{Value, json};
+
+fn chart() -> Chart {
+    repository_chart().expect("charts/murmur loads")
+}
+
+fn objects(overrides: Value) -> Vec<Value> {
+    chart()
+        .objects(&Release::default(), &overrides)
+        .expect("the chart renders")
+}
+
+fn find<'a>(objects: &'a [Value], kind: &str) -> Option<&'a Value> {
+    objects.iter().find(|o| o["kind"] == kind)
+}
+
+fn typed<T: serde::de::DeserializeOwned>(objects: &[Value], kind: &str) -> T {
+    let object = find(objects, kind).unwrap_or_else(|| panic!("no {kind}"));
+    serde_json::from_value(object.clone()).unwrap_or_else(|e| panic!("{kind}: {e}"))
+}
+
+fn args(objects: &[Value]) -> Vec<String> {
+    let deployment: Deployment = typed(objects, "Deployment");
+    let pod = deployment.spec.template.spec.unwrap();
+    pod.containers[0].args.clone().unwrap()
+}
+
+/// The Deployment's arguments, parsed by `murmur` itself.
+fn operator_args(objects: &[Value]) -> murmur::cli::operator::OperatorArgs {
+    let mut argv = vec!["murmur".to_string()];
+    argv.extend(args(objects));
+    let cli = Cli::try_parse_from(&argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+    match cli.command {
+        Command::Operator(args) => args,
+        other => panic!("not `murmur operator`: {other:?}"),
+    }
+}
+
+type Permission = (String, String, String);
+
+/// (verb, group, resource) for every rule of the ClusterRole and the Role.
+fn granted(objects: &[Value]) -> (BTreeSet<Permission>, BTreeSet<Permission>) {
+    let mut cluster = BTreeSet::new();
+    let mut namespaced = BTreeSet::new();
+    let cluster_role: ClusterRole = typed(objects, "ClusterRole");
+    let role: Option<Role> =
+        find(objects, "Role").map(|r| serde_json::from_value(r.clone()).unwrap());
+    let rules = cluster_role
+        .rules
+        .into_iter()
+        .flatten()
+        .map(|r| (true, r))
+        .chain(
+            role.into_iter()
+                .flat_map(|r| r.rules.into_iter().flatten().map(|r| (false, r))),
+        );
+    for (is_cluster, rule) in rules {
+        for group in rule.api_groups.iter().flatten() {
+            for resource in rule.resources.iter().flatten() {
+                for verb in &rule.verbs {
+                    for part in [group, resource, verb] {
+                        assert_ne!(part, "*", "no wildcards in RBAC");
+                    }
+                    let p = (verb.clone(), group.clone(), resource.clone());
+                    if is_cluster {
+                        cluster.insert(p);
+                    } else {
+                        namespaced.insert(p);
+                    }
+                }
+            }
+        }
+    }
+    (cluster, namespaced)
+}
+
+fn declared(list: &[(&str, &str, &str)]) -> BTreeSet<Permission> {
+    list.iter()
+        .map(|(v, g, r)| (v.to_string(), g.to_string(), r.to_string()))
+        .collect()
+}
+
+#[test]
+fn default_values_render_the_operator_its_rbac_and_its_service() {
+    let objects = objects(json!({}));
+    let kinds: Vec<&str> = objects
+        .iter()
+        .map(|o| o["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Role",
+            "RoleBinding",
+            "Service",
+            "Deployment",
+        ]
+    );
+    for object in &objects {
+        let meta = &object["metadata"];
+        let name = meta["name"].as_str().unwrap();
+        assert!(name.len() <= 63, "{name}");
+        assert!(name.starts_with("murmur-operator"), "{name}");
+        assert_eq!(meta["labels"]["app.kubernetes.io/instance"], "murmur");
+        assert_eq!(meta["labels"]["helm.sh/chart"], "murmur-0.1.0");
+        let cluster_scoped = object["kind"].as_str().unwrap().starts_with("Cluster");
+        assert_eq!(
+            meta["namespace"].as_str(),
+            (!cluster_scoped).then_some("murmur-system"),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn the_rbac_grants_exactly_the_permissions_the_operator_declares_and_checks_at_startup() {
+    let (cluster, namespaced) = granted(&objects(json!({})));
+    let mut all = cluster.clone();
+    all.extend(namespaced.clone());
+    assert_eq!(all, declared(PERMISSIONS));
+    // The Lease only in the release namespace; nothing else there.
+    assert!(
+        namespaced
+            .iter()
+            .all(|(_, g, r)| (g.as_str(), r.as_str()) == ("coordination.k8s.io", "leases"))
+    );
+    assert!(cluster.iter().all(|(_, _, r)| r != "leases"));
+
+    // Per-job NetworkPolicies add their own verbs, and only then.
+    let (cluster, namespaced) = granted(&objects(json!({"networkPolicy": {"enabled": true}})));
+    let mut all = cluster;
+    all.extend(namespaced);
+    let mut expected = declared(PERMISSIONS);
+    expected.extend(declared(NETWORK_POLICY_PERMISSIONS));
+    assert_eq!(all, expected);
+
+    // Without leader election there is no Lease to touch.
+    let objects = objects(json!({"leaderElection": {"enabled": false}}));
+    assert!(find(&objects, "Role").is_none());
+    assert!(find(&objects, "RoleBinding").is_none());
+    assert!(!args(&objects).contains(&"--leader-election".to_string()));
+}
+
+#[test]
+fn the_bindings_name_the_service_account_the_deployment_runs_as() {
+    for overrides in [
+        json!({}),
+        json!({"serviceAccount": {"create": false, "name": "platform-sa"}}),
+    ] {
+        let objects = objects(overrides.clone());
+        let deployment: Deployment = typed(&objects, "Deployment");
+        let account = deployment
+            .spec
+            .template
+            .spec
+            .unwrap()
+            .service_account_name
+            .unwrap();
+        for kind in ["ClusterRoleBinding", "RoleBinding"] {
+            let binding = find(&objects, kind).unwrap();
+            assert_eq!(
+                binding["subjects"][0]["name"],
+                account.as_str(),
+                "{overrides}"
+            );
+            assert_eq!(binding["subjects"][0]["namespace"], "murmur-system");
+        }
+        let made = find(&objects, "ServiceAccount").map(|s| s["metadata"]["name"].clone());
+        if overrides["serviceAccount"]["create"] == false {
+            assert_eq!(account, "platform-sa");
+            assert!(made.is_none());
+        } else {
+            assert_eq!(made, Some(json!(account)));
+        }
+    }
+    let objects = objects(json!({"rbac": {"create": false}}));
+    assert!(
+        !objects
+            .iter()
+            .any(|o| o["kind"].as_str().unwrap().contains("Role"))
+    );
+}
+
+#[test]
+fn the_operator_runs_non_root_read_only_without_privileges_and_with_probes() {
+    let objects = objects(json!({}));
+    let deployment: Deployment = typed(&objects, "Deployment");
+    let pod = deployment.spec.template.spec.unwrap();
+    let pod_security = pod.security_context.unwrap();
+    assert_eq!(pod_security.run_as_non_root, Some(true));
+    assert_eq!(pod_security.run_as_user, Some(65_532));
+    assert_eq!(
+        pod_security.seccomp_profile.unwrap().type_,
+        "RuntimeDefault"
+    );
+    let container = &pod.containers[0];
+    assert_eq!(
+        container.image.as_deref(),
+        Some("ghcr.io/murmur-dev/murmur-operator:0.1.0"),
+        "the tag defaults to the chart's appVersion"
+    );
+    let security = container.security_context.clone().unwrap();
+    assert_eq!(security.allow_privilege_escalation, Some(false));
+    assert_eq!(security.read_only_root_filesystem, Some(true));
+    assert_eq!(security.run_as_non_root, Some(true));
+    assert_eq!(
+        security.capabilities.unwrap().drop,
+        Some(vec!["ALL".to_string()])
+    );
+    let probe_path = |p: &Option<k8s_openapi::api::core::v1::Probe>| {
+        let get = p.clone().unwrap().http_get.unwrap();
+        (get.path.unwrap(), get.port)
+    };
+    let http = k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String("http".into());
+    assert_eq!(
+        probe_path(&container.liveness_probe),
+        ("/healthz".into(), http.clone())
+    );
+    assert_eq!(
+        probe_path(&container.readiness_probe),
+        ("/readyz".into(), http)
+    );
+    let port = &container.ports.as_ref().unwrap()[0];
+    assert_eq!(
+        (port.name.as_deref(), port.container_port),
+        (Some("http"), 8470)
+    );
+    let env: Vec<(String, Option<String>)> = container
+        .env
+        .iter()
+        .flatten()
+        .map(|e| {
+            let field = e
+                .value_from
+                .as_ref()
+                .and_then(|v| v.field_ref.as_ref())
+                .map(|f| f.field_path.clone());
+            (e.name.clone(), field.or(e.value.clone()))
+        })
+        .collect();
+    assert!(env.contains(&("POD_NAME".into(), Some("metadata.name".into()))));
+    assert!(env.contains(&("POD_NAMESPACE".into(), Some("metadata.namespace".into()))));
+    assert!(env.contains(&("RUST_LOG".into(), Some("info".into()))));
+    assert_eq!(
+        container
+            .resources
+            .as_ref()
+            .unwrap()
+            .limits
+            .as_ref()
+            .unwrap()["memory"]
+            .0,
+        "512Mi"
+    );
+}
+
+#[test]
+fn the_arguments_parse_with_the_operators_own_command_line_and_point_trainers_at_the_service() {
+    let objects = objects(json!({}));
+    let parsed = operator_args(&objects);
+    let service = find(&objects, "Service").unwrap();
+    let name = service["metadata"]["name"].as_str().unwrap();
+    let port = &service["spec"]["ports"][0];
+    assert_eq!(port["targetPort"], "http");
+    assert_eq!(
+        parsed.control_endpoint,
+        format!("http://{name}.murmur-system.svc:{}", port["port"])
+    );
+    // The release the README installs needs no flag at all: it is the command line's default.
+    let defaults = Cli::try_parse_from(["murmur", "operator"]).unwrap();
+    let Command::Operator(defaults) = defaults.command else {
+        panic!()
+    };
+    assert_eq!(parsed.control_endpoint, defaults.control_endpoint);
+    assert_eq!(
+        parsed.trainer_image,
+        murmur_core::api::DEFAULT_TRAINER_IMAGE
+    );
+    assert!(parsed.trainer_cuda_image.ends_with("-cuda"));
+    assert!(parsed.leader_election);
+    assert_eq!(parsed.lease_name, "murmur-operator");
+    assert!(!parsed.network_policies);
+    assert_eq!(parsed.listen, "0.0.0.0:8470");
+    assert_eq!(
+        service["spec"]["selector"],
+        find(&objects, "Deployment").unwrap()["spec"]["selector"]["matchLabels"]
+    );
+}
+
+#[test]
+fn values_overrides_reach_the_objects() {
+    let objects = objects(json!({
+        "image": {"repository": "registry.example/murmur-operator", "tag": "dev", "pullPolicy": "Never"},
+        "replicaCount": 2,
+        "logLevel": "debug,kube=info",
+        "logFormat": "text",
+        "operator": {"concurrency": 3, "resync": "1m", "nodeLostAfter": "90s", "extraArgs": ["--cluster-domain=corp.local"]},
+        "trainer": {"image": "registry.example/trainer:dev", "cudaImage": "registry.example/trainer:dev-cuda"},
+        "service": {"port": 9000},
+        "networkPolicy": {"enabled": true, "dnsNamespace": "dns"},
+        "nodeSelector": {"pool": "system"},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "system", "effect": "NoSchedule"}],
+        "podLabels": {"team": "ml"},
+        "fullnameOverride": "dtj",
+        "metrics": {"serviceMonitor": {"enabled": true, "labels": {"release": "prometheus"}}},
+    }));
+    let deployment: Deployment = typed(&objects, "Deployment");
+    assert_eq!(deployment.metadata.name.as_deref(), Some("dtj-operator"));
+    let spec = deployment.spec;
+    assert_eq!(spec.replicas, Some(2));
+    let template = spec.template;
+    assert_eq!(template.metadata.unwrap().labels.unwrap()["team"], "ml");
+    let pod = template.spec.unwrap();
+    assert_eq!(pod.node_selector.unwrap()["pool"], "system");
+    assert_eq!(
+        pod.tolerations.unwrap()[0].key.as_deref(),
+        Some("dedicated")
+    );
+    let container = &pod.containers[0];
+    assert_eq!(
+        container.image.as_deref(),
+        Some("registry.example/murmur-operator:dev")
+    );
+    assert_eq!(container.image_pull_policy.as_deref(), Some("Never"));
+    let rust_log = container
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == "RUST_LOG")
+        .unwrap();
+    assert_eq!(rust_log.value.as_deref(), Some("debug,kube=info"));
+
+    let parsed = operator_args(&objects);
+    assert_eq!(
+        parsed.control_endpoint,
+        "http://dtj-operator.murmur-system.svc:9000"
+    );
+    assert_eq!(parsed.concurrency, 3);
+    assert_eq!(parsed.resync.as_std(), std::time::Duration::from_secs(60));
+    assert_eq!(
+        parsed.node_lost_after.as_std(),
+        std::time::Duration::from_secs(90)
+    );
+    assert_eq!(
+        parsed.cluster_domain, "corp.local",
+        "extraArgs come last and win"
+    );
+    assert_eq!(parsed.trainer_image, "registry.example/trainer:dev");
+    assert_eq!(
+        parsed.trainer_cuda_image,
+        "registry.example/trainer:dev-cuda"
+    );
+    assert!(parsed.network_policies);
+    assert_eq!(parsed.dns_namespace, "dns");
+    assert_eq!(parsed.operator_namespace.as_deref(), Some("murmur-system"));
+    assert_eq!(parsed.lease_name, "dtj-operator");
+
+    let monitor = find(&objects, "ServiceMonitor").expect("a ServiceMonitor");
+    assert_eq!(monitor["metadata"]["labels"]["release"], "prometheus");
+    assert_eq!(monitor["spec"]["endpoints"][0]["path"], "/metrics");
+    assert_eq!(monitor["spec"]["endpoints"][0]["port"], "http");
+    assert_eq!(
+        find(&objects, "Service").unwrap()["spec"]["ports"][0]["port"],
+        9000
+    );
+}
+
+#[test]
+fn a_release_not_named_murmur_gets_prefixed_names_and_its_own_endpoint() {
+    let release = Release {
+        name: "ml".into(),
+        namespace: "training".into(),
+    };
+    let objects = chart().objects(&release, &json!({})).unwrap();
+    let parsed = operator_args(&objects);
+    assert_eq!(
+        parsed.control_endpoint,
+        "http://ml-murmur-operator.training.svc:8470"
+    );
+    assert_eq!(
+        find(&objects, "Service").unwrap()["metadata"]["name"],
+        "ml-murmur-operator"
+    );
+}
+
+fn same_files(a: &Path, b: &Path) {
+    let names = |dir: &Path| -> BTreeSet<String> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+            .filter(|n| n.ends_with(".yaml"))
+            .collect()
+    };
+    assert_eq!(names(a), names(b), "{} and {}", a.display(), b.display());
+    for name in names(a) {
+        assert!(
+            std::fs::read(a.join(&name)).unwrap() == std::fs::read(b.join(&name)).unwrap(),
+            "charts/murmur/crds/{name} differs from crds/{name}: cp crds/*.yaml charts/murmur/crds/"
+        );
+    }
+}
+
+fn repository() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+}
+
+#[test]
+fn the_charts_crds_are_the_repositorys_crds() {
+    same_files(
+        &repository().join("charts/murmur/crds"),
+        &repository().join("crds"),
+    );
+}
+
+#[test]
+fn the_install_manifest_is_the_chart_rendered_with_default_values() {
+    let expected = chart().install_manifest(&Release::default()).unwrap();
+    let actual = std::fs::read_to_string(repository().join("manifests/install.yaml")).unwrap();
+    assert!(
+        actual == expected,
+        "manifests/install.yaml is out of date: cargo run -p murmur-chart -- install > manifests/install.yaml"
+    );
+    // Namespace, CRD, then the chart's objects: all of it applies with kubectl alone.
+    let objects = murmur_chart::documents("install.yaml", &actual).unwrap();
+    let kinds: Vec<&str> = objects
+        .iter()
+        .map(|o| o["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(&kinds[..2], ["Namespace", "CustomResourceDefinition"]);
+    assert!(kinds.contains(&"Deployment"));
+}
+
+#[test]
+fn the_dockerfiles_build_the_binaries_the_chart_and_the_operator_run_as_the_same_user() {
+    let operator =
+        std::fs::read_to_string(repository().join("images/operator.Dockerfile")).unwrap();
+    let trainer = std::fs::read_to_string(repository().join("images/trainer.Dockerfile")).unwrap();
+    assert!(operator.contains("-p murmur --bin murmur"));
+    assert!(operator.contains("ENTRYPOINT [\"/usr/local/bin/murmur\"]"));
+    // The operator's pods run `run` in the trainer image as this user (resources.rs).
+    let uid = murmur::runtime::kube::resources::TRAINER_UID;
+    for (name, text) in [("operator", &operator), ("trainer", &trainer)] {
+        let users: Vec<&str> = text.lines().filter(|l| l.starts_with("USER ")).collect();
+        assert!(!users.is_empty(), "{name}: no USER");
+        for user in users {
+            assert_eq!(user, format!("USER {uid}:{uid}"), "{name}");
+        }
+    }
+    assert!(trainer.contains("AS cpu") && trainer.contains("AS cuda"));
+    assert!(trainer.contains("--features cuda"));
+    assert!(trainer.contains("CMD [\"run\"]"));
+}
