@@ -301,3 +301,48 @@ async fn a_standby_is_alive_but_not_ready() {
     hub.set_standby(false);
     assert_eq!(status("/readyz").await, 200);
 }
+
+#[tokio::test]
+async fn the_status_api_is_read_only() {
+    let (hub, base) = serve().await;
+    let (_handle, mut inbox) = hub.register("ml", "j", KEY.to_vec());
+    let client = reqwest::Client::new();
+    let job = "/api/v1/namespaces/ml/jobs/j";
+    let readable = [
+        "/".to_string(),
+        "/healthz".into(),
+        "/readyz".into(),
+        "/metrics".into(),
+        "/api/v1/openapi.json".into(),
+        "/api/v1/jobs".into(),
+        job.into(),
+        format!("{job}/topology"),
+        format!("{job}/events"),
+        format!("{job}/series"),
+    ];
+    for path in &readable {
+        for method in ["POST", "PUT", "PATCH", "DELETE"] {
+            let answer = client
+                .request(method.parse().unwrap(), format!("{base}{path}"))
+                .body("{}")
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(answer.status().as_u16(), 405, "{method} {path}");
+        }
+    }
+    // The trainers' endpoints take signed POSTs only.
+    for kind in ["join", "status", "peer-events"] {
+        let path = format!("{job}/members/0/{kind}");
+        for method in ["GET", "PUT", "PATCH", "DELETE"] {
+            let answer = client
+                .request(method.parse().unwrap(), format!("{base}{path}"))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(answer.status().as_u16(), 405, "{method} {path}");
+        }
+        assert_eq!(post(&base, &path, b"{}", None).await, 401, "{path}");
+    }
+    assert!(inbox.try_recv().is_err(), "nothing reached the runtime");
+}

@@ -1674,3 +1674,84 @@ async fn the_operator_uses_exactly_the_permissions_it_declares() {
         "declared but never used: {unused:?}; used but not declared: {undeclared:?}"
     );
 }
+
+/// Log lines, for searching.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        lock(&self.0).extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn the_job_key_never_leaves_its_secret() {
+    let logs = Captured::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _logging = tracing::subscriber::set_default(subscriber);
+
+    let mut c = Cluster::running().await;
+    c.advance(30);
+    let pod = c.pod_objects.remove("mnist-2-0").unwrap();
+    c.pods.apply_watcher_event(&Event::Delete(pod));
+    c.reconcile().await;
+    let key = lock(&c.live()).key_hex.clone();
+    assert_eq!(key.len(), 64);
+    // The forms it could leak in: as written, and base64 as a Secret carries it.
+    let encoded = serde_json::to_value(k8s_openapi::ByteString(key.as_bytes().to_vec())).unwrap();
+    let forms = [key.clone(), encoded.as_str().unwrap().to_string()];
+    let leaks = |text: &str| forms.iter().any(|f| text.contains(f.as_str()));
+
+    let calls = lock(&c.log).clone();
+    let (secret, others): (Vec<&Call>, Vec<&Call>) =
+        calls.iter().partition(|c| c.path.contains("/secrets/"));
+    assert!(
+        secret.iter().any(|c| leaks(&c.body.to_string())),
+        "the search finds the key where it belongs"
+    );
+    for call in others {
+        assert!(
+            !leaks(&call.body.to_string()),
+            "{} {} carries the key",
+            call.method,
+            call.path
+        );
+    }
+
+    // The status API and metrics, as anyone who can reach the port sees them.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(axum::serve(listener, crate::status::router(c.ctx.hub.clone())).into_future());
+    let job = "/api/v1/namespaces/ml/jobs/mnist";
+    for path in [
+        "/api/v1/jobs".to_string(),
+        job.into(),
+        format!("{job}/events"),
+        format!("{job}/series"),
+        format!("{job}/topology"),
+        "/metrics".into(),
+        "/".into(),
+    ] {
+        let text = reqwest::get(format!("{base}{path}"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(!text.is_empty() || path.ends_with("topology"), "{path}");
+        assert!(!leaks(&text), "{path} shows the key");
+    }
+
+    let logs = String::from_utf8(lock(&logs.0).clone()).unwrap();
+    assert!(logs.contains("TRACE"), "logs were captured at every level");
+    assert!(!leaks(&logs), "the logs show the key");
+}
