@@ -3,4 +3,6 @@
 
 pub mod api;
 pub mod contract;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod topology;

@@ -10,7 +10,9 @@
 
 pub mod book;
 pub mod frame;
-mod session;
+#[doc(hidden)]
+pub mod fuzzing;
+pub mod session;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
