@@ -28,6 +28,9 @@ pub struct RunArgs {
     /// SIGKILL (node loss, no notice) instead of SIGTERM (a spot notice).
     #[arg(long, requires = "chaos")]
     pub kill: bool,
+    /// Stop striking after this long (default: until the job ends), e.g. 2m.
+    #[arg(long = "for", value_name = "DURATION", requires = "chaos")]
+    pub chaos_for: Option<api::Duration>,
     /// Seeds the choice of victims (default: the job's training seed).
     #[arg(long, requires = "chaos")]
     pub chaos_seed: Option<u64>,
@@ -66,6 +69,7 @@ pub fn run(args: RunArgs, out: &mut impl std::io::Write) -> Result<(), CliError>
                 args.kill,
                 args.chaos_seed.unwrap_or(seed),
             )
+            .lasting(args.chaos_for.map(|d| d.as_std()))
         }),
         output: args.output,
         eval_every: args.eval_every,

@@ -14,6 +14,9 @@ pub struct Chaos {
     pub kill: bool,
     /// Seeds the choice of victims.
     pub seed: u64,
+    /// Strike only this long after the schedule starts (None: until the job ends).
+    pub lasting: Option<Duration>,
+    stop_at: Option<tokio::time::Instant>,
     rng: Option<ChaCha8Rng>,
 }
 
@@ -23,13 +26,23 @@ impl Chaos {
             every,
             kill,
             seed,
+            lasting: None,
+            stop_at: None,
             rng: None,
         }
     }
 
+    /// Strike for `lasting`, then leave the job in peace.
+    pub fn lasting(mut self, lasting: Option<Duration>) -> Self {
+        self.lasting = lasting;
+        self
+    }
+
     /// The first preemption comes one period after the start.
-    pub fn schedule(&self) -> tokio::time::Interval {
-        let start = tokio::time::Instant::now() + self.every;
+    pub fn schedule(&mut self) -> tokio::time::Interval {
+        let now = tokio::time::Instant::now();
+        self.stop_at = self.lasting.map(|d| now + d);
+        let start = now + self.every;
         let mut interval = tokio::time::interval_at(start, self.every);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         interval
@@ -41,6 +54,12 @@ impl Chaos {
         } else {
             libc::SIGTERM
         }
+    }
+
+    /// Still striking (not past `lasting`)?
+    pub fn striking(&self) -> bool {
+        self.stop_at
+            .is_none_or(|stop| tokio::time::Instant::now() < stop)
     }
 
     pub fn pick<T: Copy>(&mut self, candidates: &[T]) -> Option<T> {
@@ -69,5 +88,18 @@ mod tests {
         let mut c = Chaos::new(Duration::from_secs(1), false, 0);
         assert_eq!(c.pick::<u32>(&[]), None);
         assert_eq!(c.signal(), libc::SIGTERM);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_storm_ends_when_it_lasted_long_enough() {
+        let mut forever = Chaos::new(Duration::from_secs(5), true, 0);
+        let mut storm =
+            Chaos::new(Duration::from_secs(5), true, 0).lasting(Some(Duration::from_secs(120)));
+        let _ = (forever.schedule(), storm.schedule());
+        tokio::time::advance(Duration::from_secs(119)).await;
+        assert!(storm.striking() && forever.striking());
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert!(!storm.striking());
+        assert!(forever.striking());
     }
 }

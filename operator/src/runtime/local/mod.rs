@@ -264,7 +264,7 @@ pub async fn run(
     }
     let mut scrape = tokio::time::interval(SCRAPE_EVERY);
     let mut tick = tokio::time::interval(Duration::from_millis(250));
-    let mut chaos = local.options.chaos.clone().map(|c| c.schedule());
+    let mut chaos = local.options.chaos.as_mut().map(|c| c.schedule());
     let mut interrupted = false;
     let mut stopping_since: Option<tokio::time::Instant> = None;
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -633,7 +633,7 @@ impl Local {
         let Some(chaos) = &mut self.options.chaos else {
             return;
         };
-        if self.state.finishing() || self.state.phase.is_finished() {
+        if !chaos.striking() || self.state.finishing() || self.state.phase.is_finished() {
             return;
         }
         let candidates: Vec<(u32, u32)> = self

@@ -1,0 +1,160 @@
+//! End to end: a preemption storm. `murmur run` with twelve members in D-Cliques, one member
+//! SIGKILLed every 5 s for two minutes — bridges between cliques included — must still succeed
+//! within 2 points of the same job undisturbed, with every kill a preemption and none a crash.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use support::*;
+
+const MANIFEST: &str = "e2e/manifests/storm-dcliques-12.yaml";
+const JOB: &str = "/api/v1/namespaces/default/jobs/storm";
+
+/// Members with an edge into another clique, in a topology document.
+fn bridges(doc: &serde_json::Value) -> BTreeSet<u64> {
+    let clique: BTreeMap<u64, u64> = doc["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| Some((m["id"].as_u64()?, m["clique"].as_u64()?)))
+        .collect();
+    let mut out = BTreeSet::new();
+    for e in doc["edges"].as_array().unwrap() {
+        let (a, b) = (e["a"].as_u64().unwrap(), e["b"].as_u64().unwrap());
+        if clique.get(&a) != clique.get(&b) {
+            out.extend([a, b]);
+        }
+    }
+    out
+}
+
+/// Every run of 64 hex digits (the shape of a job key) in `text`.
+fn key_shaped(text: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut run = String::new();
+    for c in text.chars().chain(std::iter::once(' ')) {
+        if c.is_ascii_hexdigit() {
+            run.push(c);
+        } else {
+            if run.len() >= 64 {
+                found.push(run.clone());
+            }
+            run.clear();
+        }
+    }
+    found
+}
+
+/// Nothing murmur printed or wrote — its output, events, summary, metrics, every trainer's log —
+/// holds anything shaped like the job key.
+fn assert_no_key_leaked(run: &Finished) {
+    let key = murmur::runtime::new_job_key();
+    assert_eq!(
+        key_shaped(&format!("key={key}\n")),
+        vec![key],
+        "the search finds a key"
+    );
+    let mut texts = vec![("stdout".to_string(), run.stdout.clone())];
+    let mut dirs = vec![run.dir.path().to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if let Ok(text) = std::fs::read_to_string(&path) {
+                texts.push((path.display().to_string(), text));
+            }
+        }
+    }
+    assert!(texts.len() > 5, "the run wrote its outputs");
+    for (name, text) in texts {
+        assert!(
+            key_shaped(&text).is_empty(),
+            "{name} holds a key-shaped string"
+        );
+    }
+}
+
+#[test]
+fn a_two_minute_storm_of_kills_costs_at_most_two_points() {
+    let calm = Run::start(MANIFEST, &[]).finish(|_| {});
+    assert!(calm.status.success(), "calm run failed:\n{}", calm.stdout);
+    let calm_summary = calm.summary();
+
+    let storm = Run::start(
+        MANIFEST,
+        &[
+            "--chaos", "preempt", "--every", "5s", "--kill", "--for", "2m",
+        ],
+    );
+    let mut bridge_members = BTreeSet::new();
+    let storm = storm.finish(|port| {
+        if let Some((200, body)) = http_get(port, &format!("{JOB}/topology")) {
+            let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+            bridge_members.extend(bridges(&doc));
+        }
+    });
+    assert!(
+        storm.status.success(),
+        "storm run failed:\n{}",
+        storm.stdout
+    );
+    let summary = storm.summary();
+    assert_eq!(summary["phase"], "Succeeded");
+    assert_eq!(summary["restarts"], 0, "a kill was counted as a crash");
+
+    let events = storm.events();
+    let kills: Vec<&serde_json::Value> = events.iter().filter(|e| e["reason"] == "Chaos").collect();
+    let killed: BTreeSet<u64> = kills
+        .iter()
+        .map(|e| e["member"].as_u64().unwrap())
+        .collect();
+    // One kill every 5 s for 2 minutes (a tick is skipped while no member is training).
+    assert!(
+        kills.len() >= 20,
+        "only {} kills:\n{}",
+        kills.len(),
+        storm.stdout
+    );
+    assert_eq!(
+        summary["preemptionsSurvived"].as_u64().unwrap(),
+        kills.len() as u64
+    );
+    assert!(!bridge_members.is_empty(), "the topology has bridges");
+    let bridges_killed: Vec<&u64> = killed.intersection(&bridge_members).collect();
+    assert!(
+        !bridges_killed.is_empty(),
+        "no bridge was killed: {killed:?} vs {bridge_members:?}"
+    );
+
+    // Payloads stamped with another topology version were refused, not averaged: each trainer
+    // logs every neighbour it dropped from a round, with the reason.
+    let mut dropped: BTreeMap<String, usize> = BTreeMap::new();
+    for (_, lines) in storm.logs() {
+        for l in lines {
+            if l["fields"]["message"] == "neighbour dropped from the round" {
+                let reason = l["fields"]["reason"].as_str().unwrap_or("?").to_string();
+                *dropped.entry(reason).or_default() += 1;
+            }
+        }
+    }
+    println!("storm: neighbours dropped from rounds, by reason: {dropped:?}");
+
+    let calm_accuracy = calm_summary["finalAccuracy"].as_f64().unwrap();
+    let accuracy = summary["finalAccuracy"].as_f64().unwrap();
+    println!(
+        "storm: {} kills ({} members, bridges {bridges_killed:?}); accuracy undisturbed {:.2}%, storm {:.2}%; wall {} s vs {} s",
+        kills.len(),
+        killed.len(),
+        100.0 * calm_accuracy,
+        100.0 * accuracy,
+        summary["wallSeconds"],
+        calm_summary["wallSeconds"],
+    );
+    assert!(
+        (calm_accuracy - accuracy).abs() <= 0.02,
+        "the storm cost more than 2 points: {calm_accuracy} vs {accuracy}"
+    );
+    assert_no_key_leaked(&storm);
+}
