@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use murmur_core::api::TopologyKind;
 use murmur_core::topology::{self, BuildSpec, MemberProfile};
-use support::{KEY, Reaper, read_log, wait_exit};
+use support::{KEY, Reaper, http_get_at, read_log, wait_exit};
 
 const PEER_PORT: u16 = 7070;
 const STATUS_PORT: u16 = 7071;
@@ -168,7 +168,7 @@ impl Hosts {
             addresses
                 .iter()
                 .map(|a| {
-                    let (code, body) = http_get(a, STATUS_PORT, "/status")?;
+                    let (code, body) = http_get_at(a, STATUS_PORT, "/status")?;
                     (code == 200).then(|| serde_json::from_str(&body).ok())?
                 })
                 .collect()
@@ -183,22 +183,6 @@ impl Drop for Hosts {
         }
         let _ = ip(&["netns", "del", &self.switch()]);
     }
-}
-
-fn http_get(host: &str, port: u16, path: &str) -> Option<(u16, String)> {
-    use std::io::{Read, Write};
-    let address = format!("{host}:{port}").parse().ok()?;
-    let mut s = std::net::TcpStream::connect_timeout(&address, Duration::from_secs(2)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    let code = text.split_whitespace().nth(1)?.parse().ok()?;
-    Some((code, text.split_once("\r\n\r\n")?.1.to_string()))
 }
 
 /// One scenario at a time: both are timing-sensitive, and share the machine's two cores.

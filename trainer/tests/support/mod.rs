@@ -156,9 +156,15 @@ pub fn logged<'a>(lines: &'a [serde_json::Value], message: &str) -> Option<&'a s
         .find(|f| f["message"] == message)
 }
 
-/// A bare HTTP/1.1 GET (no client library needed for a test).
+/// A bare HTTP/1.1 GET on loopback (no client library needed for a test).
 pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    http_get_at("127.0.0.1", port, path)
+}
+
+/// A bare HTTP/1.1 GET to `host` (an IPv4 address).
+pub fn http_get_at(host: &str, port: u16, path: &str) -> Option<(u16, String)> {
+    let address = format!("{host}:{port}").parse().ok()?;
+    let mut s = TcpStream::connect_timeout(&address, Duration::from_secs(2)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     write!(
         s,

@@ -102,6 +102,22 @@ fn content_type(request: &Request<Body>) -> String {
         .to_string()
 }
 
+/// A request as the mock API server sees it.
+async fn read_call(request: Request<Body>) -> Call {
+    let method = request.method().to_string();
+    let path = request.uri().path().to_string();
+    let query = request.uri().query().unwrap_or_default().to_string();
+    let content_type = content_type(&request);
+    let bytes = request.into_body().collect_bytes().await.unwrap();
+    Call {
+        method,
+        path,
+        query,
+        content_type,
+        body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    }
+}
+
 /// Answer every request as an API server would for a successful write, and log it.
 fn serve(
     mut handle: tower_test::mock::Handle<Request<Body>, Response<Body>>,
@@ -110,12 +126,8 @@ fn serve(
 ) {
     tokio::spawn(async move {
         while let Some((request, send)) = handle.next_request().await {
-            let method = request.method().to_string();
-            let path = request.uri().path().to_string();
-            let query = request.uri().query().unwrap_or_default().to_string();
-            let content_type = content_type(&request);
-            let bytes = request.into_body().collect_bytes().await.unwrap();
-            let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            let call = read_call(request).await;
+            let (method, path, query, body) = (&call.method, &call.path, &call.query, &call.body);
             let response = if method == "DELETE" {
                 json!({"apiVersion": "v1", "kind": "Status", "status": "Success", "metadata": {}})
             } else if method == "PATCH" && !query.contains("force=true") {
@@ -128,13 +140,7 @@ fn serve(
             } else {
                 body.clone()
             };
-            lock(&log).push(Call {
-                method,
-                path,
-                query,
-                content_type,
-                body,
-            });
+            lock(&log).push(call);
             send.send_response(
                 Response::builder()
                     .body(Body::from(serde_json::to_vec(&response).unwrap()))
@@ -1503,13 +1509,9 @@ fn bare_api_server(
         let mut held = Vec::new();
         let mut lease: Option<Value> = None;
         while let Some((request, send)) = handle.next_request().await {
-            let method = request.method().to_string();
-            let path = request.uri().path().to_string();
-            let query = request.uri().query().unwrap_or_default().to_string();
-            let content_type = content_type(&request);
-            let bytes = request.into_body().collect_bytes().await.unwrap();
-            let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-            let needs = preflight::permissions_of(&method, &path, &query, &content_type);
+            let call = read_call(request).await;
+            let (method, body) = (&call.method, &call.body);
+            let needs = call.permissions();
             let watches = {
                 let mut p = lock(&permissions);
                 p.extend(needs.iter().cloned());
