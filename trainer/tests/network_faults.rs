@@ -27,20 +27,21 @@ use support::{KEY, Reaper, http_get_at, read_log, wait_exit};
 const PEER_PORT: u16 = 7070;
 const STATUS_PORT: u16 = 7071;
 
-fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip")
+/// Run a program; its stderr is the error.
+fn run(program: &str, args: &[&str]) -> Result<(), String> {
+    let out = Command::new(program)
         .args(args)
         .output()
-        .map_err(|e| format!("ip: {e}"))?;
+        .map_err(|e| format!("{program}: {e}"))?;
     if out.status.success() {
         Ok(())
     } else {
-        Err(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
     }
+}
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    run("ip", args).map_err(|e| format!("ip {}: {e}", args.join(" ")))
 }
 
 /// Namespaces `<prefix>sw` (the switch) and `<prefix>0..n`, member i at 10.<net>.0.(i+1).
@@ -384,18 +385,6 @@ spec:
   training: {model: mlp, partition: {kind: classesPerMember, k: 5}, steps: 300, seed: 3, learningRate: 0.05}
 ";
 
-fn run(program: &str, args: &[&str]) -> Result<(), String> {
-    let out = Command::new(program)
-        .args(args)
-        .output()
-        .map_err(|e| format!("{program}: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
-    }
-}
-
 /// Make `member` slow and lossy: `tc netem delay 200ms loss 1%` where the kernel has netem.
 /// Kernels without it (CONFIG_NET_SCH_NETEM unset, like our CI's) get the closest we can build:
 /// a token-bucket rate limit of 8 Mbit/s on its link, which delays each of its ~0.8 MB payloads
@@ -462,7 +451,8 @@ fn a_slow_lossy_member_is_dropped_from_rounds_it_is_late_for_and_rejoins() {
     let Some(hosts) = hosts("s", 4) else { return };
     let job = Job::new(&hosts, TopologyKind::Ring, STRAGGLER);
     let mut reaper = Reaper((0..4).map(|i| job.spawn(&hosts, i)).collect());
-    wait_sample(
+    // Sampled before the fault: once member 2 is slow its status may be lost or late.
+    let (slow_from, _) = wait_sample(
         &hosts,
         Duration::from_secs(120),
         "all four training",
@@ -470,7 +460,6 @@ fn a_slow_lossy_member_is_dropped_from_rounds_it_is_late_for_and_rejoins() {
     );
     // Member 2 turns slow and lossy for 20 s.
     let how = slow_and_lossy(&hosts, 2);
-    let slow_from = sample(&hosts).unwrap().0;
     std::thread::sleep(Duration::from_secs(20));
     let slow_until = sample(&hosts).map(|s| s.0).unwrap_or(slow_from);
     back_to_normal(&hosts, 2);

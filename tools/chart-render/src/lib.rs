@@ -346,14 +346,18 @@ impl Chart {
             out.push_str(text.trim_start_matches("---\n").trim_end());
             out.push('\n');
         }
-        for document in self.render(release, &json!({}))? {
-            out.push_str(&format!(
-                "---\n# Source: {}\n{}\n",
-                document.source, document.text
-            ));
-        }
+        out.push_str(&to_yaml(&self.render(release, &json!({}))?));
         Ok(out)
     }
+}
+
+/// Rendered documents as one multi-document YAML stream, each headed by its template, as
+/// `helm template` prints them.
+pub fn to_yaml(documents: &[Document]) -> String {
+    documents
+        .iter()
+        .map(|d| format!("---\n# Source: {}\n{}\n", d.source, d.text))
+        .collect()
 }
 
 /// The repository's chart: `charts/murmur` next to this crate.

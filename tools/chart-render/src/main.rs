@@ -69,14 +69,7 @@ fn run(cli: Cli) -> Result<String, Error> {
                     })?;
                 murmur_chart::merge(&mut overrides, &more);
             }
-            let mut out = String::new();
-            for document in chart.render(&release, &overrides)? {
-                out.push_str(&format!(
-                    "---\n# Source: {}\n{}\n",
-                    document.source, document.text
-                ));
-            }
-            Ok(out)
+            Ok(murmur_chart::to_yaml(&chart.render(&release, &overrides)?))
         }
     }
 }
