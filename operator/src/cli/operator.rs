@@ -67,6 +67,11 @@ pub struct OperatorArgs {
     /// the Lease's namespace, i.e. the pod's).
     #[arg(long)]
     pub operator_namespace: Option<String>,
+    /// Observer reads (status API, dashboard, /metrics) served per second, queued beyond that
+    /// so that watching cannot slow training; 0 serves them unpaced. Trainers' control traffic
+    /// and probes are never paced.
+    #[arg(long, default_value_t = crate::status::pacer::DEFAULT_READS_PER_SECOND)]
+    pub status_reads_per_second: u32,
     /// JSON lines (for log collectors) or plain text.
     #[arg(long, value_enum, default_value = "json")]
     pub log_format: LogFormat,
@@ -127,6 +132,7 @@ pub fn run(args: OperatorArgs) -> Result<(), CliError> {
             ..Settings::default()
         },
         listen: args.listen,
+        reads_per_second: args.status_reads_per_second,
         concurrency: args.concurrency,
         lease: args.leader_election.then(|| LeaseOptions {
             namespace: args.lease_namespace,

@@ -40,6 +40,11 @@ pub struct RunArgs {
     /// The status API and dashboard (port 0: any free port).
     #[arg(long, default_value = local::DEFAULT_STATUS_ADDRESS)]
     pub status_address: String,
+    /// Observer reads (status API, dashboard, /metrics) served per second, queued beyond that
+    /// so that watching cannot slow training; 0 serves them unpaced. Trainers' control traffic
+    /// and probes are never paced.
+    #[arg(long, default_value_t = crate::status::pacer::DEFAULT_READS_PER_SECOND)]
+    pub status_reads_per_second: u32,
     /// The trainer binary (default: next to `murmur`, else on PATH).
     #[arg(long)]
     pub trainer: Option<PathBuf>,
@@ -63,6 +68,7 @@ pub fn run(args: RunArgs, out: &mut impl std::io::Write) -> Result<(), CliError>
     let options = LocalOptions {
         trainer,
         status_address: args.status_address,
+        reads_per_second: args.status_reads_per_second,
         chaos: args.chaos.map(|ChaosKind::Preempt| {
             Chaos::new(
                 args.every.as_std(),

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, RwLock};
 
+use axum::body::Bytes;
 use murmur_core::contract::{JoinReport, PeerEvent, TopologyDocument, TrainerStatus};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -27,10 +28,16 @@ pub enum Inbound {
 /// A member attempt's (step, accuracy), as last sampled.
 type Sample = (u64, Option<f64>);
 
+/// A published view and its JSON, serialized once when published.
+struct Published {
+    view: JobView,
+    json: Bytes,
+}
+
 /// One job's published state.
 pub struct JobHandle {
     key: Vec<u8>,
-    view: watch::Sender<Option<JobView>>,
+    view: watch::Sender<Option<Published>>,
     topology: watch::Sender<Option<TopologyDocument>>,
     events: Mutex<Vec<JobEvent>>,
     series: Mutex<Vec<SeriesPoint>>,
@@ -49,7 +56,12 @@ impl JobHandle {
     }
 
     pub fn view(&self) -> Option<JobView> {
-        self.view.borrow().clone()
+        self.view.borrow().as_ref().map(|p| p.view.clone())
+    }
+
+    /// The view as JSON.
+    pub fn view_json(&self) -> Option<Bytes> {
+        self.view.borrow().as_ref().map(|p| p.json.clone())
     }
 
     pub fn topology(&self) -> watch::Receiver<Option<TopologyDocument>> {
@@ -295,9 +307,20 @@ impl Hub {
             .collect()
     }
 
-    /// Publish a job's view (and its metrics).
+    /// Publish a job's view (and its metrics). A view that cannot be written as JSON (it never
+    /// should) is logged and the previous one stays.
     pub fn publish(&self, job: &JobHandle, view: JobView) {
         self.metrics.observe(&view);
-        job.view.send_replace(Some(view));
+        match serde_json::to_vec(&view) {
+            Ok(json) => {
+                job.view.send_replace(Some(Published {
+                    view,
+                    json: json.into(),
+                }));
+            }
+            Err(e) => {
+                tracing::error!(job = %view.name, error = %e, "cannot serialize the job's view")
+            }
+        }
     }
 }

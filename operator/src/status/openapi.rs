@@ -7,8 +7,14 @@ use serde_json::{Value, json};
 
 use super::view::{JobEvent, JobSummary, JobView, SeriesPoint};
 
+/// A paced observer read's answers (see `pacer`).
 fn ok(schema: Value, description: &str) -> Value {
-    json!({"200": {"description": description, "content": {"application/json": {"schema": schema}}}})
+    json!({"200": {"description": description, "content": {"application/json": {"schema": schema}}},
+        "429": paced()})
+}
+
+fn paced() -> Value {
+    json!({"description": "too many reads at once (observer reads are paced); retry after `Retry-After` seconds"})
 }
 
 pub fn document() -> Value {
@@ -64,7 +70,7 @@ pub fn document() -> Value {
             format!("{base}/members/{{id}}/join"): signed(join, "A trainer's join report"),
             format!("{base}/members/{{id}}/status"): signed(status, "A trainer's status"),
             format!("{base}/members/{{id}}/peer-events"): signed(peer, "A neighbour missing from a round"),
-            "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "OpenMetrics text"}}}},
+            "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "OpenMetrics text"}, "429": paced()}}},
             "/healthz": {"get": {"summary": "Liveness", "responses": {"200": {"description": "ok"}}}},
             "/readyz": {"get": {"summary": "Readiness", "responses": {"200": {"description": "ok"}}}}
         },

@@ -4,33 +4,41 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::{Router, middleware};
 use murmur_core::contract::{JoinReport, PeerEvent, TrainerStatus, control};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 use super::hub::{Hub, Inbound, JobHandle};
+use super::pacer::{Pacer, paced};
 
 const DASHBOARD: &str = include_str!("dashboard.html");
 
-pub fn router(hub: Arc<Hub>) -> Router {
+/// The router over `hub`. Observer reads are paced to `reads_per_second` (0: unpaced, see
+/// [`pacer`](super::pacer)); the probes and the trainers' control traffic never are.
+pub fn router(hub: Arc<Hub>, reads_per_second: u32) -> Router {
     let job = "/api/v1/namespaces/{namespace}/jobs/{name}";
-    Router::new()
+    let mut observers = Router::new()
         .route("/", get(dashboard))
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/api/v1/openapi.json", get(openapi))
         .route("/api/v1/jobs", get(list_jobs))
         .route(job, get(get_job))
-        .route(&format!("{job}/topology"), get(get_topology))
         .route(&format!("{job}/events"), get(get_events))
-        .route(&format!("{job}/series"), get(get_series))
+        .route(&format!("{job}/series"), get(get_series));
+    if let Some(pacer) = Pacer::new(reads_per_second) {
+        observers = observers.route_layer(middleware::from_fn_with_state(Arc::new(pacer), paced));
+    }
+    let control = Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        // Trainers long-poll their topology here (the dashboard reads it too).
+        .route(&format!("{job}/topology"), get(get_topology))
         .route(
             &format!("{job}/members/{{id}}/join"),
             post(post_from_trainer::<JoinReport>),
@@ -42,8 +50,8 @@ pub fn router(hub: Arc<Hub>) -> Router {
         .route(
             &format!("{job}/members/{{id}}/peer-events"),
             post(post_from_trainer::<PeerEvent>),
-        )
-        .with_state(hub)
+        );
+    observers.merge(control).with_state(hub)
 }
 
 /// An error answer: `{"error": "..."}` with a status code.
@@ -121,8 +129,10 @@ async fn get_job(
         Ok(j) => j,
         Err(r) => return r.into_response(),
     };
-    match job.view() {
-        Some(view) => axum::Json(view).into_response(),
+    // Serialized once per change, not per request: watchers poll this far more often than it
+    // changes.
+    match job.view_json() {
+        Some(json) => ([(header::CONTENT_TYPE, "application/json")], json).into_response(),
         None => error(StatusCode::SERVICE_UNAVAILABLE, "the job is starting").into_response(),
     }
 }

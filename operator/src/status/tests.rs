@@ -14,10 +14,14 @@ use crate::planner::{self, JobState, Observation, ObservedMember};
 const KEY: &[u8] = b"the job key";
 
 async fn serve() -> (Arc<Hub>, String) {
+    serve_paced(pacer::DEFAULT_READS_PER_SECOND).await
+}
+
+async fn serve_paced(reads_per_second: u32) -> (Arc<Hub>, String) {
     let hub = Arc::new(Hub::default());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(axum::serve(listener, router(hub.clone())).into_future());
+    tokio::spawn(axum::serve(listener, router(hub.clone(), reads_per_second)).into_future());
     (hub, base)
 }
 
@@ -81,14 +85,24 @@ async fn jobs_and_views_are_served_as_json() {
     assert_eq!(jobs[0]["name"], "j");
     assert_eq!(jobs[0]["phase"], "Pending");
     assert_eq!(jobs[0]["members"], "0/2");
+    let r = reqwest::get(format!("{base}/api/v1/namespaces/ml/jobs/j"))
+        .await
+        .unwrap();
+    assert_eq!(r.headers()["content-type"], "application/json");
+    let v: JobView = r.json().await.unwrap();
+    assert_eq!(v, view());
+    assert_eq!(v.members.len(), 2);
+    // A newer view replaces the served one (its JSON is written once per publish).
+    let mut newer = view();
+    newer.status.preemptions = 3;
+    hub.publish(&job, newer.clone());
     let v: JobView = reqwest::get(format!("{base}/api/v1/namespaces/ml/jobs/j"))
         .await
         .unwrap()
         .json()
         .await
         .unwrap();
-    assert_eq!(v, view());
-    assert_eq!(v.members.len(), 2);
+    assert_eq!(v, newer);
     let missing = reqwest::get(format!("{base}/api/v1/namespaces/ml/jobs/nope"))
         .await
         .unwrap();
@@ -230,6 +244,15 @@ async fn the_openapi_document_describes_every_route_with_generated_schemas() {
     ] {
         assert!(paths.contains_key(p), "{p}");
     }
+    // Paced reads say they may be refused; the trainers' long-poll is never paced.
+    assert!(
+        paths["/api/v1/namespaces/{namespace}/jobs/{name}"]["get"]["responses"]["429"].is_object()
+    );
+    assert!(paths["/metrics"]["get"]["responses"]["429"].is_object());
+    assert!(
+        paths["/api/v1/namespaces/{namespace}/jobs/{name}/topology"]["get"]["responses"]["429"]
+            .is_null()
+    );
     let schemas = doc["components"]["schemas"].as_object().unwrap();
     for s in [
         "JobView",
@@ -345,4 +368,79 @@ async fn the_status_api_is_read_only() {
         assert_eq!(post(&base, &path, b"{}", None).await, 401, "{path}");
     }
     assert!(inbox.try_recv().is_err(), "nothing reached the runtime");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observer_reads_are_paced_and_refused_past_the_wait_while_probes_and_trainers_are_not() {
+    // 2 reads a second: of a burst of 8, the slots at 0, 0.5 and 1.0 s are within MAX_WAIT.
+    let (hub, base) = serve_paced(2).await;
+    let (job, _inbox) = hub.register("ml", "j", KEY.to_vec());
+    hub.publish(&job, view());
+    job.set_topology(doc(1));
+    let client = reqwest::Client::new();
+    let started = std::time::Instant::now();
+    let burst: Vec<_> = (0..8)
+        .map(|_| {
+            let (client, url) = (
+                client.clone(),
+                format!("{base}/api/v1/namespaces/ml/jobs/j"),
+            );
+            tokio::spawn(async move { client.get(url).send().await.unwrap() })
+        })
+        .collect();
+    // While the observers queue, the probes and the trainers' topology answer at once.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let probe_started = std::time::Instant::now();
+    for path in [
+        "/healthz".to_string(),
+        "/readyz".to_string(),
+        "/api/v1/namespaces/ml/jobs/j/topology".to_string(),
+    ] {
+        let r = client.get(format!("{base}{path}")).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 200, "{path}");
+    }
+    assert!(
+        probe_started.elapsed() < Duration::from_millis(400),
+        "unpaced routes waited behind the observers: {:?}",
+        probe_started.elapsed()
+    );
+    let mut served = 0;
+    let mut refused = 0;
+    for r in burst {
+        let r = r.await.unwrap();
+        match r.status().as_u16() {
+            200 => served += 1,
+            429 => {
+                assert_eq!(r.headers()["retry-after"], "1");
+                let body: serde_json::Value = r.json().await.unwrap();
+                assert!(body["error"].as_str().unwrap().contains("paced"), "{body}");
+                refused += 1;
+            }
+            other => panic!("unexpected {other}"),
+        }
+    }
+    assert_eq!((served, refused), (3, 5));
+    // The third served read waited for its slot a second after the first.
+    assert!(started.elapsed() >= Duration::from_secs(1));
+}
+
+#[tokio::test]
+async fn zero_reads_per_second_serves_observers_unpaced() {
+    let (hub, base) = serve_paced(0).await;
+    let (job, _inbox) = hub.register("ml", "j", KEY.to_vec());
+    hub.publish(&job, view());
+    let client = reqwest::Client::new();
+    // At 2 a second (above) most of these would be refused.
+    let burst: Vec<_> = (0..50)
+        .map(|_| {
+            let (client, url) = (
+                client.clone(),
+                format!("{base}/api/v1/namespaces/ml/jobs/j"),
+            );
+            tokio::spawn(async move { client.get(url).send().await.unwrap().status() })
+        })
+        .collect();
+    for r in burst {
+        assert_eq!(r.await.unwrap().as_u16(), 200);
+    }
 }

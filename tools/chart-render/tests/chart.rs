@@ -298,6 +298,11 @@ fn the_arguments_parse_with_the_operators_own_command_line_and_point_trainers_at
     assert!(!parsed.network_policies);
     assert_eq!(parsed.listen, "0.0.0.0:8470");
     assert_eq!(
+        parsed.status_reads_per_second,
+        murmur::status::pacer::DEFAULT_READS_PER_SECOND,
+        "values.yaml and the binary agree"
+    );
+    assert_eq!(
         service["spec"]["selector"],
         find(&objects, "Deployment").unwrap()["spec"]["selector"]["matchLabels"]
     );
@@ -312,7 +317,7 @@ fn values_overrides_reach_the_objects() {
         "logFormat": "text",
         "operator": {"concurrency": 3, "resync": "1m", "nodeLostAfter": "90s", "extraArgs": ["--cluster-domain=corp.local"]},
         "trainer": {"image": "registry.example/trainer:dev", "cudaImage": "registry.example/trainer:dev-cuda"},
-        "service": {"port": 9000},
+        "service": {"port": 9000, "readsPerSecond": 50},
         "networkPolicy": {"enabled": true, "dnsNamespace": "dns"},
         "nodeSelector": {"pool": "system"},
         "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "system", "effect": "NoSchedule"}],
@@ -352,6 +357,7 @@ fn values_overrides_reach_the_objects() {
         "http://dtj-operator.murmur-system.svc:9000"
     );
     assert_eq!(parsed.concurrency, 3);
+    assert_eq!(parsed.status_reads_per_second, 50);
     assert_eq!(parsed.resync.as_std(), std::time::Duration::from_secs(60));
     assert_eq!(
         parsed.node_lost_after.as_std(),

@@ -652,6 +652,8 @@ pub struct OperatorOptions {
     pub settings: Settings,
     /// Where the status router (API, dashboard, control endpoint, metrics) listens.
     pub listen: String,
+    /// Observer reads the status router serves per second (0: unpaced).
+    pub reads_per_second: u32,
     /// Reconciles of different jobs in flight at once.
     pub concurrency: u16,
     /// Leader election; None runs without (a single replica).
@@ -717,7 +719,13 @@ pub async fn run_with(
             source,
         })?;
     tracing::info!(address = %options.listen, "status API, dashboard and control endpoint listening");
-    tokio::spawn(axum::serve(listener, crate::status::router(hub.clone())).into_future());
+    tokio::spawn(
+        axum::serve(
+            listener,
+            crate::status::router(hub.clone(), options.reads_per_second),
+        )
+        .into_future(),
+    );
     let ready_hub = hub.clone();
 
     let elector = options.lease.as_ref().map(|l| {

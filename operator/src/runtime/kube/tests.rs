@@ -1588,6 +1588,7 @@ async fn the_operator_uses_exactly_the_permissions_it_declares() {
             ..Settings::default()
         },
         listen: format!("127.0.0.1:{port}"),
+        reads_per_second: crate::status::pacer::DEFAULT_READS_PER_SECOND,
         concurrency: 2,
         lease: Some(LeaseOptions {
             namespace: "murmur-system".into(),
@@ -1732,7 +1733,16 @@ async fn the_job_key_never_leaves_its_secret() {
     // The status API and metrics, as anyone who can reach the port sees them.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(axum::serve(listener, crate::status::router(c.ctx.hub.clone())).into_future());
+    tokio::spawn(
+        axum::serve(
+            listener,
+            crate::status::router(
+                c.ctx.hub.clone(),
+                crate::status::pacer::DEFAULT_READS_PER_SECOND,
+            ),
+        )
+        .into_future(),
+    );
     let job = "/api/v1/namespaces/ml/jobs/mnist";
     for path in [
         "/api/v1/jobs".to_string(),

@@ -36,6 +36,8 @@ pub struct LocalOptions {
     pub trainer: PathBuf,
     /// Where the status router listens (`host:port`; port 0 picks one).
     pub status_address: String,
+    /// Observer reads the status router serves per second (0: unpaced).
+    pub reads_per_second: u32,
     pub chaos: Option<Chaos>,
     /// Final model, metrics, plots, logs and `summary.json` go here.
     pub output: Option<PathBuf>,
@@ -226,7 +228,13 @@ pub async fn run(
         source,
     })?;
     let status_url = format!("http://{address}");
-    tokio::spawn(axum::serve(listener, status::router(hub.clone())).into_future());
+    tokio::spawn(
+        axum::serve(
+            listener,
+            status::router(hub.clone(), options.reads_per_second),
+        )
+        .into_future(),
+    );
     let (job, mut inbox) = hub.register(&namespace, &name, key.into_bytes());
     let (happened, mut happenings) = mpsc::unbounded_channel();
     let now = Timestamp::now();
