@@ -92,6 +92,11 @@ impl Run {
         }
     }
 
+    /// murmur's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The status API's port, once murmur printed it.
     pub fn port(&self) -> Option<u16> {
         let out = self.stdout.lock().unwrap();

@@ -1,6 +1,9 @@
-//! The status endpoint under load while a job trains: `wrk` with 100 connections for 30 s on
-//! the job's JSON status, against the same 30-s window of the same job undisturbed. Prints the
-//! latency percentiles and both training throughputs.
+//! The status endpoint under load while a job trains: `wrk` with 100 connections for 30 s on the
+//! job's JSON status. Within one run of the example (made longer), a calm 30-s window, a loaded
+//! one, and a calm one again: the loaded window's training throughput is compared with the mean
+//! of the calm ones around it (the same phase of the same run, so run-to-run noise stays out).
+//! Done twice: with observer reads paced at the default rate, and unpaced. Prints wrk's latency
+//! percentiles, both throughputs and the CPU time the load cost (`murmur` serving it, and wrk).
 //!
 //!     cargo build --release -p murmur-trainer && cargo bench -p murmur --bench status_load
 //!
@@ -12,7 +15,8 @@ mod support;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use support::{Run, http_get};
+use murmur::status::pacer::DEFAULT_READS_PER_SECOND;
+use support::{Run, http_get, workspace};
 
 const EXAMPLE: &str = "manifests/examples/dcliques-spot-cpu.yaml";
 const JOB: &str = "/api/v1/namespaces/default/jobs/mnist-dcliques";
@@ -27,39 +31,150 @@ fn job(port: u16) -> Option<serde_json::Value> {
     serde_json::from_str(&body).ok()
 }
 
-fn step(view: &serde_json::Value) -> u64 {
-    view["status"]["progress"]["step"].as_u64().unwrap_or(0)
+fn step(port: u16) -> u64 {
+    job(port).map_or(0, |v| v["status"]["progress"]["step"].as_u64().unwrap_or(0))
 }
 
-/// Training steps per second over WINDOW, with `load` running (given the job URL) meanwhile.
-fn measure(load: Option<&dyn Fn(String) -> String>) -> (f64, Option<String>) {
-    let run = Run::start(EXAMPLE, &[]);
+/// CPU seconds (user + system) process `pid` has used so far.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the parenthesised command name; utime and stime are the 14th and 15th.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+    // SAFETY: sysconf reads a constant.
+    ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+}
+
+struct Window {
+    steps_per_second: f64,
+    murmur_cpu: f64,
+}
+
+fn window(port: u16, pid: u32, during: impl FnOnce()) -> Window {
+    let (began, first, cpu) = (Instant::now(), step(port), cpu_seconds(pid));
+    during();
+    let (last, cpu_after) = (step(port), cpu_seconds(pid));
+    Window {
+        steps_per_second: last.saturating_sub(first) as f64 / began.elapsed().as_secs_f64(),
+        murmur_cpu: cpu_after - cpu,
+    }
+}
+
+struct Measured {
+    calm: [Window; 2],
+    loaded: Window,
+    wrk: String,
+    wrk_cpu: f64,
+}
+
+/// CPU seconds used by this process's reaped children so far.
+fn children_cpu_seconds() -> f64 {
+    // SAFETY: getrusage fills the struct we hand it.
+    let usage = unsafe {
+        let mut usage = std::mem::zeroed::<libc::rusage>();
+        libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage);
+        usage
+    };
+    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    seconds(usage.ru_utime) + seconds(usage.ru_stime)
+}
+
+/// wrk -t2 -c100 -d30s on `url`: its report and the CPU seconds it used (the only child reaped
+/// meanwhile: murmur is reaped when the run ends).
+fn wrk(url: &str) -> (String, f64) {
+    let before = children_cpu_seconds();
+    let out = Command::new("wrk")
+        .args(["-t2", "-c100", "-d30s", "--latency", url])
+        .output()
+        .expect("wrk runs");
+    (
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        children_cpu_seconds() - before,
+    )
+}
+
+/// The example, long enough for the three windows.
+fn long_manifest(dir: &std::path::Path) -> String {
+    let text = std::fs::read_to_string(workspace().join(EXAMPLE)).unwrap();
+    assert!(
+        text.contains("steps: 400"),
+        "{EXAMPLE} changed: update this bench"
+    );
+    let path = dir.join("long.yaml");
+    std::fs::write(&path, text.replace("steps: 400", "steps: 3000")).unwrap();
+    path.display().to_string()
+}
+
+fn measure(reads_per_second: u32) -> Measured {
+    let dir = tempfile::tempdir().unwrap();
+    let run = Run::start(
+        &long_manifest(dir.path()),
+        &["--status-reads-per-second", &reads_per_second.to_string()],
+    );
+    let pid = run.pid();
     let mut running_since: Option<Instant> = None;
-    let mut result = None;
-    let mut report = None;
-    let finished = run.finish(|port| {
-        if result.is_some() {
+    let mut measured = None;
+    run.finish(|port| {
+        if measured.is_some() {
             return;
         }
-        let Some(view) = job(port) else { return };
-        if view["status"]["phase"] != "Running" {
+        match job(port) {
+            Some(v) if v["status"]["phase"] == "Running" => {}
+            _ => return,
+        }
+        if running_since.get_or_insert_with(Instant::now).elapsed() < SETTLE {
             return;
         }
-        let since = *running_since.get_or_insert_with(Instant::now);
-        if since.elapsed() < SETTLE {
-            return;
-        }
-        // Once: the same window, loaded or not.
-        let (began, first) = (Instant::now(), step(&view));
-        match load {
-            Some(load) => report = Some(load(format!("http://127.0.0.1:{port}{JOB}"))),
-            None => std::thread::sleep(WINDOW),
-        }
-        let last = job(port).map(|v| step(&v)).unwrap_or(first);
-        result = Some((last - first) as f64 / began.elapsed().as_secs_f64());
+        let url = format!("http://127.0.0.1:{port}{JOB}");
+        let before = window(port, pid, || std::thread::sleep(WINDOW));
+        let mut report = (String::new(), 0.0);
+        let loaded = window(port, pid, || report = wrk(&url));
+        let after = window(port, pid, || std::thread::sleep(WINDOW));
+        assert_eq!(
+            job(port).map(|v| v["status"]["phase"].clone()),
+            Some("Running".into()),
+            "the job ended inside the windows: make it longer"
+        );
+        measured = Some(Measured {
+            calm: [before, after],
+            loaded,
+            wrk: report.0,
+            wrk_cpu: report.1,
+        });
+        // Measured: stop the job as Ctrl-C would.
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(pid as i32, libc::SIGINT) };
     });
-    assert!(finished.status.success(), "{}", finished.stdout);
-    (result.expect("the job ran long enough to measure"), report)
+    measured.expect("the job ran long enough to measure")
+}
+
+fn print(label: &str, m: &Measured) {
+    let line = |prefix: &str| {
+        m.wrk
+            .lines()
+            .find(|l| l.trim_start().starts_with(prefix))
+            .map(|l| l.split_whitespace().last().unwrap_or("").to_string())
+            .unwrap_or_default()
+    };
+    let calm = (m.calm[0].steps_per_second + m.calm[1].steps_per_second) / 2.0;
+    let calm_cpu = (m.calm[0].murmur_cpu + m.calm[1].murmur_cpu) / 2.0;
+    println!(
+        "{label}: {} requests/s, p50 {}, p99 {} | training {calm:.2} steps/s calm (mean of {:.2} before, {:.2} after) -> {:.2} loaded ({:+.1}%) | load cost {:.2} CPU-s in murmur + {:.2} in wrk over {}s",
+        line("Requests/sec"),
+        line("50%"),
+        line("99%"),
+        m.calm[0].steps_per_second,
+        m.calm[1].steps_per_second,
+        m.loaded.steps_per_second,
+        100.0 * (m.loaded.steps_per_second / calm - 1.0),
+        m.loaded.murmur_cpu - calm_cpu,
+        m.wrk_cpu,
+        WINDOW.as_secs(),
+    );
 }
 
 fn main() {
@@ -67,32 +182,12 @@ fn main() {
         eprintln!("status_load: needs wrk on PATH (Debian: apt-get install wrk)");
         return;
     }
-    let calm = measure(None).0;
-    let wrk = |url: String| -> String {
-        let out = Command::new("wrk")
-            .args(["-t2", "-c100", "-d30s", "--latency", &url])
-            .output()
-            .expect("wrk runs");
-        String::from_utf8_lossy(&out.stdout).to_string()
-    };
-    let (loaded, report) = measure(Some(&wrk));
-    let report = report.unwrap();
-    println!("{report}");
-    let line = |label: &str| {
-        report
-            .lines()
-            .find(|l| l.trim_start().starts_with(label))
-            .map(|l| l.trim().to_string())
-            .unwrap_or_default()
-    };
-    println!(
-        "status endpoint under wrk -t2 -c100 -d30s: {} | p50 {} | p99 {}",
-        line("Requests/sec"),
-        line("50%"),
-        line("99%")
+    let paced = measure(DEFAULT_READS_PER_SECOND);
+    let unpaced = measure(0);
+    println!("status endpoint under wrk -t2 -c100 -d30s while the example trains:");
+    print(
+        &format!("  paced at {DEFAULT_READS_PER_SECOND}/s (default)"),
+        &paced,
     );
-    println!(
-        "training throughput over the same 30 s: undisturbed {calm:.2} steps/s, under load {loaded:.2} steps/s ({:+.1}%)",
-        100.0 * (loaded / calm - 1.0)
-    );
+    print("  unpaced (--status-reads-per-second 0)", &unpaced);
 }
