@@ -1,3 +1,3 @@
 #![no_main]
-// See murmur_trainer::transport::fuzzing.
-libfuzzer_sys::fuzz_target!(|input: &[u8]| murmur_trainer::transport::fuzzing::frames(input));
+// See murmur_wire::fuzzing.
+libfuzzer_sys::fuzz_target!(|input: &[u8]| murmur_wire::fuzzing::frames(input));

@@ -10,9 +10,7 @@ use std::time::Duration;
 use burn::backend::{Autodiff, NdArray};
 use murmur_core::api::{ModelKind, TopologyKind};
 use murmur_trainer::model::{Model, layout};
-use murmur_trainer::transport::frame::{
-    self, HEADER_LEN, Header, Hello, Kind, MAX_CHUNK, NONCE_LEN, SessionMac,
-};
+use murmur_wire::frame::{self, HEADER_LEN, Header, Hello, Kind, MAX_CHUNK, NONCE_LEN, SessionMac};
 use support::*;
 
 const MANIFEST: &str = "\

@@ -20,6 +20,10 @@ pub enum Purpose {
     Gradients,
 }
 
+impl Purpose {
+    pub const ALL: [Purpose; 2] = [Purpose::Parameters, Purpose::Gradients];
+}
+
 /// The only thing the algorithms need from a network.
 #[allow(async_fn_in_trait)]
 pub trait Exchange {

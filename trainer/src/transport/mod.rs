@@ -9,10 +9,8 @@
 //! down for a while gets our latest rounds when it returns, not the first ones it missed).
 
 pub mod book;
-pub mod frame;
-#[doc(hidden)]
-pub mod fuzzing;
-pub mod session;
+
+pub use murmur_wire::{Stats, frame, session};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -33,6 +31,32 @@ use book::{Deposit, RoundBook, Standing};
 use frame::{Assembler, Hello, Kind, Reject, SessionMac};
 use session::{ReadError, read_message, template, write_message};
 
+/// The frame kind that carries a payload of `purpose`.
+fn payload_kind(purpose: Purpose) -> Kind {
+    match purpose {
+        Purpose::Parameters => Kind::Parameters,
+        Purpose::Gradients => Kind::Gradients,
+    }
+}
+
+/// The frame kind that says "not using yours, do not wait for mine" for `purpose`.
+fn skip_kind(purpose: Purpose) -> Kind {
+    match purpose {
+        Purpose::Parameters => Kind::SkipParameters,
+        Purpose::Gradients => Kind::SkipGradients,
+    }
+}
+
+/// The inverse of [`payload_kind`].
+fn payload_purpose(kind: Kind) -> Option<Purpose> {
+    Purpose::ALL.into_iter().find(|p| payload_kind(*p) == kind)
+}
+
+/// The inverse of [`skip_kind`].
+fn skip_purpose(kind: Kind) -> Option<Purpose> {
+    Purpose::ALL.into_iter().find(|p| skip_kind(*p) == kind)
+}
+
 /// Messages queued per peer on the sending side (newest win: see [`SendQueue`]).
 const SEND_QUEUE: usize = 4;
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -50,50 +74,6 @@ pub struct TransportConfig {
     /// Largest message accepted: a full uncompressed parameter buffer and a little more.
     pub max_message: u64,
     pub round_timeout: Duration,
-}
-
-/// Counters the trainer exports as metrics.
-#[derive(Default)]
-pub struct Stats {
-    bytes_in: AtomicU64,
-    bytes_out: AtomicU64,
-    rejected: [AtomicU64; Reject::ALL.len()],
-}
-
-impl Stats {
-    fn add_in(&self, n: usize) {
-        self.bytes_in.fetch_add(n as u64, Ordering::Relaxed);
-    }
-    fn add_out(&self, n: usize) {
-        self.bytes_out.fetch_add(n as u64, Ordering::Relaxed);
-    }
-    fn reject(&self, reason: Reject) {
-        let i = Reject::ALL
-            .iter()
-            .position(|r| *r == reason)
-            .expect("listed");
-        self.rejected[i].fetch_add(1, Ordering::Relaxed);
-    }
-    pub fn bytes_in(&self) -> u64 {
-        self.bytes_in.load(Ordering::Relaxed)
-    }
-    pub fn bytes_out(&self) -> u64 {
-        self.bytes_out.load(Ordering::Relaxed)
-    }
-    /// Rejected frames by reason.
-    pub fn rejected(&self) -> Vec<(Reject, u64)> {
-        Reject::ALL
-            .iter()
-            .zip(&self.rejected)
-            .map(|(r, n)| (*r, n.load(Ordering::Relaxed)))
-            .collect()
-    }
-    pub fn rejected_total(&self) -> u64 {
-        self.rejected
-            .iter()
-            .map(|n| n.load(Ordering::Relaxed))
-            .sum()
-    }
 }
 
 struct Outgoing {
@@ -118,7 +98,7 @@ impl Outgoing {
 
     /// "Your payload for this round was not used: do not wait for mine."
     fn skip(purpose: Purpose, round: u64, version: u64) -> Self {
-        Self::new(Kind::skip(purpose), round, version, Vec::new())
+        Self::new(skip_kind(purpose), round, version, Vec::new())
     }
 }
 
@@ -343,7 +323,7 @@ impl Transport {
         };
         let evicted = queue.push(Outgoing::new(kind, round, self.topology_version(), payload));
         if let Some(old) = evicted
-            && let Some(purpose) = old.kind.payload_purpose()
+            && let Some(purpose) = payload_purpose(old.kind)
         {
             lock(&self.shared.book).unrecord_sent(purpose, old.round, to);
         }
@@ -451,7 +431,7 @@ impl Exchange for Transport {
         for (to, payload) in outgoing {
             // Recorded before it can arrive, so a quick answer finds it; undone if not queued.
             lock(&self.shared.book).record_sent(purpose, round, to);
-            if !self.send(to, Kind::payload(purpose), round, payload) {
+            if !self.send(to, payload_kind(purpose), round, payload) {
                 lock(&self.shared.book).unrecord_sent(purpose, round, to);
             }
         }
@@ -595,7 +575,7 @@ async fn serve_incoming(shared: Arc<Shared>, stream: TcpStream) {
     {
         match message.kind {
             Kind::Parameters | Kind::Gradients => {
-                let purpose = message.kind.payload_purpose().expect("a payload kind");
+                let purpose = payload_purpose(message.kind).expect("a payload kind");
                 // Backpressure: a peer far ahead waits in its TCP window, not in our memory.
                 loop {
                     let notified = shared.changed.notified();
@@ -721,7 +701,7 @@ async fn run_outgoing(shared: &Arc<Shared>, peer: MemberId, stream: TcpStream, q
             {
                 match message.kind {
                     Kind::SkipParameters | Kind::SkipGradients => {
-                        let purpose = message.kind.skip_purpose().expect("a skip kind");
+                        let purpose = skip_purpose(message.kind).expect("a skip kind");
                         lock(&shared.book).skipped(purpose, message.round, peer);
                     }
                     Kind::StateReply if message.payload.len().is_multiple_of(4) => {
@@ -748,7 +728,7 @@ async fn run_outgoing(shared: &Arc<Shared>, peer: MemberId, stream: TcpStream, q
         tokio::select! {
             m = queue.pop() => {
                 // Queued while the peer was unreachable, for a round long finished.
-                if let Some(purpose) = m.kind.payload_purpose()
+                if let Some(purpose) = payload_purpose(m.kind)
                     && lock(&shared.book).is_outdated(purpose, m.round)
                 {
                     continue;

@@ -209,3 +209,23 @@ async fn a_peer_running_ahead_is_held_back_by_tcp_not_by_memory() {
         assert_eq!(got.len(), 1, "round {r}");
     }
 }
+
+#[test]
+fn each_purpose_has_its_own_payload_and_skip_kinds_and_maps_back() {
+    let mut kinds = BTreeSet::new();
+    for p in Purpose::ALL {
+        assert_eq!(payload_purpose(payload_kind(p)), Some(p));
+        assert_eq!(skip_purpose(skip_kind(p)), Some(p));
+        assert_eq!(payload_purpose(skip_kind(p)), None);
+        assert_eq!(skip_purpose(payload_kind(p)), None);
+        assert!(kinds.insert(payload_kind(p)) && kinds.insert(skip_kind(p)));
+    }
+    for other in [
+        Kind::Hello,
+        Kind::Leave,
+        Kind::StateRequest,
+        Kind::StateReply,
+    ] {
+        assert_eq!((payload_purpose(other), skip_purpose(other)), (None, None));
+    }
+}

@@ -7,9 +7,9 @@
 //! session key): header checks, chunk reassembly and hello decoding all see hostile values. An
 //! odd first byte sends the rest unchanged instead, for the rejection paths.
 
-use super::Stats;
-use super::frame::{Assembler, HEADER_LEN, Hello, MAGIC, PROTOCOL_VERSION, SessionMac};
-use super::session::read_message;
+use crate::Stats;
+use crate::frame::{Assembler, HEADER_LEN, Hello, MAGIC, PROTOCOL_VERSION, SessionMac};
+use crate::session::read_message;
 
 const KEY: &[u8] = b"fuzz key";
 const NONCE: [u8; 16] = [7; 16];

@@ -5,8 +5,8 @@ use std::io;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use super::Stats;
-use super::frame::{
+use crate::Stats;
+use crate::frame::{
     Assembler, CHALLENGE_MAGIC, HEADER_LEN, Header, Kind, Message, NONCE_LEN, Nonce, Reject,
     SessionMac, TAG_LEN, chunks,
 };

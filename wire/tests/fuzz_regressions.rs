@@ -10,8 +10,7 @@ fn frames_that_once_broke_or_might_break_the_decoder() {
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
         let input = std::fs::read(&path).unwrap();
-        let outcome =
-            std::panic::catch_unwind(|| murmur_trainer::transport::fuzzing::frames(&input));
+        let outcome = std::panic::catch_unwind(|| murmur_wire::fuzzing::frames(&input));
         assert!(outcome.is_ok(), "{} panics", path.display());
         n += 1;
     }

@@ -13,8 +13,6 @@
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 
-use crate::algorithms::Purpose;
-
 pub const MAGIC: [u8; 4] = *b"MRMR";
 /// The first bytes an acceptor sends: this magic and its session nonce.
 pub const CHALLENGE_MAGIC: [u8; 4] = *b"MRMC";
@@ -45,7 +43,7 @@ pub enum Kind {
 }
 
 impl Kind {
-    fn from_byte(b: u8) -> Option<Kind> {
+    pub fn from_byte(b: u8) -> Option<Kind> {
         Some(match b {
             1 => Kind::Hello,
             2 => Kind::Parameters,
@@ -57,38 +55,6 @@ impl Kind {
             8 => Kind::SkipGradients,
             _ => return None,
         })
-    }
-
-    pub fn payload(purpose: Purpose) -> Kind {
-        match purpose {
-            Purpose::Parameters => Kind::Parameters,
-            Purpose::Gradients => Kind::Gradients,
-        }
-    }
-
-    pub fn skip(purpose: Purpose) -> Kind {
-        match purpose {
-            Purpose::Parameters => Kind::SkipParameters,
-            Purpose::Gradients => Kind::SkipGradients,
-        }
-    }
-
-    /// The purpose of a payload kind (the inverse of [`Kind::payload`]).
-    pub fn payload_purpose(self) -> Option<Purpose> {
-        match self {
-            Kind::Parameters => Some(Purpose::Parameters),
-            Kind::Gradients => Some(Purpose::Gradients),
-            _ => None,
-        }
-    }
-
-    /// The purpose of a skip kind (the inverse of [`Kind::skip`]).
-    pub fn skip_purpose(self) -> Option<Purpose> {
-        match self {
-            Kind::SkipParameters => Some(Purpose::Parameters),
-            Kind::SkipGradients => Some(Purpose::Gradients),
-            _ => None,
-        }
     }
 }
 
