@@ -33,26 +33,27 @@ pub fn topology_document(input: &[u8]) {
     }
 }
 
-/// Every input kept in fuzz/regressions/ (crashes the fuzzers once found, and hand-made hostile
-/// cases) runs through its target's check on every test run.
+/// Run `check` on every input kept in `fuzz/regressions/<target>/` (what the fuzzers once found
+/// and hand-made hostile cases): a panicking input names its file. Returns how many ran. The
+/// regression tests of each target call it, so they replay on every `cargo test`.
+pub fn replay_regressions(target: &str, check: fn(&[u8])) -> usize {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fuzz/regressions")
+        .join(target);
+    let mut n = 0;
+    for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        let path = entry.unwrap().path();
+        let input = std::fs::read(&path).unwrap();
+        let outcome = std::panic::catch_unwind(|| check(&input));
+        assert!(outcome.is_ok(), "{} panics", path.display());
+        n += 1;
+    }
+    n
+}
+
 #[cfg(test)]
 mod regressions {
-    use std::path::Path;
-
-    fn replay(target: &str, check: fn(&[u8])) -> usize {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../fuzz/regressions")
-            .join(target);
-        let mut n = 0;
-        for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
-            let path = entry.unwrap().path();
-            let input = std::fs::read(&path).unwrap();
-            let outcome = std::panic::catch_unwind(|| check(&input));
-            assert!(outcome.is_ok(), "{} panics", path.display());
-            n += 1;
-        }
-        n
-    }
+    use super::replay_regressions as replay;
 
     #[test]
     fn manifests_that_broke_or_might_break_the_loader() {

@@ -14,15 +14,13 @@
 
 mod support;
 
-use std::collections::BTreeMap;
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use murmur_core::api::TopologyKind;
-use murmur_core::topology::{self, BuildSpec, MemberProfile};
-use support::{KEY, Reaper, http_get_at, read_log, wait_exit};
+use support::{Reaper, http_get_at, read_log, trainer_command, wait_exit, write_job};
 
 const PEER_PORT: u16 = 7070;
 const STATUS_PORT: u16 = 7071;
@@ -212,19 +210,9 @@ struct Job {
 impl Job {
     fn new(hosts: &Hosts, kind: TopologyKind, manifest: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let profiles: Vec<MemberProfile> = (0..hosts.n).map(MemberProfile::bare).collect();
-        let topo = topology::build(&BuildSpec::new(kind), &profiles).unwrap();
-        let addresses: BTreeMap<u32, String> = (0..hosts.n)
-            .map(|i| (i, format!("{}:{PEER_PORT}", hosts.ip(i))))
-            .collect();
-        let doc = topo.to_document(|id| addresses.get(&id).cloned());
-        std::fs::write(
-            dir.path().join("topology.json"),
-            serde_json::to_string(&doc).unwrap(),
-        )
-        .unwrap();
-        std::fs::write(dir.path().join("peer-key"), format!("{KEY}\n")).unwrap();
-        std::fs::write(dir.path().join("job.yaml"), manifest).unwrap();
+        write_job(dir.path(), hosts.n, kind, manifest, |i| {
+            format!("{}:{PEER_PORT}", hosts.ip(i))
+        });
         Self { dir }
     }
 
@@ -233,35 +221,17 @@ impl Job {
     }
 
     fn spawn(&self, hosts: &Hosts, i: u32) -> Child {
-        let log = std::fs::File::create(self.log(i)).unwrap();
-        let path = |f: &str| self.dir.path().join(f);
-        Command::new("ip")
-            .args(["netns", "exec", &hosts.ns(i)])
-            .arg(env!("CARGO_BIN_EXE_murmur-trainer"))
-            .args(["run", "--manifest"])
-            .arg(path("job.yaml"))
-            .args(["--eval-every", "50"])
-            .env("MURMUR_JOB", "netns")
-            .env("MURMUR_NAMESPACE", "test")
-            .env("MURMUR_MEMBER_ID", i.to_string())
-            .env(
-                "MURMUR_LISTEN_ADDRESS",
-                format!("{}:{PEER_PORT}", hosts.ip(i)),
-            )
-            .env(
-                "MURMUR_STATUS_ADDRESS",
-                format!("{}:{STATUS_PORT}", hosts.ip(i)),
-            )
-            .env("MURMUR_PEER_KEY_FILE", path("peer-key"))
-            .env("MURMUR_TOPOLOGY_FILE", path("topology.json"))
-            .env_remove("MURMUR_CONTROL_ENDPOINT")
-            .env_remove("MURMUR_JOB_SPEC")
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap()
+        trainer_command(
+            &["ip", "netns", "exec", &hosts.ns(i)],
+            self.dir.path(),
+            "netns",
+            i,
+            format!("{}:{PEER_PORT}", hosts.ip(i)),
+            format!("{}:{STATUS_PORT}", hosts.ip(i)),
+            &self.log(i),
+        )
+        .spawn()
+        .unwrap()
     }
 }
 

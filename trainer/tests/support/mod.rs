@@ -34,6 +34,70 @@ pub fn free_port() -> u16 {
     }
 }
 
+/// Write a job's folder: `job.yaml`, the peer key, and a static `topology.json` of `n` members of
+/// `kind` in which member `id` is at `address(id)`. Returns the manifest's path.
+pub fn write_job(
+    dir: &Path,
+    n: u32,
+    kind: TopologyKind,
+    manifest: &str,
+    address: impl Fn(u32) -> String,
+) -> PathBuf {
+    let profiles: Vec<MemberProfile> = (0..n).map(MemberProfile::bare).collect();
+    let topo = topology::build(&BuildSpec::new(kind), &profiles).unwrap();
+    let doc = topo.to_document(|id| Some(address(id)));
+    std::fs::write(
+        dir.join("topology.json"),
+        serde_json::to_string_pretty(&doc).unwrap(),
+    )
+    .unwrap();
+    std::fs::write(dir.join("peer-key"), format!("{KEY}\n")).unwrap();
+    let manifest_path = dir.join("job.yaml");
+    std::fs::write(&manifest_path, manifest).unwrap();
+    manifest_path
+}
+
+/// `murmur-trainer run` as member `id` of job `job`, from the folder [`write_job`] wrote: peers
+/// on `listen`, status on `status`, logs to `log`, no control endpoint. `wrapper` runs it, if
+/// given (`ip netns exec NS`).
+pub fn trainer_command(
+    wrapper: &[&str],
+    dir: &Path,
+    job: &str,
+    id: u32,
+    listen: String,
+    status: String,
+    log: &Path,
+) -> Command {
+    let trainer = env!("CARGO_BIN_EXE_murmur-trainer");
+    let mut cmd = match wrapper.split_first() {
+        Some((program, args)) => {
+            let mut c = Command::new(program);
+            c.args(args).arg(trainer);
+            c
+        }
+        None => Command::new(trainer),
+    };
+    let log = std::fs::File::create(log).unwrap();
+    cmd.args(["run", "--manifest"])
+        .arg(dir.join("job.yaml"))
+        .args(["--eval-every", "50"])
+        .env("MURMUR_JOB", job)
+        .env("MURMUR_NAMESPACE", "test")
+        .env("MURMUR_MEMBER_ID", id.to_string())
+        .env("MURMUR_LISTEN_ADDRESS", listen)
+        .env("MURMUR_STATUS_ADDRESS", status)
+        .env("MURMUR_PEER_KEY_FILE", dir.join("peer-key"))
+        .env("MURMUR_TOPOLOGY_FILE", dir.join("topology.json"))
+        .env_remove("MURMUR_CONTROL_ENDPOINT")
+        .env_remove("MURMUR_JOB_SPEC")
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log);
+    cmd
+}
+
 pub struct Member {
     pub id: u32,
     pub peer_port: u16,
@@ -62,22 +126,14 @@ impl LocalJob {
                 status_port: free_port(),
             })
             .collect();
-        let profiles: Vec<MemberProfile> = (0..n).map(MemberProfile::bare).collect();
-        let topo = topology::build(&BuildSpec::new(kind), &profiles).unwrap();
         let ports: BTreeMap<u32, u16> = members.iter().map(|m| (m.id, m.peer_port)).collect();
-        let doc = topo.to_document(|id| Some(format!("127.0.0.1:{}", ports[&id])));
-        std::fs::write(
-            dir.path().join("topology.json"),
-            serde_json::to_string_pretty(&doc).unwrap(),
-        )
-        .unwrap();
-        std::fs::write(dir.path().join("peer-key"), format!("{KEY}\n")).unwrap();
-        let manifest_path = dir.path().join("job.yaml");
-        std::fs::write(&manifest_path, manifest).unwrap();
+        let manifest = write_job(dir.path(), n, kind, manifest, |id| {
+            format!("127.0.0.1:{}", ports[&id])
+        });
         Self {
             dir,
             members,
-            manifest: manifest_path,
+            manifest,
         }
     }
 
@@ -87,33 +143,15 @@ impl LocalJob {
 
     pub fn spawn(&self, id: u32, attempt: u32, extra_env: &[(&str, String)]) -> Child {
         let m = &self.members[id as usize];
-        let log = std::fs::File::create(self.log_path(id, attempt)).unwrap();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_murmur-trainer"));
-        cmd.args(["run", "--manifest"])
-            .arg(&self.manifest)
-            .args(["--eval-every", "50"])
-            .env("MURMUR_JOB", "loopback")
-            .env("MURMUR_NAMESPACE", "test")
-            .env("MURMUR_MEMBER_ID", id.to_string())
-            .env(
-                "MURMUR_LISTEN_ADDRESS",
-                format!("127.0.0.1:{}", m.peer_port),
-            )
-            .env(
-                "MURMUR_STATUS_ADDRESS",
-                format!("127.0.0.1:{}", m.status_port),
-            )
-            .env("MURMUR_PEER_KEY_FILE", self.dir.path().join("peer-key"))
-            .env(
-                "MURMUR_TOPOLOGY_FILE",
-                self.dir.path().join("topology.json"),
-            )
-            .env_remove("MURMUR_CONTROL_ENDPOINT")
-            .env_remove("MURMUR_JOB_SPEC")
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log);
+        let mut cmd = trainer_command(
+            &[],
+            self.dir.path(),
+            "loopback",
+            id,
+            format!("127.0.0.1:{}", m.peer_port),
+            format!("127.0.0.1:{}", m.status_port),
+            &self.log_path(id, attempt),
+        );
         for (k, v) in extra_env {
             cmd.env(k, v);
         }
