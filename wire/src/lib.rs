@@ -3,6 +3,7 @@
 //! on any byte stream with the handshake ([`session`]), and the counters both keep ([`Stats`]).
 //! The trainer's transport (`murmur_trainer::transport`) runs it over TCP; the `frame` fuzz
 //! target (`fuzz/`) drives it through [`fuzzing`].
+#![forbid(unsafe_code)]
 
 pub mod frame;
 #[doc(hidden)]

@@ -3,6 +3,7 @@
 //! merged with overrides, `.Release` and `.Chart`, and the few Helm functions in [`helm`].
 //!
 //! Used by the chart's tests and to generate `manifests/install.yaml`.
+#![forbid(unsafe_code)]
 
 pub mod helm;
 
