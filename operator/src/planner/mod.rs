@@ -19,8 +19,13 @@ use murmur_core::contract::{JoinReport, TrainerStatus};
 use murmur_core::topology::{self, BuildSpec, MemberId, MemberProfile, Topology};
 use serde::{Deserialize, Serialize};
 
+mod event;
+mod lifecycle;
 #[cfg(test)]
 mod tests;
+
+pub use event::{Event, EventKind, Reason};
+pub use lifecycle::{End, Lifecycle, MemberRecord};
 
 /// How long to wait for the last join reports before building the topology from those in.
 pub const JOIN_GRACE_SECONDS: f64 = 15.0;
@@ -74,51 +79,6 @@ impl Observation {
     }
 }
 
-/// The control plane's memory of one member id.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", default)]
-pub struct MemberRecord {
-    /// The newest attempt created (0 for the first).
-    #[serde(skip_serializing_if = "is_zero")]
-    pub attempt: u32,
-    /// Whether `attempt` has been created.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub created: bool,
-    /// Whether `attempt`'s end has been handled.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub ended: bool,
-    /// It reached the stopping target.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub done: bool,
-    /// Crashes of this id (for the backoff).
-    #[serde(skip_serializing_if = "is_zero")]
-    pub crashes: u32,
-    /// No new attempt before this (crash backoff).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub not_before: Option<Timestamp>,
-    /// Stopped because the job no longer needs it (finishing, suspended, falling back to
-    /// on-demand); its end counts as nothing.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub retired: bool,
-    /// `attempt` runs without the spot requirement (it waited too long for a spot node).
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub on_demand: bool,
-    /// The next attempt is to be created without the spot requirement.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub fall_back: bool,
-    /// `attempt` was seen on a node / sent its join report / was reported as pending too long.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub scheduled: bool,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub joined: bool,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub pending_reported: bool,
-}
-
-fn is_zero(n: &u32) -> bool {
-    *n == 0
-}
-
 /// One member lost to preemption.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Preemption {
@@ -166,23 +126,7 @@ impl JobState {
     /// Whether any member reached the stopping target: from then on lost members are not
     /// replaced and the job ends when the last one exits.
     pub fn finishing(&self) -> bool {
-        self.members.values().any(|r| r.done)
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum EventKind {
-    Normal,
-    Warning,
-}
-
-impl EventKind {
-    /// The Kubernetes Event `type`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EventKind::Normal => "Normal",
-            EventKind::Warning => "Warning",
-        }
+        self.members.values().any(|r| r.lifecycle.is_completed())
     }
 }
 
@@ -199,26 +143,16 @@ pub enum Action {
     /// Stop a live member (the job failed or is suspended, or it is not needed any more).
     Stop { member: MemberId, attempt: u32 },
     /// Record an event (Kubernetes Event, status API, terminal).
-    Event {
-        kind: EventKind,
-        reason: &'static str,
-        member: Option<MemberId>,
-        message: String,
-    },
+    Event(Event),
 }
 
-fn event(
-    kind: EventKind,
-    reason: &'static str,
-    member: Option<MemberId>,
-    message: String,
-) -> Action {
-    Action::Event {
+fn event(kind: EventKind, reason: Reason, member: Option<MemberId>, message: String) -> Action {
+    Action::Event(Event {
         kind,
         reason,
         member,
         message,
-    }
+    })
 }
 
 /// Seconds from `start` to `t` (millisecond resolution).
@@ -304,7 +238,7 @@ pub fn plan(
             if s.phase == JobPhase::Suspended {
                 actions.push(event(
                     EventKind::Normal,
-                    "Resumed",
+                    Reason::Resumed,
                     None,
                     "the job resumes: members restart from their peers or the checkpoint".into(),
                 ));
@@ -323,7 +257,7 @@ pub fn plan(
             s.message = Some("every member reached the stopping target or left".into());
             actions.push(event(
                 EventKind::Normal,
-                "Succeeded",
+                Reason::Succeeded,
                 None,
                 "the job reached its stopping target".into(),
             ));
@@ -351,7 +285,7 @@ pub fn reject(state: &JobState, problems: &str, now: Timestamp) -> (JobState, Ve
         s.message = Some(format!("invalid spec: {problems}"));
         actions.push(event(
             EventKind::Warning,
-            "InvalidSpec",
+            Reason::InvalidSpec,
             None,
             format!("no members are created until the spec is fixed: {problems}"),
         ));
@@ -382,7 +316,7 @@ pub fn next_deadline(
         else {
             continue;
         };
-        if !r.pending_reported {
+        if r.lifecycle == Lifecycle::PENDING {
             deadlines.push(after(
                 since,
                 spec.recovery.pending_timeout.as_std().as_secs_f64(),
@@ -411,24 +345,29 @@ fn settle_ended_members(
     for (&id, m) in &observed.members {
         let Some(exit) = &m.exit else { continue };
         let record = s.members.entry(id).or_default();
-        if record.attempt != m.attempt || !record.created || record.ended {
+        if record.attempt != m.attempt || !record.lifecycle.is_live() {
             continue;
         }
-        record.ended = true;
-        if record.retired {
+        if record.lifecycle == Lifecycle::Retiring {
+            record.become_(Lifecycle::Ended { how: End::Retired });
             continue;
         }
         match exit {
             Exit::Completed => {
-                record.done = true;
+                record.become_(Lifecycle::Ended {
+                    how: End::Completed,
+                });
                 actions.push(event(
                     EventKind::Normal,
-                    "MemberCompleted",
+                    Reason::MemberCompleted,
                     Some(id),
                     format!("member {id} reached the stopping target"),
                 ));
             }
             Exit::Preempted { reason } => {
+                record.become_(Lifecycle::Ended {
+                    how: End::Preempted,
+                });
                 s.preemptions.push(Preemption {
                     member: id,
                     attempt: m.attempt,
@@ -437,12 +376,13 @@ fn settle_ended_members(
                 });
                 actions.push(event(
                     EventKind::Normal,
-                    "Preempted",
+                    Reason::Preempted,
                     Some(id),
                     format!("member {id} (attempt {}) preempted: {reason}", m.attempt),
                 ));
             }
             Exit::Failed { reason } => {
+                record.become_(Lifecycle::Ended { how: End::Failed });
                 record.crashes += 1;
                 s.restarts += 1;
                 let delay = (spec.recovery.backoff.as_std().as_secs_f64()
@@ -451,7 +391,7 @@ fn settle_ended_members(
                 record.not_before = Some(after(now, delay));
                 actions.push(event(
                     EventKind::Warning,
-                    "MemberFailed",
+                    Reason::MemberFailed,
                     Some(id),
                     format!(
                         "member {id} (attempt {}) failed: {reason}; restart {} of {}",
@@ -480,7 +420,7 @@ fn settle_ended_members(
         }
         actions.push(event(
             EventKind::Warning,
-            "Failed",
+            Reason::Failed,
             None,
             s.message.clone().unwrap_or_default(),
         ));
@@ -500,14 +440,14 @@ fn note_lifecycle(
         let Some(m) = observed.live(id, r.attempt) else {
             continue;
         };
-        if !r.scheduled
+        if let Lifecycle::Pending { .. } = r.lifecycle
             && let Some(node) = &m.node
         {
-            r.scheduled = true;
+            r.become_(Lifecycle::Scheduled);
             let capacity = if r.on_demand { " (on-demand)" } else { "" };
             actions.push(event(
                 EventKind::Normal,
-                "Scheduled",
+                Reason::Scheduled,
                 Some(id),
                 format!(
                     "member {id} (attempt {}) runs on node {node}{capacity}",
@@ -515,24 +455,28 @@ fn note_lifecycle(
                 ),
             ));
         }
-        if !r.joined && m.join.is_some() {
-            r.joined = true;
+        if matches!(
+            r.lifecycle,
+            Lifecycle::Pending { .. } | Lifecycle::Scheduled
+        ) && m.join.is_some()
+        {
+            r.become_(Lifecycle::Joined);
             actions.push(event(
                 EventKind::Normal,
-                "Joined",
+                Reason::Joined,
                 Some(id),
                 format!("member {id} (attempt {}) sent its join report", r.attempt),
             ));
         }
-        if !r.pending_reported
+        if r.lifecycle == Lifecycle::PENDING
             && m.node.is_none()
             && m.pending_since
                 .is_some_and(|t| seconds_since(t, now) >= pending_timeout)
         {
-            r.pending_reported = true;
+            r.become_(Lifecycle::Pending { reported: true });
             actions.push(event(
                 EventKind::Warning,
-                "PendingTooLong",
+                Reason::PendingTooLong,
                 Some(id),
                 format!(
                     "member {id} (attempt {}) has waited over {} for a node (recovery.pendingTimeout)",
@@ -549,9 +493,9 @@ fn suspend(s: &mut JobState, observed: &Observation, actions: &mut Vec<Action>) 
     let mut stopped = 0;
     for (&id, r) in s.members.iter_mut() {
         if let Some(m) = observed.live(id, r.attempt)
-            && !r.retired
+            && r.lifecycle.is_active()
         {
-            r.retired = true;
+            r.become_(Lifecycle::Retiring);
             stopped += 1;
             actions.push(Action::Stop {
                 member: id,
@@ -565,7 +509,7 @@ fn suspend(s: &mut JobState, observed: &Observation, actions: &mut Vec<Action>) 
     if s.phase != JobPhase::Suspended {
         actions.push(event(
             EventKind::Normal,
-            "Suspended",
+            Reason::Suspended,
             None,
             format!("the job is suspended: {stopped} members stopped, the status is kept"),
         ));
@@ -588,7 +532,7 @@ fn fall_back(
         return;
     }
     for (&id, r) in s.members.iter_mut() {
-        if r.on_demand || r.retired {
+        if r.on_demand || !matches!(r.lifecycle, Lifecycle::Pending { .. }) {
             continue;
         }
         let Some(m) = observed.live(id, r.attempt) else {
@@ -604,16 +548,14 @@ fn fall_back(
             continue;
         }
         // Its end is handled here and counts as nothing; the next attempt is created at once.
-        r.retired = true;
-        r.ended = true;
-        r.fall_back = true;
+        r.become_(Lifecycle::Ended { how: End::FellBack });
         actions.push(Action::Stop {
             member: id,
             attempt: r.attempt,
         });
         actions.push(event(
             EventKind::Normal,
-            "FellBackToOnDemand",
+            Reason::FellBackToOnDemand,
             Some(id),
             format!(
                 "member {id} waited over {limit} for a spot node; attempt {} runs without the spot requirement",
@@ -659,7 +601,7 @@ fn shape_topology(
                     s.message = Some(format!("cannot build the topology: {e}"));
                     actions.push(event(
                         EventKind::Warning,
-                        "Failed",
+                        Reason::Failed,
                         None,
                         s.message.clone().unwrap_or_default(),
                     ));
@@ -674,7 +616,8 @@ fn shape_topology(
                 .filter(|&id| {
                     let record = s.members.get(&id);
                     let attempt = record.map_or(0, |r| r.attempt);
-                    observed.live(id, attempt).is_none() || record.is_some_and(|r| r.retired)
+                    observed.live(id, attempt).is_none()
+                        || record.is_some_and(|r| r.lifecycle.is_retired())
                 })
                 .collect();
             for id in gone {
@@ -684,7 +627,7 @@ fn shape_topology(
                     s.topology = None;
                     actions.push(event(
                         EventKind::Warning,
-                        "AllMembersLost",
+                        Reason::AllMembersLost,
                         None,
                         "every member is gone; the job resumes from checkpoints".into(),
                     ));
@@ -693,7 +636,7 @@ fn shape_topology(
                 t.remove_member(id).expect("listed from the graph");
                 actions.push(event(
                     EventKind::Normal,
-                    "Left",
+                    Reason::Left,
                     Some(id),
                     format!("member {id} left the topology; its neighbours were rewired"),
                 ));
@@ -712,7 +655,7 @@ fn shape_topology(
         s.last_version = t.version;
         actions.push(event(
             EventKind::Normal,
-            "TopologyChanged",
+            Reason::TopologyChanged,
             None,
             format!(
                 "topology version {}: {} members, {} edges",
@@ -736,25 +679,20 @@ fn create_members(
     }
     for id in 0..spec.replicas.target {
         let record = s.members.entry(id).or_default();
-        let running = record.created && !record.ended;
-        if running || record.done {
+        if record.lifecycle.is_live() || record.lifecycle.is_completed() {
             continue;
         }
         if record.not_before.is_some_and(|t| t > now) {
             continue;
         }
-        let replacing = record.created;
+        let replacing = record.lifecycle != Lifecycle::New;
         if replacing {
             record.attempt += 1;
         }
-        let on_demand = record.fall_back;
-        *record = MemberRecord {
-            attempt: record.attempt,
-            created: true,
-            crashes: record.crashes,
-            on_demand,
-            ..MemberRecord::default()
-        };
+        let on_demand = record.lifecycle == (Lifecycle::Ended { how: End::FellBack });
+        record.become_(Lifecycle::PENDING);
+        record.on_demand = on_demand;
+        record.not_before = None;
         let attempt = record.attempt;
         actions.push(Action::Create {
             member: id,
@@ -764,7 +702,7 @@ fn create_members(
         if replacing {
             actions.push(event(
                 EventKind::Normal,
-                "Replaced",
+                Reason::Replaced,
                 Some(id),
                 format!("member {id}: attempt {attempt} created"),
             ));
@@ -802,17 +740,17 @@ fn retire_outsiders(s: &mut JobState, observed: &Observation, actions: &mut Vec<
                         .neighbours(id)
                         .all(|n| ended_attempts.get(&n).copied().flatten().is_some())
             });
-        if (inside && !stranded) || record.retired {
+        if (inside && !stranded) || !record.lifecycle.is_active() {
             continue;
         }
-        record.retired = true;
+        record.become_(Lifecycle::Retiring);
         actions.push(Action::Stop {
             member: id,
             attempt: m.attempt,
         });
         actions.push(event(
             EventKind::Normal,
-            "MemberRetired",
+            Reason::MemberRetired,
             Some(id),
             format!(
                 "member {id} (attempt {}) is not needed: the job is finishing",

@@ -75,7 +75,7 @@ impl World {
                     );
                 }
                 Action::Stop { member, attempt } => self.stopping.push((*member, *attempt)),
-                Action::Event { .. } => {}
+                Action::Event(_) => {}
             }
         }
         self.actions.extend(actions.clone());
@@ -128,7 +128,7 @@ impl World {
         actions
             .iter()
             .filter_map(|a| match a {
-                Action::Event { reason, .. } => Some(*reason),
+                Action::Event(e) => Some(e.reason.as_str()),
                 _ => None,
             })
             .collect()
@@ -249,7 +249,7 @@ fn a_preempted_member_is_repaired_out_replaced_at_once_and_never_counted_as_a_re
     // The replacement is added back once it reports.
     assert!(w.plan().is_empty());
     assert!(
-        !w.state.members[&1].joined && w.state.members[&1].attempt == 1,
+        w.state.members[&1].lifecycle != Lifecycle::Joined && w.state.members[&1].attempt == 1,
         "a new attempt has not joined yet"
     );
     w.join(1);
@@ -510,7 +510,7 @@ fn lifecycle_events_name_the_node_and_the_join() {
     w.schedule(0, "node-a");
     let actions = w.plan();
     assert_eq!(World::reasons(&actions), vec!["Scheduled"]);
-    let Action::Event { message, .. } = &actions[0] else {
+    let Action::Event(Event { message, .. }) = &actions[0] else {
         unreachable!()
     };
     assert!(message.contains("node-a"), "{message}");
@@ -765,12 +765,60 @@ proptest! {
             // An attempt without the spot requirement is one that replaced a member left waiting.
             for (&id, r) in &w.state.members {
                 if r.on_demand {
-                    let fell_back = w.actions.iter().any(|a| matches!(a, Action::Event { reason: "FellBackToOnDemand", member: Some(m), .. } if *m == id));
+                    let fell_back = w.actions.iter().any(|a| matches!(a, Action::Event(Event { reason: Reason::FellBackToOnDemand, member: Some(m), .. }) if *m == id));
                     prop_assert!(fell_back, "member {} on demand without falling back", id);
                 }
             }
             if w.state.phase == JobPhase::Failed {
                 prop_assert!(i64::from(w.state.restarts) > 2);
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+    /// Members move only along the lifecycle's edges: every plan takes each record from its
+    /// state to one the state machine reaches (and `become_` panics in tests on a single move it
+    /// does not allow).
+    #[test]
+    fn no_sequence_of_observations_moves_a_member_off_its_lifecycle(steps in prop::collection::vec(step(), 1..60)) {
+        let mut w = spot_world(", fallbackToOnDemandAfter: 30s");
+        w.pending = true;
+        w.plan();
+        for s in steps {
+            let live = |w: &World, id: u32| w.observed.members.get(&id).is_some_and(|m| m.is_live());
+            match s {
+                Step::Join(id) if live(&w, id) => w.join(id),
+                Step::Preempt(id) if live(&w, id) => w.end(id, preempted()),
+                Step::Crash(id) if live(&w, id) => w.end(id, crashed()),
+                Step::Complete(id) if live(&w, id) => w.end(id, Exit::Completed),
+                Step::Schedule(id) if live(&w, id) => w.schedule(id, "node"),
+                Step::ToggleSuspend => w.spec.suspend = !w.spec.suspend,
+                Step::Wait(secs) => w.now += f64::from(secs),
+                _ => {}
+            }
+            let before: BTreeMap<u32, (u32, Lifecycle)> =
+                w.state.members.iter().map(|(&id, r)| (id, (r.attempt, r.lifecycle))).collect();
+            let ended: Vec<u32> = w.observed.members.iter().filter(|(_, m)| !m.is_live()).map(|(id, _)| *id).collect();
+            let actions = w.plan();
+            for (id, r) in &w.state.members {
+                let (attempt, from) = before.get(id).copied().unwrap_or_default();
+                prop_assert!(from.reaches(r.lifecycle), "member {}: {:?} -> {:?}", id, from, r.lifecycle);
+                // A new attempt starts over: only an attempt that ended, or that the planner
+                // itself stopped, is replaced.
+                if r.attempt != attempt {
+                    prop_assert_eq!(r.attempt, attempt + 1);
+                    let stopped = actions.iter().any(|a| matches!(a, Action::Stop { member, attempt: a } if member == id && *a == attempt));
+                    prop_assert!(
+                        matches!(from, Lifecycle::Ended { .. } | Lifecycle::Retiring) || ended.contains(id) || stopped,
+                        "member {} replaced while {:?}", id, from
+                    );
+                }
+                // The observation and the record agree on what is live.
+                if r.lifecycle.is_live() {
+                    prop_assert_eq!(w.observed.members.get(id).map(|m| m.attempt), Some(r.attempt));
+                }
             }
         }
     }

@@ -1,0 +1,149 @@
+//! Something that happened to a job: the one event type. The planner emits it, the local runtime
+//! emits its chaos with it, the job driver keeps it (timestamped) for the status API, the
+//! terminal prints it and the operator writes it as a Kubernetes Event.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use murmur_core::topology::MemberId;
+
+/// The Kubernetes Event `type`.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EventKind {
+    Normal,
+    Warning,
+}
+
+impl EventKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::Normal => "Normal",
+            EventKind::Warning => "Warning",
+        }
+    }
+}
+
+/// Why: the Kubernetes Event `reason` (and `action`), one word a person can filter on.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// A member's pod was placed on a node.
+    Scheduled,
+    /// A member sent its join report.
+    Joined,
+    /// A member waited longer than `recovery.pendingTimeout` for a node.
+    PendingTooLong,
+    /// A member waited too long for a spot node and runs on-demand.
+    FellBackToOnDemand,
+    /// A lost member got a new attempt.
+    Replaced,
+    /// A member left the topology; its neighbours were rewired.
+    Left,
+    /// A new topology version.
+    TopologyChanged,
+    /// Every member is gone.
+    AllMembersLost,
+    /// A member lost to spot reclaim, eviction or node loss (never a failure).
+    Preempted,
+    /// A member crashed (counted against `recovery.maxRestarts`).
+    MemberFailed,
+    /// A member reached the stopping target.
+    MemberCompleted,
+    /// A member the finishing job no longer needs was stopped.
+    MemberRetired,
+    Suspended,
+    Resumed,
+    Succeeded,
+    Failed,
+    InvalidSpec,
+    /// `murmur run --chaos`: a signal murmur itself sent to a member.
+    Chaos,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Scheduled => "Scheduled",
+            Reason::Joined => "Joined",
+            Reason::PendingTooLong => "PendingTooLong",
+            Reason::FellBackToOnDemand => "FellBackToOnDemand",
+            Reason::Replaced => "Replaced",
+            Reason::Left => "Left",
+            Reason::TopologyChanged => "TopologyChanged",
+            Reason::AllMembersLost => "AllMembersLost",
+            Reason::Preempted => "Preempted",
+            Reason::MemberFailed => "MemberFailed",
+            Reason::MemberCompleted => "MemberCompleted",
+            Reason::MemberRetired => "MemberRetired",
+            Reason::Suspended => "Suspended",
+            Reason::Resumed => "Resumed",
+            Reason::Succeeded => "Succeeded",
+            Reason::Failed => "Failed",
+            Reason::InvalidSpec => "InvalidSpec",
+            Reason::Chaos => "Chaos",
+        }
+    }
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One event of a job.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Event {
+    /// `Normal` or `Warning`.
+    #[serde(rename = "type")]
+    pub kind: EventKind,
+    pub reason: Reason,
+    /// The member it concerns (its newest attempt), if one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub member: Option<MemberId>,
+    pub message: String,
+}
+
+impl Event {
+    pub fn normal(reason: Reason, member: Option<MemberId>, message: String) -> Self {
+        Self {
+            kind: EventKind::Normal,
+            reason,
+            member,
+            message,
+        }
+    }
+
+    pub fn warning(reason: Reason, member: Option<MemberId>, message: String) -> Self {
+        Self {
+            kind: EventKind::Warning,
+            reason,
+            member,
+            message,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_event_serializes_as_the_status_api_always_showed_it() {
+        let e = Event::warning(Reason::Preempted, Some(3), "gone".into());
+        let v = serde_json::to_value(&e).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"type": "Warning", "reason": "Preempted", "member": 3, "message": "gone"})
+        );
+        assert_eq!(serde_json::from_value::<Event>(v).unwrap(), e);
+        // Each reason's name is its serialized form.
+        for r in [
+            Reason::FellBackToOnDemand,
+            Reason::Chaos,
+            Reason::InvalidSpec,
+        ] {
+            assert_eq!(serde_json::to_value(r).unwrap(), r.as_str());
+        }
+    }
+}
