@@ -28,17 +28,13 @@ spec:
     steps: 20000
 ";
 
-fn chromium() -> Option<PathBuf> {
+fn chromium() -> Option<&'static str> {
     ["chromium", "chromium-browser", "google-chrome"]
         .into_iter()
-        .find_map(|name| {
-            std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
-                .map(|d| d.join(name))
-                .find(|p| p.is_file())
-        })
+        .find(|name| tools::on_path(name))
 }
 
-fn headless(browser: &PathBuf, args: &[&str], url: &str) -> String {
+fn headless(browser: &str, args: &[&str], url: &str) -> String {
     let out = Command::new(browser)
         .args([
             "--headless",
@@ -64,11 +60,11 @@ fn headless(browser: &PathBuf, args: &[&str], url: &str) -> String {
 #[test]
 fn the_dashboard_draws_the_graph_and_curves_of_a_running_job() {
     let Some(browser) = chromium() else {
-        assert!(
-            std::env::var_os("MURMUR_REQUIRE_CHROMIUM").is_none(),
-            "MURMUR_REQUIRE_CHROMIUM is set but no chromium is on PATH"
+        tools::available(
+            "the dashboard test",
+            &[("chromium", "chromium")],
+            "MURMUR_REQUIRE_CHROMIUM",
         );
-        eprintln!("SKIPPED: no chromium on PATH (apt-get install chromium)");
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -99,7 +95,7 @@ fn the_dashboard_draws_the_graph_and_curves_of_a_running_job() {
         }
     };
     let url = format!("http://127.0.0.1:{port}/");
-    let dom = headless(&browser, &["--dump-dom"], &url);
+    let dom = headless(browser, &["--dump-dom"], &url);
     let members = dom.matches("class=\"member\"").count();
     assert_eq!(members, 4, "four members in the graph:\n{dom}");
     let accuracy = &dom[dom.find("id=\"accuracy\"").unwrap()..];
@@ -122,7 +118,7 @@ fn the_dashboard_draws_the_graph_and_curves_of_a_running_job() {
     let shot = artifacts.join("dashboard.png");
     let _ = std::fs::remove_file(&shot);
     headless(
-        &browser,
+        browser,
         &[&format!("--screenshot={}", shot.display())],
         &url,
     );

@@ -7,6 +7,8 @@ use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::str::FromStr;
+
+pub mod tools;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -133,11 +135,15 @@ impl Run {
     }
 }
 
+/// Signal our own child (not yet reaped: the pid is still ours).
+fn signal(child: &std::process::Child, signal: nix::sys::signal::Signal) {
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal);
+}
+
 impl Run {
     /// SIGINT, as Ctrl-C would, then wait for murmur to end.
     pub fn interrupt(self) -> Finished {
-        // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        signal(&self.child, nix::sys::signal::Signal::SIGINT);
         self.finish(|_| {})
     }
 }
@@ -148,8 +154,7 @@ impl Drop for Run {
         if self.child.try_wait().ok().flatten().is_some() {
             return;
         }
-        // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        signal(&self.child, nix::sys::signal::Signal::SIGTERM);
         let deadline = Instant::now() + Duration::from_secs(40);
         while Instant::now() < deadline {
             if self.child.try_wait().ok().flatten().is_some() {

@@ -6,7 +6,9 @@
 //! `cargo bench -p murmur --bench operator`
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
@@ -18,12 +20,13 @@ use kube::Client;
 use kube::client::Body;
 use kube::runtime::reflector::{self, store::Writer};
 use kube::runtime::watcher::Event;
+use murmur::driver::{JobDriver, Memory};
 use murmur::planner::{self, Exit};
-use murmur::runtime::kube::decide::{Decision, StoredJoin};
+use murmur::runtime::kube::decide::Decision;
 use murmur::runtime::kube::{
-    Context, Inputs, OperatorMetrics, Persisted, Settings, Stores, decide, observe, reconcile,
+    Context, Inputs, OperatorMetrics, Settings, Stores, decide, observe, reconcile,
 };
-use murmur::status::Hub;
+use murmur::status::{Hub, Inbound};
 use murmur_core::api::{DecentralizedTrainingJob, parse_manifest};
 use murmur_core::contract::JoinReport;
 use serde_json::{Value, json};
@@ -57,17 +60,22 @@ struct Steady {
     job: DecentralizedTrainingJob,
     pods: Vec<Pod>,
     decision: Decision,
-    memory: Persisted,
+    driver: JobDriver,
     first: Decision,
 }
 
 fn steady(settings: &Settings) -> Steady {
     let mut job = job();
     let now = Timestamp::now();
-    let statuses = BTreeMap::new();
     let created = BTreeMap::new();
     let ready = |_: &str| observe::NodeState::Ready;
-    let memory0 = Persisted::load(&job, None, &[]).unwrap();
+    let (mut driver, _inbox) = JobDriver::start(
+        Arc::new(Hub::default()),
+        "ml",
+        "big",
+        b"00".to_vec(),
+        Memory::new(now),
+    );
     let first = decide(&Inputs {
         job: &job,
         problems: None,
@@ -77,13 +85,13 @@ fn steady(settings: &Settings) -> Steady {
         secret: None,
         config_map: None,
         network_policy: None,
-        memory: &memory0,
-        statuses: &statuses,
+        driver: &driver,
         created: &created,
         key_hex: "00",
         settings,
         now,
     });
+    driver.commit(&first.plan, now);
     let pods: Vec<Pod> = first
         .create
         .iter()
@@ -98,20 +106,16 @@ fn steady(settings: &Settings) -> Steady {
             p
         })
         .collect();
-    let mut memory = first.memory.clone().unwrap();
     for id in 0..MEMBERS {
         let mut histogram = vec![0u64; 10];
         histogram[(id % 10) as usize] = 50;
-        memory.joins.insert(
-            id,
-            StoredJoin {
-                attempt: 0,
-                report: JoinReport {
-                    member_id: id,
-                    label_histogram: histogram,
-                    proxy_vector: None,
-                },
-            },
+        driver.receive(
+            Inbound::Join(JoinReport {
+                member_id: id,
+                label_histogram: histogram,
+                proxy_vector: None,
+            }),
+            now,
         );
     }
     let refs: Vec<&Pod> = pods.iter().collect();
@@ -124,14 +128,13 @@ fn steady(settings: &Settings) -> Steady {
         secret: first.secret.as_ref(),
         config_map: None,
         network_policy: None,
-        memory: &memory,
-        statuses: &statuses,
+        driver: &driver,
         created: &created,
         key_hex: "00",
         settings,
         now,
     });
-    let memory = built.memory.clone().unwrap();
+    driver.commit(&built.plan, now);
     // The cluster carries out the relabelling (clique labels follow the topology).
     let mut pods = pods;
     for (name, clique) in &built.relabel {
@@ -146,7 +149,13 @@ fn steady(settings: &Settings) -> Steady {
         };
     }
     assert_eq!(
-        memory.state.topology.as_ref().unwrap().graph.member_count(),
+        driver
+            .state()
+            .topology
+            .as_ref()
+            .unwrap()
+            .graph
+            .member_count(),
         MEMBERS as usize
     );
     job.status = built.status.clone();
@@ -160,7 +169,7 @@ fn steady(settings: &Settings) -> Steady {
         job,
         pods,
         decision: built,
-        memory,
+        driver,
         first,
     }
 }
@@ -196,7 +205,7 @@ fn mock(job: Value) -> Client {
             let response = if delete {
                 json!({"apiVersion": "v1", "kind": "Status", "status": "Success", "metadata": {}})
             } else if status {
-                let mut j = job.lock().unwrap().clone();
+                let mut j = job.lock().clone();
                 j["status"] = body["status"].clone();
                 j
             } else {
@@ -280,19 +289,19 @@ fn benches(c: &mut Criterion) {
         .sample_size(20)
         .measurement_time(Duration::from_secs(5));
     group.bench_function("plan, nothing new", |b| {
-        b.iter(|| planner::plan(spec, &s.memory.state, &s.decision.observed, now))
+        b.iter(|| planner::plan(spec, s.driver.state(), &s.decision.plan.observed, now))
     });
-    let mut lost = s.decision.observed.clone();
+    let mut lost = s.decision.plan.observed.clone();
     lost.members.get_mut(&7).unwrap().exit = Some(Exit::Preempted {
         reason: "spot".into(),
     });
     group.bench_function("plan, one preemption", |b| {
-        b.iter(|| planner::plan(spec, &s.memory.state, &lost, now))
+        b.iter(|| planner::plan(spec, s.driver.state(), &lost, now))
     });
 
     let refs: Vec<&Pod> = s.pods.iter().collect();
     let ready = |_: &str| observe::NodeState::Ready;
-    let (statuses, created) = (BTreeMap::new(), BTreeMap::new());
+    let created = BTreeMap::new();
     let steady_inputs = Inputs {
         job: &s.job,
         problems: None,
@@ -302,8 +311,7 @@ fn benches(c: &mut Criterion) {
         secret: s.first.secret.as_ref(),
         config_map: s.decision.config_map.as_ref(),
         network_policy: None,
-        memory: &s.memory,
-        statuses: &statuses,
+        driver: &s.driver,
         created: &created,
         key_hex: "00",
         settings: &settings,

@@ -45,8 +45,11 @@ fn cpu_seconds(pid: u32) -> f64 {
         .split_whitespace()
         .collect();
     let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
-    // SAFETY: sysconf reads a constant.
-    ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+    let per_second = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100);
+    ticks / per_second as f64
 }
 
 struct Window {
@@ -73,14 +76,10 @@ struct Measured {
 
 /// CPU seconds used by this process's reaped children so far.
 fn children_cpu_seconds() -> f64 {
-    // SAFETY: getrusage fills the struct we hand it.
-    let usage = unsafe {
-        let mut usage = std::mem::zeroed::<libc::rusage>();
-        libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage);
-        usage
-    };
-    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    seconds(usage.ru_utime) + seconds(usage.ru_stime)
+    use nix::sys::resource::{UsageWho, getrusage};
+    use nix::sys::time::TimeValLike;
+    let usage = getrusage(UsageWho::RUSAGE_CHILDREN).expect("getrusage of our children");
+    (usage.user_time().num_microseconds() + usage.system_time().num_microseconds()) as f64 / 1e6
 }
 
 /// wrk -t2 -c100 -d30s on `url`: its report and the CPU seconds it used (the only child reaped
@@ -146,8 +145,10 @@ fn measure(reads_per_second: u32) -> Measured {
             wrk_cpu: report.1,
         });
         // Measured: stop the job as Ctrl-C would.
-        // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(pid as i32, libc::SIGINT) };
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGINT,
+        );
     });
     measured.expect("the job ran long enough to measure")
 }

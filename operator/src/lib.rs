@@ -1,8 +1,10 @@
 //! `murmur`: the control plane — CLI, planner, status router, and the two runtimes that execute
 //! plans: local processes (`murmur run`) and Kubernetes pods (`murmur operator`). Never depends
 //! on burn: trainers are separate processes or pods.
+#![forbid(unsafe_code)]
 
 pub mod cli;
+pub mod driver;
 pub mod planner;
 pub mod runtime;
 pub mod status;

@@ -336,3 +336,58 @@ fn the_operator_without_a_cluster_says_so() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("no Kubernetes configuration"), "{stderr}");
 }
+
+/// A member's last status post can lose the race with its exit: murmur then learns how it
+/// ended from the trainer's termination message, as the operator does from the pod. These
+/// trainers never post at all — they only write "done" to `MURMUR_TERMINATION_LOG` — and the job
+/// must succeed without a single preemption (it used to take each clean exit for a spot notice
+/// and replace the member, forever).
+#[test]
+fn a_member_whose_last_status_lost_the_race_with_its_exit_completed() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let trainer = dir.path().join("murmur-trainer");
+    std::fs::write(
+        &trainer,
+        "#!/bin/sh\nsleep 0.2\nprintf '{\"outcome\":\"done\",\"step\":400}' > \"$MURMUR_TERMINATION_LOG\"\nexit 0\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&trainer, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let output = dir.path().join("out");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_murmur"))
+        .args([
+            "run",
+            "manifests/examples/ring-cpu.yaml",
+            "--status-address",
+            "127.0.0.1:0",
+        ])
+        .arg("--trainer")
+        .arg(&trainer)
+        .arg("--output")
+        .arg(&output)
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the job never ended: its members' clean exits were taken for preemptions");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(output.join("summary.json")).unwrap()).unwrap();
+    assert!(status.success(), "{summary}");
+    assert_eq!(summary["phase"], "Succeeded");
+    assert_eq!(summary["preemptionsSurvived"], 0);
+    assert_eq!(summary["restarts"], 0);
+    // The driver's memory is kept beside the run, as the operator keeps it in the ConfigMap.
+    let state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(output.join("state/state.json")).unwrap()).unwrap();
+    assert_eq!(state["phase"], "Succeeded");
+}

@@ -1,5 +1,6 @@
-//! Runtimes execute the planner's actions: `local` with child processes (`murmur run`); `kube`
-//! with pods (`murmur operator`).
+//! The job driver's two backends: `local` runs members as child processes (`murmur run`),
+//! `kube` as pods (`murmur operator`). Each only creates, stops and observes members and
+//! persists the driver's memory.
 
 pub mod kube;
 pub mod local;
@@ -8,5 +9,5 @@ pub mod local;
 pub fn new_job_key() -> String {
     use rand::Rng;
     let bytes: [u8; 32] = rand::rng().random();
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(bytes)
 }

@@ -3,11 +3,12 @@
 //! post (already authenticated) through the job's inbox.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex, RwLock};
 
 use axum::body::Bytes;
 use murmur_core::contract::{JoinReport, PeerEvent, TopologyDocument, TrainerStatus};
+use parking_lot::{Mutex, RwLock};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -46,10 +47,6 @@ pub struct JobHandle {
     inbox: mpsc::UnboundedSender<Inbound>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 impl JobHandle {
     pub fn key(&self) -> &[u8] {
         &self.key
@@ -80,16 +77,16 @@ impl JobHandle {
     }
 
     pub fn push_event(&self, event: JobEvent) {
-        lock(&self.events).push(event);
+        self.events.lock().push(event);
     }
 
     /// Events from index `from` on.
     pub fn events(&self, from: usize) -> Vec<JobEvent> {
-        lock(&self.events).iter().skip(from).cloned().collect()
+        self.events.lock().iter().skip(from).cloned().collect()
     }
 
     pub fn record(&self, point: SeriesPoint) {
-        lock(&self.series).push(point);
+        self.series.lock().push(point);
     }
 
     /// Record a member attempt's status as a progress sample at `t` seconds, unless its step
@@ -98,23 +95,20 @@ impl JobHandle {
         let p = &status.progress;
         let key = (status.member_id, attempt);
         let sample = (p.step, p.accuracy);
-        if lock(&self.sampled).insert(key, sample) == Some(sample) {
+        if self.sampled.lock().insert(key, sample) == Some(sample) {
             return;
         }
         self.record(SeriesPoint {
             t,
             member: status.member_id,
             attempt,
-            step: p.step,
-            loss: p.loss,
-            accuracy: p.accuracy,
-            consensus_distance: p.consensus_distance,
+            progress: p.clone(),
         });
     }
 
     /// Samples from index `from` on.
     pub fn series(&self, from: usize) -> Vec<SeriesPoint> {
-        lock(&self.series).iter().skip(from).cloned().collect()
+        self.series.lock().iter().skip(from).cloned().collect()
     }
 
     /// Hand a trainer's message to the runtime (the router calls it once a post is verified).
@@ -277,7 +271,6 @@ impl Hub {
         });
         self.jobs
             .write()
-            .unwrap_or_else(|e| e.into_inner())
             .insert((namespace.to_string(), name.to_string()), handle.clone());
         (handle, rx)
     }
@@ -286,25 +279,18 @@ impl Hub {
     pub fn forget(&self, namespace: &str, name: &str) {
         self.jobs
             .write()
-            .unwrap_or_else(|e| e.into_inner())
             .remove(&(namespace.to_string(), name.to_string()));
     }
 
     pub fn job(&self, namespace: &str, name: &str) -> Option<Arc<JobHandle>> {
         self.jobs
             .read()
-            .unwrap_or_else(|e| e.into_inner())
             .get(&(namespace.to_string(), name.to_string()))
             .cloned()
     }
 
     pub fn jobs(&self) -> Vec<Arc<JobHandle>> {
-        self.jobs
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .cloned()
-            .collect()
+        self.jobs.read().values().cloned().collect()
     }
 
     /// Publish a job's view (and its metrics). A view that cannot be written as JSON (it never

@@ -115,10 +115,12 @@ async fn jobs_and_views_are_served_as_json() {
             t: k as f64,
             member: 0,
             attempt: 0,
-            step: k,
-            loss: Some(1.0),
-            accuracy: None,
-            consensus_distance: None,
+            progress: murmur_core::api::Progress {
+                step: k,
+                loss: Some(1.0),
+                accuracy: None,
+                consensus_distance: None,
+            },
         });
     }
     let later: Vec<SeriesPoint> =
@@ -128,7 +130,10 @@ async fn jobs_and_views_are_served_as_json() {
             .json()
             .await
             .unwrap();
-    assert_eq!(later.iter().map(|p| p.step).collect::<Vec<_>>(), vec![1, 2]);
+    assert_eq!(
+        later.iter().map(|p| p.progress.step).collect::<Vec<_>>(),
+        vec![1, 2]
+    );
     let page = reqwest::get(format!("{base}/")).await.unwrap();
     assert!(page.text().await.unwrap().contains("<svg id=\"graph\""));
 }
@@ -296,7 +301,7 @@ fn a_status_is_sampled_only_when_its_step_or_accuracy_changed() {
     let steps: Vec<(f64, u32, Option<f64>)> = job
         .series(0)
         .iter()
-        .map(|p| (p.t, p.attempt, p.accuracy))
+        .map(|p| (p.t, p.attempt, p.progress.accuracy))
         .collect();
     assert_eq!(
         steps,

@@ -11,7 +11,7 @@ use murmur_core::contract::TrainerState;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::planner::{Exit, JobState, Observation, live_in_topology, seconds_since};
+use crate::planner::{Event, Exit, JobState, Observation, live_in_topology, seconds_since};
 
 /// A member at a glance, for the dashboard's colours.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,13 +37,9 @@ pub struct MemberView {
     pub in_topology: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address: Option<String>,
-    pub step: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub loss: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub accuracy: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub consensus_distance: Option<f64>,
+    /// Step, loss, accuracy, consensus distance (flattened), as the member last reported.
+    #[serde(flatten)]
+    pub progress: Progress,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clique: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -125,16 +121,12 @@ pub struct SeriesPoint {
     pub t: f64,
     pub member: u32,
     pub attempt: u32,
-    pub step: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub loss: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub accuracy: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub consensus_distance: Option<f64>,
+    /// Step, loss, accuracy, consensus distance (flattened).
+    #[serde(flatten)]
+    pub progress: Progress,
 }
 
-/// Something that happened to a job (also a Kubernetes Event in a cluster).
+/// A job's [`Event`] as the status API keeps it: with when it happened.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct JobEvent {
@@ -142,32 +134,17 @@ pub struct JobEvent {
     pub time: MicroTime,
     /// Seconds since the job was created.
     pub at_seconds: f64,
-    /// `Normal` or `Warning`.
-    #[serde(rename = "type")]
-    pub type_: String,
-    pub reason: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub member: Option<u32>,
-    pub message: String,
+    #[serde(flatten)]
+    pub event: Event,
 }
 
 impl JobEvent {
     /// An event of a job created at `created`, happening `now`.
-    pub fn new(
-        kind: crate::planner::EventKind,
-        reason: &str,
-        member: Option<u32>,
-        message: String,
-        created: Timestamp,
-        now: Timestamp,
-    ) -> Self {
+    pub fn new(event: Event, created: Timestamp, now: Timestamp) -> Self {
         Self {
             time: MicroTime(now),
             at_seconds: seconds_since(created, now),
-            type_: kind.as_str().into(),
-            reason: reason.into(),
-            member,
-            message,
+            event,
         }
     }
 }
@@ -226,10 +203,7 @@ pub fn job_view(
             health,
             in_topology,
             address: m.address.clone(),
-            step: status.map_or(0, |s| s.progress.step),
-            loss: status.and_then(|s| s.progress.loss),
-            accuracy: status.and_then(|s| s.progress.accuracy),
-            consensus_distance: status.and_then(|s| s.progress.consensus_distance),
+            progress: status.map(|s| s.progress.clone()).unwrap_or_default(),
             clique: topology.and_then(|t| t.clique_of(id)),
             clump: topology.and_then(|t| t.clump_of(id)),
             neighbours_seen: status
@@ -246,10 +220,14 @@ pub fn job_view(
         .filter(|m| m.health != Health::Down)
         .collect();
     let progress = Progress {
-        step: counting.iter().map(|m| m.step).max().unwrap_or(0),
-        loss: mean(counting.iter().filter_map(|m| m.loss)),
-        accuracy: mean(counting.iter().filter_map(|m| m.accuracy)),
-        consensus_distance: mean(counting.iter().filter_map(|m| m.consensus_distance)),
+        step: counting.iter().map(|m| m.progress.step).max().unwrap_or(0),
+        loss: mean(counting.iter().filter_map(|m| m.progress.loss)),
+        accuracy: mean(counting.iter().filter_map(|m| m.progress.accuracy)),
+        consensus_distance: mean(
+            counting
+                .iter()
+                .filter_map(|m| m.progress.consensus_distance),
+        ),
     };
     let live = live_in_topology(state, observed);
     let status = DecentralizedTrainingJobStatus {
@@ -272,7 +250,7 @@ pub fn job_view(
                         },
                     ),
                     phase: m.phase,
-                    step: m.step,
+                    step: m.progress.step,
                     joined_at: None,
                     message: on_demand.then(|| {
                         "fell back to on-demand: no spot node within scheduling.fallbackToOnDemandAfter"

@@ -1,117 +1,56 @@
 //! One reconcile, decided without I/O: from the job, what the caches hold of its objects, and
-//! what the operator remembers, to the writes that bring the cluster to the plan. The caller
-//! (`reconcile`) only gathers the inputs and performs the writes.
+//! the job driver's memory, to the driver's plan and the writes that bring the cluster to it.
+//! The caller (`reconcile`) only gathers the inputs, performs the writes and commits the plan.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
+
+use std::collections::HashMap;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use murmur_core::api::{DecentralizedTrainingJob, DecentralizedTrainingJobStatus, validate};
-use murmur_core::contract::{JoinReport, TopologyDocument, TrainerStatus};
 use murmur_core::topology::MemberId;
-use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
 
 use super::observe::{self, NodeState};
-use super::resources::{self, JOINS_KEY, STATE_KEY, Settings, TOPOLOGY_KEY};
-use crate::planner::{self, Action, EventKind, Exit, JobState, Observation, ObservedMember};
-use crate::status::view::{self, JobView};
+use super::resources::{self, Settings};
+use crate::driver::{JobDriver, MemberFacts, Memory, MemoryError, Plan};
+use crate::planner::{self, Action, Exit, Lifecycle};
 
-/// A join report and the attempt that sent it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct StoredJoin {
-    pub attempt: u32,
-    pub report: JoinReport,
-}
-
-/// What the operator keeps in the topology ConfigMap: enough for a restarted operator to carry
-/// on with the same members, attempts, counters and data-aware topology.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Persisted {
-    pub state: JobState,
-    pub joins: BTreeMap<MemberId, StoredJoin>,
-}
-
-#[derive(Debug, thiserror::Error)]
-#[error("ConfigMap {config_map} key {key}: {message}")]
-pub struct PersistError {
-    pub config_map: String,
-    pub key: &'static str,
-    pub message: String,
-}
-
-impl Persisted {
-    /// A job's memory: from its ConfigMap when there is one, else fresh — seeded from any pods
-    /// that exist, so a new attempt never reuses the name of a pod still around.
-    pub fn load(
-        job: &DecentralizedTrainingJob,
-        config_map: Option<&ConfigMap>,
-        pods: &[&Pod],
-    ) -> Result<Self, PersistError> {
-        if let Some(cm) = config_map {
-            let data = cm.data.clone().unwrap_or_default();
-            let name = cm.metadata.name.clone().unwrap_or_default();
-            let field = |key: &'static str| {
-                data.get(key).ok_or_else(|| PersistError {
-                    config_map: name.clone(),
-                    key,
-                    message: "missing".into(),
-                })
-            };
-            let parse = |key: &'static str, text: &str| PersistError {
-                config_map: name.clone(),
-                key,
-                message: format!("not what the operator wrote: {text}"),
-            };
-            let state = serde_json::from_str(field(STATE_KEY)?)
-                .map_err(|e| parse(STATE_KEY, &e.to_string()))?;
-            let joins = serde_json::from_str(field(JOINS_KEY)?)
-                .map_err(|e| parse(JOINS_KEY, &e.to_string()))?;
-            return Ok(Self { state, joins });
-        }
-        let created = job
-            .metadata
-            .creation_timestamp
-            .as_ref()
-            .map_or_else(Timestamp::now, |t| t.0);
-        let mut state = JobState::new(created);
-        for pod in pods {
-            if let Some((member, attempt)) = observe::member_of(pod) {
-                let record = state.members.entry(member).or_default();
-                if !record.created || attempt >= record.attempt {
-                    record.attempt = attempt;
-                    record.created = true;
-                }
+/// A job's memory as the operator keeps it: from its ConfigMap when there is one, else fresh —
+/// seeded from any pods that exist, so a new attempt never reuses the name of a pod still
+/// around.
+pub fn memory_of(
+    job: &DecentralizedTrainingJob,
+    config_map: Option<&ConfigMap>,
+    pods: &[&Pod],
+) -> Result<Memory, MemoryError> {
+    if let Some(cm) = config_map {
+        let source = format!(
+            "ConfigMap {}/{}",
+            cm.metadata.namespace.as_deref().unwrap_or_default(),
+            cm.metadata.name.as_deref().unwrap_or_default()
+        );
+        return Memory::from_data(&source, &cm.data.clone().unwrap_or_default());
+    }
+    let created = job
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map_or_else(Timestamp::now, |t| t.0);
+    let mut memory = Memory::new(created);
+    for pod in pods {
+        if let Some((member, attempt)) = observe::member_of(pod) {
+            let record = memory.state.members.entry(member).or_default();
+            if record.lifecycle == Lifecycle::New || attempt >= record.attempt {
+                record.attempt = attempt;
+                record.lifecycle = Lifecycle::PENDING;
             }
         }
-        Ok(Self {
-            state,
-            joins: BTreeMap::new(),
-        })
     }
-
-    fn data(&self, document: Option<&TopologyDocument>) -> BTreeMap<String, String> {
-        let mut data = BTreeMap::from([
-            (
-                STATE_KEY.to_string(),
-                serde_json::to_string(&self.state).expect("state serializes"),
-            ),
-            (
-                JOINS_KEY.to_string(),
-                serde_json::to_string(&self.joins).expect("joins serialize"),
-            ),
-        ]);
-        if let Some(doc) = document {
-            data.insert(
-                TOPOLOGY_KEY.to_string(),
-                serde_json::to_string(doc).expect("a document serializes"),
-            );
-        }
-        data
-    }
+    Ok(memory)
 }
 
 /// Why a job's spec is invalid (every broken rule, with its field), or None when it is valid.
@@ -137,9 +76,8 @@ pub struct Inputs<'a> {
     pub secret: Option<&'a Secret>,
     pub config_map: Option<&'a ConfigMap>,
     pub network_policy: Option<&'a NetworkPolicy>,
-    pub memory: &'a Persisted,
-    /// The newest status each member's current attempt posted.
-    pub statuses: &'a BTreeMap<MemberId, (u32, TrainerStatus)>,
+    /// The job's driver: its memory and what its trainers posted.
+    pub driver: &'a JobDriver,
     /// Pods this operator created and when (the cache may not show them yet).
     pub created: &'a BTreeMap<(MemberId, u32), Timestamp>,
     /// The job's key, for a Secret that does not exist yet.
@@ -148,21 +86,11 @@ pub struct Inputs<'a> {
     pub now: Timestamp,
 }
 
-/// An event to record, on the job and (for a member) naming its pod.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Note {
-    pub kind: EventKind,
-    pub reason: &'static str,
-    pub member: Option<MemberId>,
-    pub pod: Option<String>,
-    pub message: String,
-}
-
 /// The writes one reconcile makes. Nothing here means nothing to write.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Decision {
-    pub memory: Option<Persisted>,
-    pub observed: Observation,
+    /// The driver's step: commit it once every write below landed.
+    pub plan: Plan,
     pub create: Vec<Pod>,
     /// Pod names, and whether to delete at once (its node is gone: no kubelet will finish a
     /// graceful deletion).
@@ -174,15 +102,28 @@ pub struct Decision {
     pub config_map: Option<ConfigMap>,
     pub network_policy: Option<NetworkPolicy>,
     pub status: Option<DecentralizedTrainingJobStatus>,
-    pub events: Vec<Note>,
-    pub document: Option<TopologyDocument>,
-    pub view: Option<JobView>,
     /// Delete the job itself (`ttlSecondsAfterFinished` passed).
     pub delete_job: bool,
     pub requeue: Duration,
 }
 
 impl Decision {
+    fn new(plan: Plan, settings: &Settings) -> Self {
+        Self {
+            plan,
+            create: Vec::new(),
+            delete: Vec::new(),
+            relabel: Vec::new(),
+            service: None,
+            secret: None,
+            config_map: None,
+            network_policy: None,
+            status: None,
+            delete_job: false,
+            requeue: settings.resync,
+        }
+    }
+
     /// Writes to the API server this decision makes (events included).
     pub fn writes(&self) -> usize {
         self.create.len()
@@ -193,46 +134,58 @@ impl Decision {
             + usize::from(self.config_map.is_some())
             + usize::from(self.network_policy.is_some())
             + usize::from(self.status.is_some())
-            + self.events.len()
+            + self.plan.events.len()
             + usize::from(self.delete_job)
+    }
+
+    /// The pod an event names: its member's current attempt.
+    pub fn pod_of(&self, job: &str, member: MemberId) -> String {
+        let attempt = self
+            .plan
+            .memory
+            .state
+            .members
+            .get(&member)
+            .map_or(0, |r| r.attempt);
+        resources::pod_name(job, member, attempt)
     }
 }
 
 pub fn decide(i: &Inputs) -> Decision {
     let job = i.job;
-    let name = resources::name(job);
-    let mut d = Decision {
-        requeue: i.settings.resync,
-        ..Default::default()
-    };
+    let address = |id| Some(resources::member_address(job, id, i.settings));
     if let Some(problems) = i.problems {
-        let (state, actions) = planner::reject(&i.memory.state, problems, i.now);
-        collect_events(&mut d, &actions, &name, &state);
-        let view = view::job_view(
-            &resources::namespace(job),
-            &name,
-            &job.spec,
-            &state,
-            &Observation::default(),
-            i.now,
-        );
-        let mut status = view.status.clone();
+        let plan = i
+            .driver
+            .plan(&job.spec, Some(problems), BTreeMap::new(), &address, i.now);
+        let mut d = Decision::new(plan, i.settings);
+        let mut status = d.plan.view.status.clone();
         status.observed_generation = job.metadata.generation;
         if job.status.as_ref() != Some(&status) {
             d.status = Some(status);
         }
-        if state != i.memory.state {
-            d.memory = Some(Persisted {
-                state,
-                joins: i.memory.joins.clone(),
-            });
-        }
-        d.view = Some(view);
         return d;
     }
+    let (facts, exits) = observe(i);
+    let plan = i.driver.plan(&job.spec, None, facts, &address, i.now);
+    let mut d = Decision::new(plan, i.settings);
+    children(i, &mut d);
+    members(i, &mut d);
+    delete_on_lost_nodes(i, &exits, &mut d);
+    relabel(i, &mut d);
+    let data = d.plan.memory.data(d.plan.document.as_ref());
+    if i.config_map.and_then(|c| c.data.as_ref()) != Some(&data) {
+        d.config_map = Some(resources::config_map(job, data));
+    }
+    status(i, &mut d);
+    requeue(i, &mut d);
+    d
+}
 
-    // Children that must exist before any member starts.
-    let service = resources::service(job);
+/// The children that must exist before any member starts: the headless Service, the key
+/// Secret, the NetworkPolicy.
+fn children(i: &Inputs, d: &mut Decision) {
+    let service = resources::service(i.job);
     if i.service.is_none_or(|s| !same_service(s, &service)) {
         d.service = Some(service);
     }
@@ -241,45 +194,46 @@ pub fn decide(i: &Inputs) -> Decision {
         .and_then(|s| s.data.as_ref())
         .is_some_and(|data| data.contains_key(resources::SECRET_KEY));
     if !has_key {
-        d.secret = Some(resources::secret(job, i.key_hex));
+        d.secret = Some(resources::secret(i.job, i.key_hex));
     }
     if let Some(settings) = &i.settings.network_policies {
-        let policy = resources::network_policy(job, settings);
+        let policy = resources::network_policy(i.job, settings);
         if i.network_policy
             .is_none_or(|p| p.spec != policy.spec || !owned_by(&p.metadata, &policy.metadata))
         {
             d.network_policy = Some(policy);
         }
     }
+}
 
-    // Observe, plan.
-    let (observed, facts) = observe(i);
-    let (state, actions) = planner::plan(&job.spec, &i.memory.state, &observed, i.now);
-    let mut observed = observed;
-    for action in &actions {
+/// The planner's creates and stops, as pods.
+fn members(i: &Inputs, d: &mut Decision) {
+    let job = i.job;
+    let name = resources::name(job);
+    for action in &d.plan.actions {
         match *action {
             Action::Create {
                 member,
                 attempt,
                 on_demand,
             } => {
-                // What the cluster will show of it once the write lands.
-                observed.members.insert(
-                    member,
-                    ObservedMember {
-                        attempt,
-                        address: Some(resources::member_address(job, member, i.settings)),
-                        pending_since: Some(i.now),
-                        ..Default::default()
-                    },
-                );
+                if let Some(m) = d.plan.observed.members.get_mut(&member) {
+                    m.pending_since = Some(i.now);
+                }
+                let clique = d
+                    .plan
+                    .memory
+                    .state
+                    .topology
+                    .as_ref()
+                    .and_then(|t| t.clique_of(member));
                 d.create.push(resources::pod(
                     &resources::MemberPod {
                         job,
                         member,
                         attempt,
                         on_demand,
-                        clique: state.topology.as_ref().and_then(|t| t.clique_of(member)),
+                        clique,
                     },
                     i.settings,
                 ));
@@ -291,17 +245,19 @@ pub fn decide(i: &Inputs) -> Decision {
                     d.delete.push((pod, false));
                 }
             }
-            Action::Event { .. } => {}
+            Action::Event(_) => {}
         }
     }
-    collect_events(&mut d, &actions, &name, &state);
-    // Pods left behind on lost nodes: no kubelet will finish a graceful deletion.
+}
+
+/// Pods left behind on lost nodes: no kubelet will finish a graceful deletion.
+fn delete_on_lost_nodes(i: &Inputs, exits: &BTreeMap<String, Option<Exit>>, d: &mut Decision) {
     for pod in i.pods {
         let Some(pod_name) = pod.metadata.name.clone() else {
             continue;
         };
         let lost_node = matches!(
-            facts.get(&pod_name),
+            exits.get(&pod_name),
             Some(Some(Exit::Preempted { reason })) if reason.starts_with("node ")
         );
         if lost_node && pod.metadata.deletion_timestamp.is_none() {
@@ -309,8 +265,11 @@ pub fn decide(i: &Inputs) -> Decision {
             d.delete.push((pod_name, true));
         }
     }
+}
 
-    // Clique labels follow the topology, so `kubectl get pods -l murmur.dev/clique=3` works.
+/// Clique labels follow the topology, so `kubectl get pods -l murmur.dev/clique=3` works.
+fn relabel(i: &Inputs, d: &mut Decision) {
+    let state = &d.plan.memory.state;
     for pod in i.pods {
         let Some((member, attempt)) = observe::member_of(pod) else {
             continue;
@@ -319,7 +278,11 @@ pub fn decide(i: &Inputs) -> Decision {
             .members
             .get(&member)
             .is_some_and(|r| r.attempt == attempt)
-            && observed.members.get(&member).is_some_and(|m| m.is_live())
+            && d.plan
+                .observed
+                .members
+                .get(&member)
+                .is_some_and(|m| m.is_live())
             && pod.metadata.deletion_timestamp.is_none();
         if !current {
             continue;
@@ -338,55 +301,38 @@ pub fn decide(i: &Inputs) -> Decision {
             d.relabel.push((name.clone(), want));
         }
     }
+}
 
-    // The topology document, with the members' stable addresses.
-    let document = state
-        .topology
-        .as_ref()
-        .map(|t| t.to_document(|id| Some(resources::member_address(job, id, i.settings))));
-    let memory = Persisted {
-        state,
-        joins: i.memory.joins.clone(),
-    };
-    let data = memory.data(document.as_ref());
-    if i.config_map.and_then(|c| c.data.as_ref()) != Some(&data) {
-        d.config_map = Some(resources::config_map(job, data));
-    }
-
-    // Status, and what the status API shows.
-    let mut view = view::job_view(
-        &resources::namespace(job),
-        &name,
-        &job.spec,
-        &memory.state,
-        &observed,
-        i.now,
-    );
+/// The status subresource, and what the status API shows: the view with each member's pod and
+/// why its container cannot start.
+fn status(i: &Inputs, d: &mut Decision) {
+    let name = resources::name(i.job);
     let by_name: HashMap<&str, &Pod> = i
         .pods
         .iter()
         .filter_map(|p| Some((p.metadata.name.as_deref()?, *p)))
         .collect();
-    for m in &mut view.status.members {
-        let attempt = memory.state.members.get(&m.id).map_or(0, |r| r.attempt);
+    let state = &d.plan.memory.state;
+    for m in &mut d.plan.view.status.members {
+        let attempt = state.members.get(&m.id).map_or(0, |r| r.attempt);
         let pod = resources::pod_name(&name, m.id, attempt);
         if let Some(waiting) = by_name.get(pod.as_str()).and_then(|p| waiting_of(p)) {
             m.message = Some(waiting);
         }
         m.pod = Some(pod);
     }
-    view.status.observed_generation = job.metadata.generation;
-    if job.status.as_ref() != Some(&view.status) {
-        d.status = Some(view.status.clone());
+    d.plan.view.status.observed_generation = i.job.metadata.generation;
+    if i.job.status.as_ref() != Some(&d.plan.view.status) {
+        d.status = Some(d.plan.view.status.clone());
     }
+}
 
-    // When to look again without news.
-    let mut wake = planner::next_deadline(&job.spec, &memory.state, &observed, i.now);
-    if memory.state.phase.is_finished()
-        && let (Some(ttl), Some(done)) = (
-            job.spec.ttl_seconds_after_finished,
-            memory.state.completed_at,
-        )
+/// When to look again without news: a planner deadline, or the finished job's TTL.
+fn requeue(i: &Inputs, d: &mut Decision) {
+    let state = &d.plan.memory.state;
+    let mut wake = planner::next_deadline(&i.job.spec, state, &d.plan.observed, i.now);
+    if state.phase.is_finished()
+        && let (Some(ttl), Some(done)) = (i.job.spec.ttl_seconds_after_finished, state.completed_at)
     {
         let expires =
             Timestamp::from_second(done.as_second().saturating_add(ttl)).unwrap_or(Timestamp::MAX);
@@ -400,13 +346,6 @@ pub fn decide(i: &Inputs) -> Decision {
         let secs = planner::seconds_since(i.now, w).max(1.0);
         d.requeue = d.requeue.min(Duration::from_secs_f64(secs));
     }
-    if memory != *i.memory {
-        d.memory = Some(memory);
-    }
-    d.document = document;
-    d.observed = observed;
-    d.view = Some(view);
-    d
 }
 
 fn waiting_of(pod: &Pod) -> Option<String> {
@@ -420,11 +359,16 @@ fn waiting_of(pod: &Pod) -> Option<String> {
     .waiting
 }
 
-/// What the runtime sees of each member: its newest attempt's pod (or the pod it just created).
-fn observe(i: &Inputs) -> (Observation, BTreeMap<String, Option<Exit>>) {
+/// What the cluster shows of each member: its newest attempt's pod (or the pod just created),
+/// and how every pod ended, by name.
+fn observe(
+    i: &Inputs,
+) -> (
+    BTreeMap<MemberId, MemberFacts>,
+    BTreeMap<String, Option<Exit>>,
+) {
     let job = i.job;
     let mut newest: BTreeMap<MemberId, (u32, &Pod)> = BTreeMap::new();
-    let mut facts_by_pod = BTreeMap::new();
     for pod in i.pods {
         let Some((member, attempt)) = observe::member_of(pod) else {
             continue;
@@ -433,44 +377,33 @@ fn observe(i: &Inputs) -> (Observation, BTreeMap<String, Option<Exit>>) {
             newest.insert(member, (attempt, *pod));
         }
     }
-    let mut observed = Observation::default();
-    for (&id, record) in &i.memory.state.members {
-        if !record.created {
+    let mut facts = BTreeMap::new();
+    let mut exits = BTreeMap::new();
+    for (&id, record) in &i.driver.state().members {
+        if record.lifecycle == Lifecycle::New {
             continue;
         }
-        let status = i
-            .statuses
-            .get(&id)
-            .filter(|(a, _)| *a == record.attempt)
-            .map(|(_, s)| s.clone());
-        let join = i
-            .memory
-            .joins
-            .get(&id)
-            .filter(|j| j.attempt == record.attempt)
-            .map(|j| j.report.clone());
-        let mut m = ObservedMember {
+        let mut f = MemberFacts {
             attempt: record.attempt,
             address: Some(resources::member_address(job, id, i.settings)),
-            join,
             ..Default::default()
         };
         match newest.get(&id) {
             Some((attempt, pod)) if *attempt == record.attempt => {
-                let facts = observe::pod_facts(
+                let pod_facts = observe::pod_facts(
                     pod,
                     i.node,
-                    status.as_ref().map(|s| s.state),
+                    i.driver.last_state(id, record.attempt),
                     i.now,
                     i.settings.node_lost_after,
                 );
-                facts_by_pod.insert(
+                exits.insert(
                     pod.metadata.name.clone().unwrap_or_default(),
-                    facts.exit.clone(),
+                    pod_facts.exit.clone(),
                 );
-                m.node = facts.node;
-                m.pending_since = facts.pending_since;
-                m.exit = facts.exit;
+                f.node = pod_facts.node;
+                f.pending_since = pod_facts.pending_since;
+                f.exit = pod_facts.exit;
             }
             _ => match i.created.get(&(id, record.attempt)) {
                 // Just created: the cache has not caught up.
@@ -478,43 +411,18 @@ fn observe(i: &Inputs) -> (Observation, BTreeMap<String, Option<Exit>>) {
                     if planner::seconds_since(t, i.now)
                         < i.settings.creation_grace.as_secs_f64() =>
                 {
-                    m.pending_since = Some(t);
+                    f.pending_since = Some(t);
                 }
                 _ => {
-                    m.exit = Some(Exit::Preempted {
+                    f.exit = Some(Exit::Preempted {
                         reason: "pod deleted".into(),
                     })
                 }
             },
         }
-        m.status = status;
-        observed.members.insert(id, m);
+        facts.insert(id, f);
     }
-    (observed, facts_by_pod)
-}
-
-fn collect_events(d: &mut Decision, actions: &[Action], job: &str, state: &JobState) {
-    for action in actions {
-        if let Action::Event {
-            kind,
-            reason,
-            member,
-            message,
-        } = action
-        {
-            let pod = member.map(|m| {
-                let attempt = state.members.get(&m).map_or(0, |r| r.attempt);
-                resources::pod_name(job, m, attempt)
-            });
-            d.events.push(Note {
-                kind: *kind,
-                reason,
-                member: *member,
-                pod,
-                message: message.clone(),
-            });
-        }
-    }
+    (facts, exits)
 }
 
 /// `current` carries every owner reference `desired` sets (the job's uid).

@@ -16,31 +16,33 @@ pub mod scheduling;
 mod tests;
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, ObjectReference, Pod, Secret, Service};
-use k8s_openapi::api::events::v1::Event as KubeEvent;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, PropagationPolicy};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PropagationPolicy};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
+use kube::runtime::events::{Event as KubeEventSpec, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, predicates, watcher};
 use kube::{Client, Resource, ResourceExt};
 use murmur_core::api::DecentralizedTrainingJob;
-use murmur_core::contract::TrainerStatus;
 use murmur_core::topology::MemberId;
+use parking_lot::Mutex;
 use tokio::sync::mpsc;
+use tracing::Instrument;
 
-pub use decide::{Decision, Inputs, Persisted, decide};
+pub use decide::{Decision, Inputs, decide, memory_of};
 pub use metrics::OperatorMetrics;
 pub use resources::Settings;
 
+use crate::driver::JobDriver;
 use crate::planner;
-use crate::status::{Hub, Inbound, JobEvent, JobHandle};
+use crate::status::{Hub, Inbound};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -51,7 +53,7 @@ pub enum Error {
         source: kube::Error,
     },
     #[error(transparent)]
-    Persisted(#[from] decide::PersistError),
+    Memory(#[from] crate::driver::MemoryError),
 }
 
 impl Error {
@@ -65,7 +67,7 @@ impl Error {
                 kube::Error::Api(_) => "api",
                 _ => "transport",
             },
-            Error::Persisted(_) => "persisted_state",
+            Error::Memory(_) => "persisted_state",
         }
     }
 }
@@ -112,12 +114,10 @@ impl Stores {
 /// What this operator process holds of one job between reconciles.
 struct Live {
     uid: String,
-    memory: Persisted,
+    /// The job's driver: memory, trainers' posts, publishing.
+    driver: JobDriver,
     key_hex: String,
-    handle: Arc<JobHandle>,
-    statuses: BTreeMap<MemberId, (u32, TrainerStatus)>,
     created: BTreeMap<(MemberId, u32), Timestamp>,
-    published_version: u64,
     /// The spec's validation result for a generation (CEL evaluation is not free).
     validated: Option<(Option<i64>, Option<String>)>,
 }
@@ -134,13 +134,11 @@ pub struct Context {
     pub instance: String,
     /// The time (tests move it by hand).
     pub clock: Arc<dyn Fn() -> Timestamp + Send + Sync>,
+    /// Writes the job's Kubernetes Events (series and deduplication included).
+    recorder: Recorder,
     jobs: Mutex<HashMap<JobKey, Arc<Mutex<Live>>>>,
     /// Reconcile a job now (a trainer joined).
     trigger: mpsc::UnboundedSender<ObjectRef<DecentralizedTrainingJob>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Context {
@@ -156,6 +154,13 @@ impl Context {
         mpsc::UnboundedReceiver<ObjectRef<DecentralizedTrainingJob>>,
     ) {
         let (trigger, triggered) = mpsc::unbounded_channel();
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: REPORTING_CONTROLLER.into(),
+                instance: Some(instance.clone()),
+            },
+        );
         let ctx = Arc::new(Self {
             client,
             stores,
@@ -164,6 +169,7 @@ impl Context {
             settings,
             instance,
             clock: Arc::new(Timestamp::now),
+            recorder,
             jobs: Mutex::default(),
             trigger,
         });
@@ -180,7 +186,8 @@ impl Context {
             settings: self.settings.clone(),
             instance: self.instance.clone(),
             clock: self.clock.clone(),
-            jobs: Mutex::new(lock(&self.jobs).clone()),
+            recorder: self.recorder.clone(),
+            jobs: Mutex::new(self.jobs.lock().clone()),
             trigger: self.trigger.clone(),
         })
     }
@@ -194,8 +201,8 @@ impl Context {
     ) -> Result<Arc<Mutex<Live>>, Error> {
         let key = (resources::namespace(job), resources::name(job));
         let uid = job.uid().unwrap_or_default();
-        if let Some(live) = lock(&self.jobs).get(&key)
-            && lock(live).uid == uid
+        if let Some(live) = self.jobs.lock().get(&key)
+            && live.lock().uid == uid
         {
             return Ok(live.clone());
         }
@@ -203,7 +210,7 @@ impl Context {
             .stores
             .config_maps
             .get(&ObjectRef::new(&resources::config_map_name(&key.1)).within(&key.0));
-        let memory = Persisted::load(job, config_map.as_deref(), pods)?;
+        let memory = decide::memory_of(job, config_map.as_deref(), pods)?;
         let secret = self
             .stores
             .secrets
@@ -213,20 +220,21 @@ impl Context {
             .and_then(|s| s.data.as_ref()?.get(resources::SECRET_KEY).cloned())
             .and_then(|b| String::from_utf8(b.0).ok())
             .unwrap_or_else(super::new_job_key);
-        let (handle, inbox) = self
-            .hub
-            .register(&key.0, &key.1, key_hex.clone().into_bytes());
+        let (driver, inbox) = JobDriver::start(
+            self.hub.clone(),
+            &key.0,
+            &key.1,
+            key_hex.clone().into_bytes(),
+            memory,
+        );
         let live = Arc::new(Mutex::new(Live {
             uid,
-            memory,
+            driver,
             key_hex,
-            handle,
-            statuses: BTreeMap::new(),
             created: BTreeMap::new(),
-            published_version: 0,
             validated: None,
         }));
-        lock(&self.jobs).insert(key.clone(), live.clone());
+        self.jobs.lock().insert(key.clone(), live.clone());
         tokio::spawn(listen(
             Arc::downgrade(self),
             Arc::downgrade(&live),
@@ -237,7 +245,9 @@ impl Context {
     }
 
     fn forget(&self, namespace: &str, name: &str) {
-        lock(&self.jobs).remove(&(namespace.to_string(), name.to_string()));
+        self.jobs
+            .lock()
+            .remove(&(namespace.to_string(), name.to_string()));
         self.hub.forget(namespace, name);
         self.metrics.forget(namespace, name);
     }
@@ -245,7 +255,9 @@ impl Context {
     /// Forget jobs that are gone from the cluster (deleted without the operator seeing a
     /// deletion timestamp: there is no finalizer, so deletion never waits for the operator).
     pub fn forget_deleted(&self, exists: impl Fn(&str, &str) -> bool) -> usize {
-        let gone: Vec<JobKey> = lock(&self.jobs)
+        let gone: Vec<JobKey> = self
+            .jobs
+            .lock()
             .keys()
             .filter(|(ns, name)| !exists(ns, name))
             .cloned()
@@ -257,8 +269,8 @@ impl Context {
     }
 }
 
-/// What a job's trainers post: join reports go into the job's memory (and so into its
-/// ConfigMap) and trigger a reconcile; statuses feed the status API.
+/// What a job's trainers post goes to its driver; a post that changes the job (a join report,
+/// a member's new state) reconciles it now rather than at the next resync.
 async fn listen(
     ctx: std::sync::Weak<Context>,
     live: std::sync::Weak<Mutex<Live>>,
@@ -269,53 +281,25 @@ async fn listen(
         let (Some(ctx), Some(live)) = (ctx.upgrade(), live.upgrade()) else {
             return;
         };
-        let mut l = lock(&live);
-        let attempt_of = |l: &Live, id| l.memory.state.members.get(&id).map(|r| r.attempt);
-        match message {
-            Inbound::Join(report) => {
-                let id = report.member_id;
-                let Some(attempt) = attempt_of(&l, id) else {
-                    continue;
-                };
-                l.memory
-                    .joins
-                    .insert(id, decide::StoredJoin { attempt, report });
-                drop(l);
-                let _ = ctx.trigger.send(ObjectRef::new(&key.1).within(&key.0));
-            }
-            Inbound::Status(status) => {
-                let id = status.member_id;
-                let Some(attempt) = attempt_of(&l, id) else {
-                    continue;
-                };
-                let t = planner::seconds_since(l.memory.state.created_at, Timestamp::now());
-                l.handle.sample(t, attempt, &status);
-                // A member that starts training, pauses, leaves or finishes changes the job's
-                // phase: reconcile now rather than at the next resync.
-                let changed = l
-                    .statuses
-                    .get(&id)
-                    .is_none_or(|(a, s)| *a != attempt || s.state != status.state);
-                l.statuses.insert(id, (attempt, status));
-                drop(l);
-                if changed {
-                    let _ = ctx.trigger.send(ObjectRef::new(&key.1).within(&key.0));
-                }
-            }
-            Inbound::PeerEvent(e) => {
-                tracing::debug!(namespace = %key.0, job = %key.1, member = e.member_id, peer = e.peer, reason = e.reason.as_str(), "peer event");
-            }
+        let now = (ctx.clock)();
+        if live.lock().driver.receive(message, now) {
+            let _ = ctx.trigger.send(ObjectRef::new(&key.1).within(&key.0));
         }
     }
 }
 
-/// One reconcile of one job.
+/// One reconcile of one job, in a span naming it (logs group by job).
 pub async fn reconcile(
     job: Arc<DecentralizedTrainingJob>,
     ctx: Arc<Context>,
 ) -> Result<Action, Error> {
+    let span = tracing::info_span!(
+        "reconcile",
+        namespace = %resources::namespace(&job),
+        job = %resources::name(&job)
+    );
     let started = Instant::now();
-    let result = reconcile_inner(&job, &ctx).await;
+    let result = reconcile_inner(&job, &ctx).instrument(span).await;
     let outcome = match &result {
         Ok(_) => "ok",
         Err(e) => e.kind(),
@@ -351,32 +335,6 @@ async fn reconcile_inner(
         .collect();
     let pod_refs: Vec<&Pod> = pods.iter().map(|p| p.as_ref()).collect();
     let live = ctx.live(job, &pod_refs)?;
-    let (memory, statuses, created, key_hex, problems) = {
-        let mut l = lock(&live);
-        let generation = job.metadata.generation;
-        let problems = match &l.validated {
-            Some((g, p)) if *g == generation && generation.is_some() => p.clone(),
-            _ => {
-                let p = decide::problems(job);
-                l.validated = Some((generation, p.clone()));
-                p
-            }
-        };
-        // A pod the cache has shown is no longer expected: from now on its absence is a
-        // deletion.
-        let seen: std::collections::BTreeSet<(MemberId, u32)> = pod_refs
-            .iter()
-            .filter_map(|p| observe::member_of(p))
-            .collect();
-        l.created.retain(|k, _| !seen.contains(k));
-        (
-            l.memory.clone(),
-            l.statuses.clone(),
-            l.created.clone(),
-            l.key_hex.clone(),
-            problems,
-        )
-    };
     let service = get(
         &ctx.stores.services,
         &namespace,
@@ -400,22 +358,40 @@ async fn reconcile_inner(
     let nodes = ctx.stores.nodes.clone();
     let node = move |n: &str| observe::node_state(nodes.get(&ObjectRef::new(n)).as_deref());
     let now = (ctx.clock)();
-    let decision = decide(&Inputs {
-        job,
-        problems: problems.as_deref(),
-        pods: &pod_refs,
-        node: &node,
-        service: service.as_deref(),
-        secret: secret.as_deref(),
-        config_map: config_map.as_deref(),
-        network_policy: network_policy.as_deref(),
-        memory: &memory,
-        statuses: &statuses,
-        created: &created,
-        key_hex: &key_hex,
-        settings: &ctx.settings,
-        now,
-    });
+    let decision = {
+        let mut l = live.lock();
+        let generation = job.metadata.generation;
+        let problems = match &l.validated {
+            Some((g, p)) if *g == generation && generation.is_some() => p.clone(),
+            _ => {
+                let p = decide::problems(job);
+                l.validated = Some((generation, p.clone()));
+                p
+            }
+        };
+        // A pod the cache has shown is no longer expected: from now on its absence is a
+        // deletion.
+        let seen: std::collections::BTreeSet<(MemberId, u32)> = pod_refs
+            .iter()
+            .filter_map(|p| observe::member_of(p))
+            .collect();
+        l.created.retain(|k, _| !seen.contains(k));
+        decide(&Inputs {
+            job,
+            problems: problems.as_deref(),
+            pods: &pod_refs,
+            node: &node,
+            service: service.as_deref(),
+            secret: secret.as_deref(),
+            config_map: config_map.as_deref(),
+            network_policy: network_policy.as_deref(),
+            driver: &l.driver,
+            created: &l.created,
+            key_hex: &l.key_hex,
+            settings: &ctx.settings,
+            now,
+        })
+    };
     execute(job, ctx, &live, decision, now).await
 }
 
@@ -427,7 +403,7 @@ where
     store.get(&ObjectRef::new(&name).within(namespace))
 }
 
-/// Perform a decision's writes, then remember and publish it.
+/// Perform a decision's writes, then commit the driver's plan and record its events.
 async fn execute(
     job: &DecentralizedTrainingJob,
     ctx: &Arc<Context>,
@@ -437,9 +413,6 @@ async fn execute(
 ) -> Result<Action, Error> {
     let namespace = resources::namespace(job);
     let name = resources::name(job);
-    let apply = PatchParams::apply(&ctx.settings.field_manager).force();
-    let client = &ctx.client;
-    let m = &ctx.metrics;
     if let Some(service) = &d.service {
         apply_object(ctx, &namespace, service, "service").await?;
     }
@@ -449,11 +422,64 @@ async fn execute(
     if let Some(policy) = &d.network_policy {
         apply_object(ctx, &namespace, policy, "networkpolicy").await?;
     }
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    write_pods(ctx, &namespace, live, &d, now).await?;
+    if let Some(config_map) = &d.config_map {
+        apply_object(ctx, &namespace, config_map, "configmap").await?;
+    }
+    let jobs: Api<DecentralizedTrainingJob> = Api::namespaced(ctx.client.clone(), &namespace);
+    if let Some(status) = &d.status {
+        let patch = serde_json::json!({
+            "apiVersion": DecentralizedTrainingJob::api_version(&()),
+            "kind": DecentralizedTrainingJob::kind(&()),
+            "status": status,
+        });
+        let apply = PatchParams::apply(&ctx.settings.field_manager).force();
+        jobs.patch_status(&name, &apply, &Patch::Apply(&patch))
+            .await
+            .map_err(kube_err("apply status of", name.clone()))?;
+        ctx.metrics.wrote("status", 1);
+    }
+    // Every write above succeeded: this is now the job's memory.
+    {
+        let mut l = live.lock();
+        // Drop expectations the cache has caught up with, or that are stale.
+        let grace = ctx.settings.creation_grace.as_secs_f64();
+        l.created
+            .retain(|_, t| planner::seconds_since(*t, now) < grace);
+        l.driver.commit(&d.plan, now);
+    }
+    ctx.metrics.observe(&d.plan.view);
+    for event in &d.plan.events {
+        let pod = event.member.map(|m| d.pod_of(&name, m));
+        record_event(ctx, job, event, pod).await;
+    }
+    if d.delete_job {
+        match jobs.delete(&name, &DeleteParams::background()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(kube_err("delete finished job", name)(e)),
+        }
+        ctx.metrics.wrote("job_delete", 1);
+        return Ok(Action::await_change());
+    }
+    Ok(Action::requeue(d.requeue))
+}
+
+/// The decision's pod writes: create (server-side apply), delete, relabel.
+async fn write_pods(
+    ctx: &Context,
+    namespace: &str,
+    live: &Mutex<Live>,
+    d: &Decision,
+    now: Timestamp,
+) -> Result<(), Error> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
+    let apply = PatchParams::apply(&ctx.settings.field_manager).force();
+    let m = &ctx.metrics;
     for pod in &d.create {
         let object = pod.name_any();
         if let Some((member, attempt)) = observe::member_of(pod) {
-            lock(live).created.insert((member, attempt), now);
+            live.lock().created.insert((member, attempt), now);
         }
         pods.patch(&object, &apply, &Patch::Apply(pod))
             .await
@@ -487,56 +513,7 @@ async fn execute(
         }
         m.wrote("pod_label", 1);
     }
-    if let Some(config_map) = &d.config_map {
-        apply_object(ctx, &namespace, config_map, "configmap").await?;
-    }
-    let jobs: Api<DecentralizedTrainingJob> = Api::namespaced(client.clone(), &namespace);
-    if let Some(status) = &d.status {
-        let patch = serde_json::json!({
-            "apiVersion": DecentralizedTrainingJob::api_version(&()),
-            "kind": DecentralizedTrainingJob::kind(&()),
-            "status": status,
-        });
-        jobs.patch_status(&name, &apply, &Patch::Apply(&patch))
-            .await
-            .map_err(kube_err("apply status of", name.clone()))?;
-        m.wrote("status", 1);
-    }
-    // Every write above succeeded: this is now the job's memory.
-    let handle = {
-        let mut l = lock(live);
-        if let Some(memory) = &d.memory {
-            l.memory.state = memory.state.clone();
-        }
-        // Drop expectations the cache has caught up with, or that are stale.
-        let grace = ctx.settings.creation_grace.as_secs_f64();
-        l.created
-            .retain(|_, t| planner::seconds_since(*t, now) < grace);
-        if let Some(doc) = &d.document
-            && doc.version > l.published_version
-        {
-            l.published_version = doc.version;
-            l.handle.set_topology(doc.clone());
-        }
-        l.handle.clone()
-    };
-    for note in &d.events {
-        record_event(ctx, job, &handle, note, now).await;
-    }
-    if let Some(view) = d.view {
-        ctx.metrics.observe(&view);
-        ctx.hub.publish(&handle, view);
-    }
-    if d.delete_job {
-        match jobs.delete(&name, &DeleteParams::background()).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(e)) if e.code == 404 => {}
-            Err(e) => return Err(kube_err("delete finished job", name)(e)),
-        }
-        m.wrote("job_delete", 1);
-        return Ok(Action::await_change());
-    }
-    Ok(Action::requeue(d.requeue))
+    Ok(())
 }
 
 /// Server-side apply one of a job's objects (by its own name), counted as a write of `kind`.
@@ -563,75 +540,55 @@ where
     Ok(())
 }
 
-/// A Kubernetes Event (events.k8s.io/v1) on the job, naming the member's pod, and the same
-/// event on the status API. An event that cannot be written is logged, never fatal.
+/// The `reportingController` of every Event the operator writes.
+pub const REPORTING_CONTROLLER: &str = "murmur.dev/operator";
+
+/// A job's event as a Kubernetes Event (events.k8s.io/v1) regarding the job and naming the
+/// member's pod, through kube-runtime's recorder (a repeat within minutes becomes a series).
+/// An event that cannot be written is logged, never fatal: the status API has it already.
 async fn record_event(
     ctx: &Context,
     job: &DecentralizedTrainingJob,
-    handle: &JobHandle,
-    note: &decide::Note,
-    now: Timestamp,
+    event: &planner::Event,
+    pod: Option<String>,
 ) {
     let namespace = resources::namespace(job);
-    let type_ = note.kind.as_str();
-    let created = job
-        .metadata
-        .creation_timestamp
-        .as_ref()
-        .map_or(now, |t| t.0);
-    handle.push_event(JobEvent::new(
-        note.kind,
-        note.reason,
-        note.member,
-        note.message.clone(),
-        created,
-        now,
-    ));
-    static SEQUENCE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let sequence = SEQUENCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let mut message = note.message.clone();
-    if message.len() > 1024 {
+    let mut note = event.message.clone();
+    // The API server refuses notes over 1 kB.
+    if note.len() > 1024 {
         let mut cut = 1021;
-        while !message.is_char_boundary(cut) {
+        while !note.is_char_boundary(cut) {
             cut -= 1;
         }
-        message.truncate(cut);
-        message.push_str("...");
+        note.truncate(cut);
+        note.push_str("...");
     }
-    let event = KubeEvent {
-        metadata: ObjectMeta {
-            name: Some(format!(
-                "{}.{:x}{:04x}",
-                resources::name(job),
-                now.as_nanosecond(),
-                sequence % 0x10000
-            )),
-            namespace: Some(namespace.clone()),
-            ..Default::default()
+    let reason = event.reason.as_str().to_string();
+    let kube_event = KubeEventSpec {
+        type_: match event.kind {
+            planner::EventKind::Normal => EventType::Normal,
+            planner::EventKind::Warning => EventType::Warning,
         },
-        event_time: Some(MicroTime(now)),
-        action: Some(note.reason.into()),
-        reason: Some(note.reason.into()),
-        note: Some(message),
-        type_: Some(type_.into()),
-        regarding: Some(job.object_ref(&())),
-        related: note.pod.as_ref().map(|pod| ObjectReference {
+        action: reason.clone(),
+        reason,
+        note: Some(note),
+        secondary: pod.map(|pod| ObjectReference {
             api_version: Some("v1".into()),
             kind: Some("Pod".into()),
-            name: Some(pod.clone()),
+            name: Some(pod),
             namespace: Some(namespace.clone()),
             ..Default::default()
         }),
-        reporting_controller: Some("murmur.dev/operator".into()),
-        reporting_instance: Some(ctx.instance.clone()),
-        ..Default::default()
     };
-    let api: Api<KubeEvent> = Api::namespaced(ctx.client.clone(), &namespace);
-    match api.create(&PostParams::default(), &event).await {
-        Ok(_) => ctx.metrics.wrote("event", 1),
+    match ctx
+        .recorder
+        .publish(&kube_event, &job.object_ref(&()))
+        .await
+    {
+        Ok(()) => ctx.metrics.wrote("event", 1),
         Err(e) => {
             ctx.metrics.error("event");
-            tracing::warn!(namespace = %namespace, job = %resources::name(job), reason = note.reason, error = %e, "cannot record event");
+            tracing::warn!(reason = event.reason.as_str(), error = %e, "cannot record event");
         }
     }
 }
@@ -705,28 +662,7 @@ pub async fn run_with(
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) -> Result<(), OperatorError> {
     preflight::check(&client, options.settings.network_policies.is_some()).await?;
-
-    let mut hub = Hub::default();
-    let metrics = Arc::new(OperatorMetrics::register(&mut hub.metrics.registry));
-    let hub = Arc::new(hub);
-    // Not Ready until leading with complete caches: the Service then sends trainers' posts and
-    // users to the replica that runs the jobs, not to a standby.
-    hub.set_standby(true);
-    let listener = tokio::net::TcpListener::bind(&options.listen)
-        .await
-        .map_err(|source| OperatorError::Bind {
-            address: options.listen.clone(),
-            source,
-        })?;
-    tracing::info!(address = %options.listen, "status API, dashboard and control endpoint listening");
-    tokio::spawn(
-        axum::serve(
-            listener,
-            crate::status::router(hub.clone(), options.reads_per_second),
-        )
-        .into_future(),
-    );
-    let ready_hub = hub.clone();
+    let (hub, metrics) = serve_status(&options).await?;
 
     let elector = options.lease.as_ref().map(|l| {
         lease::Elector::new(
@@ -741,122 +677,33 @@ pub async fn run_with(
         tracing::info!(identity = e.identity(), "leading");
     }
 
-    let managed = watcher::Config::default().labels(resources::MANAGED_SELECTOR);
-    let (pods, pod_writer) = reflector::store();
-    let (services, service_writer) = reflector::store();
-    let (config_maps, config_map_writer) = reflector::store();
-    let (secrets, secret_writer) = reflector::store();
-    let (nodes, node_writer) = reflector::store();
-    let (jobs, job_writer) = reflector::store();
-    let (network_policies, network_policy_writer) = reflector::store();
     let with_policies = options.settings.network_policies.is_some();
-    let stores = Stores {
-        pods: pods.clone(),
-        services,
-        config_maps,
-        secrets,
-        nodes,
-        network_policies: with_policies.then_some(network_policies),
-    };
+    let (stores, writers) = Writers::new(with_policies);
+    let jobs = stores.jobs.clone();
     let (ctx, triggered) = Context::new(
         client.clone(),
-        stores,
-        hub,
+        stores.stores,
+        hub.clone(),
         metrics,
         options.settings.clone(),
         options.instance.clone(),
     );
-    let all = |c: &Client| Api::<Pod>::all(c.clone());
-    let pod_stream = watcher(all(&client), managed.clone())
-        .default_backoff()
-        .reflect(pod_writer)
-        .applied_objects();
-    let service_stream = watcher(Api::<Service>::all(client.clone()), managed.clone())
-        .default_backoff()
-        .reflect(service_writer)
-        .applied_objects();
-    let config_map_stream = watcher(Api::<ConfigMap>::all(client.clone()), managed.clone())
-        .default_backoff()
-        .reflect(config_map_writer)
-        .applied_objects();
-    let secret_stream = watcher(Api::<Secret>::all(client.clone()), managed.clone())
-        .default_backoff()
-        .reflect(secret_writer)
-        .applied_objects();
-    let network_policy_stream = with_policies.then(|| {
-        watcher(Api::<NetworkPolicy>::all(client.clone()), managed)
-            .default_backoff()
-            .reflect(network_policy_writer)
-            .applied_objects()
-    });
-    // A node that goes away or NotReady re-plans the jobs with members on it.
-    let node_stream = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
-        .default_backoff()
-        .reflect(node_writer)
-        .touched_objects();
-    let pods_for_nodes = pods.clone();
-    let jobs_on_node = move |node: Node| {
-        let node = node.name_any();
-        let jobs: std::collections::HashSet<ObjectRef<DecentralizedTrainingJob>> = pods_for_nodes
-            .state()
-            .iter()
-            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(&node))
-            .filter_map(|p| {
-                let job = p.labels().get(resources::LABEL_JOB)?;
-                Some(ObjectRef::new(job).within(&p.namespace()?))
-            })
-            .collect();
-        jobs
-    };
-    // Our own status writes change no generation: they do not wake the controller again.
-    let job_stream = watcher(
-        Api::<DecentralizedTrainingJob>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .reflect(job_writer)
-    .applied_objects()
-    .predicate_filter(predicates::generation, Default::default());
-    let triggered = futures::stream::unfold(triggered, |mut rx| async move {
-        rx.recv().await.map(|r| (r, rx))
-    });
-
     // Leading (the elector returned above); Ready once every cache has listed.
-    let stores = ctx.stores.clone();
+    let caches = ctx.stores.clone();
     tokio::spawn(async move {
-        stores.ready().await;
-        ready_hub.set_standby(false);
+        caches.ready().await;
+        hub.set_standby(false);
         tracing::info!("caches synced: ready");
     });
-    let sweep = {
-        let (ctx, jobs) = (Arc::downgrade(&ctx), jobs.clone());
-        let every = options.settings.resync;
-        async move {
-            let mut tick = tokio::time::interval(every);
-            loop {
-                tick.tick().await;
-                let Some(ctx) = ctx.upgrade() else { return };
-                ctx.forget_deleted(|ns, name| jobs.get(&ObjectRef::new(name).within(ns)).is_some());
-            }
-        }
-    };
-    tokio::spawn(sweep);
-    let mut controller = Controller::for_stream(job_stream, jobs)
-        .with_config(
-            ControllerConfig::default()
-                .concurrency(options.concurrency)
-                .debounce(Duration::from_millis(500)),
-        )
-        .owns_stream(pod_stream)
-        .owns_stream(service_stream)
-        .owns_stream(config_map_stream)
-        .owns_stream(secret_stream);
-    if let Some(stream) = network_policy_stream {
-        controller = controller.owns_stream(stream);
-    }
-    let controller = controller
-        .watches_stream(node_stream, jobs_on_node)
-        .reconcile_on(triggered)
+    tokio::spawn(sweep_deleted_jobs(
+        Arc::downgrade(&ctx),
+        jobs.clone(),
+        options.settings.resync,
+    ));
+    let controller = controller(&client, writers, jobs, &ctx, options.concurrency)
+        .reconcile_on(futures::stream::unfold(triggered, |mut rx| async move {
+            rx.recv().await.map(|r| (r, rx))
+        }))
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
@@ -875,5 +722,169 @@ pub async fn run_with(
             controller.await;
             Ok(())
         }
+    }
+}
+
+/// The status router (API, dashboard, control endpoint, metrics) on `options.listen`, not
+/// Ready until this replica leads with complete caches: the Service then sends trainers' posts
+/// and users to the replica that runs the jobs, not to a standby.
+async fn serve_status(
+    options: &OperatorOptions,
+) -> Result<(Arc<Hub>, Arc<OperatorMetrics>), OperatorError> {
+    let mut hub = Hub::default();
+    let metrics = Arc::new(OperatorMetrics::register(&mut hub.metrics.registry));
+    let hub = Arc::new(hub);
+    hub.set_standby(true);
+    let listener = tokio::net::TcpListener::bind(&options.listen)
+        .await
+        .map_err(|source| OperatorError::Bind {
+            address: options.listen.clone(),
+            source,
+        })?;
+    tracing::info!(address = %options.listen, "status API, dashboard and control endpoint listening");
+    tokio::spawn(
+        axum::serve(
+            listener,
+            crate::status::router(hub.clone(), options.reads_per_second),
+        )
+        .into_future(),
+    );
+    Ok((hub, metrics))
+}
+
+/// The watch caches and the writers that fill them.
+struct Writers {
+    pods: reflector::store::Writer<Pod>,
+    services: reflector::store::Writer<Service>,
+    config_maps: reflector::store::Writer<ConfigMap>,
+    secrets: reflector::store::Writer<Secret>,
+    nodes: reflector::store::Writer<Node>,
+    jobs: reflector::store::Writer<DecentralizedTrainingJob>,
+    network_policies: Option<reflector::store::Writer<NetworkPolicy>>,
+}
+
+struct AllStores {
+    stores: Stores,
+    jobs: Store<DecentralizedTrainingJob>,
+}
+
+impl Writers {
+    fn new(with_policies: bool) -> (AllStores, Self) {
+        let (pods, pod_writer) = reflector::store();
+        let (services, service_writer) = reflector::store();
+        let (config_maps, config_map_writer) = reflector::store();
+        let (secrets, secret_writer) = reflector::store();
+        let (nodes, node_writer) = reflector::store();
+        let (jobs, job_writer) = reflector::store();
+        let (network_policies, network_policy_writer) = reflector::store();
+        let stores = AllStores {
+            stores: Stores {
+                pods,
+                services,
+                config_maps,
+                secrets,
+                nodes,
+                network_policies: with_policies.then_some(network_policies),
+            },
+            jobs,
+        };
+        let writers = Self {
+            pods: pod_writer,
+            services: service_writer,
+            config_maps: config_map_writer,
+            secrets: secret_writer,
+            nodes: node_writer,
+            jobs: job_writer,
+            network_policies: with_policies.then_some(network_policy_writer),
+        };
+        (stores, writers)
+    }
+}
+
+/// The controller over every watch: jobs (only spec changes wake it: its own status writes
+/// change no generation), the objects it owns, and nodes (a node that goes away or NotReady
+/// re-plans the jobs with members on it).
+fn controller(
+    client: &Client,
+    w: Writers,
+    jobs: Store<DecentralizedTrainingJob>,
+    ctx: &Context,
+    concurrency: u16,
+) -> Controller<DecentralizedTrainingJob> {
+    let managed = watcher::Config::default().labels(resources::MANAGED_SELECTOR);
+    let job_stream = watcher(
+        Api::<DecentralizedTrainingJob>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .reflect(w.jobs)
+    .applied_objects()
+    .predicate_filter(predicates::generation, Default::default());
+    let mut controller = Controller::for_stream(job_stream, jobs)
+        .with_config(
+            ControllerConfig::default()
+                .concurrency(concurrency)
+                .debounce(Duration::from_millis(500)),
+        )
+        .owns_stream(owned(client, &managed, w.pods))
+        .owns_stream(owned(client, &managed, w.services))
+        .owns_stream(owned(client, &managed, w.config_maps))
+        .owns_stream(owned(client, &managed, w.secrets));
+    if let Some(writer) = w.network_policies {
+        controller = controller.owns_stream(owned(client, &managed, writer));
+    }
+    let node_stream = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
+        .default_backoff()
+        .reflect(w.nodes)
+        .touched_objects();
+    let pods = ctx.stores.pods.clone();
+    let jobs_on_node = move |node: Node| {
+        let node = node.name_any();
+        let jobs: std::collections::HashSet<ObjectRef<DecentralizedTrainingJob>> = pods
+            .state()
+            .iter()
+            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(&node))
+            .filter_map(|p| {
+                let job = p.labels().get(resources::LABEL_JOB)?;
+                Some(ObjectRef::new(job).within(&p.namespace()?))
+            })
+            .collect();
+        jobs
+    };
+    controller.watches_stream(node_stream, jobs_on_node)
+}
+
+/// The watch of one kind of object the operator owns, filling its cache.
+fn owned<K>(
+    client: &Client,
+    managed: &watcher::Config,
+    writer: reflector::store::Writer<K>,
+) -> impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    watcher(Api::<K>::all(client.clone()), managed.clone())
+        .default_backoff()
+        .reflect(writer)
+        .applied_objects()
+}
+
+/// Forget jobs deleted behind the operator's back, once per resync.
+async fn sweep_deleted_jobs(
+    ctx: std::sync::Weak<Context>,
+    jobs: Store<DecentralizedTrainingJob>,
+    every: Duration,
+) {
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tick.tick().await;
+        let Some(ctx) = ctx.upgrade() else { return };
+        ctx.forget_deleted(|ns, name| jobs.get(&ObjectRef::new(name).within(ns)).is_some());
     }
 }

@@ -3,10 +3,11 @@
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
-use murmur_core::contract::{TerminationMessage, TerminationOutcome, TrainerState};
+use murmur_core::contract::TrainerState;
 use murmur_core::topology::MemberId;
 
 use super::resources::{LABEL_ATTEMPT, LABEL_MEMBER};
+use crate::driver::{Ended, Ending, classify, exit};
 use crate::planner::{Exit, seconds_since};
 
 /// Reasons of the `DisruptionTarget` pod condition: the pod is going away for reasons outside
@@ -177,33 +178,13 @@ fn exit(
         });
 
     if let Some(t) = terminated {
-        if t.exit_code == 0 {
-            let message = t
-                .message
-                .as_deref()
-                .and_then(|m| serde_json::from_str::<TerminationMessage>(m.trim()).ok());
-            return match message.map(|m| m.outcome) {
-                Some(TerminationOutcome::Done) => Some(Exit::Completed),
-                Some(TerminationOutcome::Left) => preempted(
-                    disruption
-                        .or(node_reason)
-                        .unwrap_or_else(|| "left the job on a stop signal".into()),
-                ),
-                None if last == Some(TrainerState::Done) => Some(Exit::Completed),
-                None => preempted(
-                    disruption
-                        .or(node_reason)
-                        .unwrap_or_else(|| "exited before the stopping target".into()),
-                ),
-            };
-        }
-        if let Some(why) = disruption.or(node_reason) {
-            return preempted(why);
-        }
-        let reason = t.reason.as_deref().unwrap_or("Error");
-        return Some(Exit::Failed {
-            reason: format!("exit code {} ({reason})", t.exit_code),
-        });
+        return Some(classify(&Ending {
+            ended: Some(Ended::Code(t.exit_code)),
+            said: t.message.as_deref().and_then(exit::said),
+            last,
+            cause: disruption.or(node_reason),
+            detail: Some(t.reason.clone().unwrap_or_else(|| "Error".into())),
+        }));
     }
     if phase == "Failed" || phase == "Succeeded" {
         // Ended without its container ever finishing: the node gave up on it.

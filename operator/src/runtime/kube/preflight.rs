@@ -37,6 +37,8 @@ pub const PERMISSIONS: &[(&str, &str, &str)] = &[
     ("list", "", "nodes"),
     ("watch", "", "nodes"),
     ("create", "events.k8s.io", "events"),
+    // kube-runtime's event recorder turns a repeat into a series: a patch of the first.
+    ("patch", "events.k8s.io", "events"),
     ("get", "coordination.k8s.io", "leases"),
     ("create", "coordination.k8s.io", "leases"),
     ("update", "coordination.k8s.io", "leases"),

@@ -49,9 +49,7 @@ pub const TERMINATION_GRACE_SECONDS: i64 = 30;
 pub const TRAINER_UID: i64 = 65_532;
 
 /// ConfigMap keys: the document trainers follow, the planner's memory, the join reports.
-pub const TOPOLOGY_KEY: &str = "topology.json";
-pub const STATE_KEY: &str = "state.json";
-pub const JOINS_KEY: &str = "joins.json";
+pub use crate::driver::memory::{JOINS_KEY, STATE_KEY, TOPOLOGY_KEY};
 /// Secret key holding the job's HMAC key (hex).
 pub const SECRET_KEY: &str = "peer-key";
 
@@ -300,186 +298,11 @@ pub fn pod(p: &MemberPod, s: &Settings) -> Pod {
     let job = p.job;
     let spec = &job.spec;
     let job_name = name(job);
-    let mut metadata = meta(job, pod_name(&job_name, p.member, p.attempt), "trainer");
-    let labels = metadata.labels.get_or_insert_with(BTreeMap::new);
-    labels.insert(LABEL_MEMBER.into(), p.member.to_string());
-    labels.insert(LABEL_ATTEMPT.into(), p.attempt.to_string());
-    if let Some(c) = p.clique {
-        labels.insert(LABEL_CLIQUE.into(), c.to_string());
-    }
-    metadata.annotations = Some(BTreeMap::from([(
-        ANNOTATION_CAPACITY.into(),
-        if p.on_demand { "on-demand" } else { "spot" }.to_string(),
-    )]));
-
-    let checkpoint = spec.checkpoint.as_ref();
-    let contract = TrainerEnv {
-        job: job_name.clone(),
-        namespace: namespace(job),
-        member_id: p.member,
-        listen_address: format!("0.0.0.0:{PEER_PORT}"),
-        status_address: format!("0.0.0.0:{STATUS_PORT}"),
-        control_endpoint: Some(s.control_endpoint.clone()),
-        peer_key_file: format!("{KEY_DIR}/{KEY_ITEM}").into(),
-        topology_file: None,
-        checkpoint_dir: checkpoint.map(|_| CHECKPOINT_DIR.into()),
-        output_dir: None,
-        backend: spec.trainer.backend,
-        job_spec: Some(serde_json::to_string(spec).expect("a spec serializes")),
-    };
-    // The user's variables first; the contract's own names are murmur's.
-    let mut env: Vec<EnvVar> = spec
-        .trainer
-        .env
-        .iter()
-        .filter(|e| !e.name.starts_with("MURMUR_"))
-        .cloned()
-        .collect();
-    env.extend(contract.to_vars().into_iter().map(|(k, v)| EnvVar {
-        name: k.into(),
-        value: Some(v),
-        value_from: None,
-    }));
-    env.push(EnvVar {
-        name: TERMINATION_LOG.into(),
-        value: Some(TERMINATION_MESSAGE_PATH.into()),
-        value_from: None,
-    });
-
-    let mut limits = BTreeMap::new();
-    let mut requests = BTreeMap::new();
-    if let Some(r) = &spec.trainer.resources {
-        for (name, q) in [("cpu", &r.cpu), ("memory", &r.memory)] {
-            if let Some(q) = q {
-                requests.insert(name.to_string(), q.clone());
-                limits.insert(name.to_string(), q.clone());
-            }
-        }
-        if let Some(gpus) = r.gpus.filter(|&g| g > 0) {
-            limits.insert("nvidia.com/gpu".into(), Quantity(gpus.to_string()));
-        }
-    }
-
-    let mut mounts = vec![
-        VolumeMount {
-            name: "peer-key".into(),
-            mount_path: KEY_DIR.into(),
-            read_only: Some(true),
-            ..Default::default()
-        },
-        VolumeMount {
-            name: "tmp".into(),
-            mount_path: "/tmp".into(),
-            ..Default::default()
-        },
-    ];
-    let mut volumes = vec![
-        Volume {
-            name: "peer-key".into(),
-            secret: Some(SecretVolumeSource {
-                secret_name: Some(secret_name(&job_name)),
-                default_mode: Some(0o400),
-                items: Some(vec![KeyToPath {
-                    key: SECRET_KEY.into(),
-                    path: KEY_ITEM.into(),
-                    ..Default::default()
-                }]),
-                optional: Some(false),
-                ..Default::default()
-            }),
-            ..Default::default()
-        },
-        Volume {
-            name: "tmp".into(),
-            empty_dir: Some(EmptyDirVolumeSource::default()),
-            ..Default::default()
-        },
-    ];
-    if let Some(c) = checkpoint {
-        mounts.push(VolumeMount {
-            name: "checkpoints".into(),
-            mount_path: CHECKPOINT_DIR.into(),
-            ..Default::default()
-        });
-        volumes.push(Volume {
-            name: "checkpoints".into(),
-            empty_dir: (c.volume.kind == CheckpointVolumeKind::EmptyDir)
-                .then(EmptyDirVolumeSource::default),
-            persistent_volume_claim: c.volume.claim_name.clone().map(|claim_name| {
-                PersistentVolumeClaimVolumeSource {
-                    claim_name,
-                    read_only: Some(false),
-                }
-            }),
-            ..Default::default()
-        });
-    }
-
-    let probe = |path: &str, period: i32, failures: i32| Probe {
-        http_get: Some(HTTPGetAction {
-            path: Some(path.into()),
-            port: IntOrString::String("status".into()),
-            ..Default::default()
-        }),
-        period_seconds: Some(period),
-        failure_threshold: Some(failures),
-        ..Default::default()
-    };
-    let container = Container {
-        name: "trainer".into(),
-        image: Some(match (&spec.trainer.image, spec.trainer.backend) {
-            (Some(image), _) => image.clone(),
-            (None, Backend::Cpu) => s.trainer_image.clone(),
-            (None, Backend::Cuda) => s.trainer_cuda_image.clone(),
-        }),
-        args: Some(vec!["run".into()]),
-        env: Some(env),
-        ports: Some(vec![
-            ContainerPort {
-                name: Some("peer".into()),
-                container_port: PEER_PORT,
-                protocol: Some("TCP".into()),
-                ..Default::default()
-            },
-            ContainerPort {
-                name: Some("status".into()),
-                container_port: STATUS_PORT,
-                protocol: Some("TCP".into()),
-                ..Default::default()
-            },
-        ]),
-        readiness_probe: Some(probe("/readyz", 5, 3)),
-        // Generous: a trainer busy in a long step must not be killed for a slow answer.
-        liveness_probe: Some(probe("/healthz", 20, 6)),
-        resources: Some(ResourceRequirements {
-            limits: (!limits.is_empty()).then_some(limits),
-            requests: (!requests.is_empty()).then_some(requests),
-            ..Default::default()
-        }),
-        security_context: Some(SecurityContext {
-            run_as_non_root: Some(true),
-            allow_privilege_escalation: Some(false),
-            privileged: Some(false),
-            read_only_root_filesystem: Some(true),
-            capabilities: Some(Capabilities {
-                drop: Some(vec!["ALL".into()]),
-                add: None,
-            }),
-            seccomp_profile: Some(SeccompProfile {
-                type_: "RuntimeDefault".into(),
-                localhost_profile: None,
-            }),
-            ..Default::default()
-        }),
-        termination_message_path: Some(TERMINATION_MESSAGE_PATH.into()),
-        termination_message_policy: Some("FallbackToLogsOnError".into()),
-        volume_mounts: Some(mounts),
-        ..Default::default()
-    };
+    let (volumes, mounts) = volumes(job);
     let placement = scheduling::placement(&spec.scheduling, p.on_demand);
     let sched = &spec.scheduling;
     Pod {
-        metadata,
+        metadata: pod_metadata(p),
         spec: Some(PodSpec {
             hostname: Some(hostname(p.member)),
             subdomain: Some(service_name(&job_name)),
@@ -487,7 +310,7 @@ pub fn pod(p: &MemberPod, s: &Settings) -> Pod {
             termination_grace_period_seconds: Some(TERMINATION_GRACE_SECONDS),
             automount_service_account_token: Some(false),
             enable_service_links: Some(false),
-            containers: vec![container],
+            containers: vec![trainer_container(p, s, mounts)],
             volumes: Some(volumes),
             node_selector: (!sched.node_selector.is_empty()).then(|| sched.node_selector.clone()),
             affinity: placement.affinity,
@@ -508,5 +331,198 @@ pub fn pod(p: &MemberPod, s: &Settings) -> Pod {
             ..Default::default()
         }),
         status: None,
+    }
+}
+
+/// The pod's name, its member, attempt and clique labels, and its capacity annotation.
+fn pod_metadata(p: &MemberPod) -> ObjectMeta {
+    let job_name = name(p.job);
+    let mut metadata = meta(p.job, pod_name(&job_name, p.member, p.attempt), "trainer");
+    let labels = metadata.labels.get_or_insert_with(BTreeMap::new);
+    labels.insert(LABEL_MEMBER.into(), p.member.to_string());
+    labels.insert(LABEL_ATTEMPT.into(), p.attempt.to_string());
+    if let Some(c) = p.clique {
+        labels.insert(LABEL_CLIQUE.into(), c.to_string());
+    }
+    metadata.annotations = Some(BTreeMap::from([(
+        ANNOTATION_CAPACITY.into(),
+        if p.on_demand { "on-demand" } else { "spot" }.to_string(),
+    )]));
+    metadata
+}
+
+/// The trainer's environment: the user's variables, then the contract (whose `MURMUR_*`
+/// names are murmur's alone) and where to write the termination message.
+fn trainer_env(p: &MemberPod, s: &Settings) -> Vec<EnvVar> {
+    let spec = &p.job.spec;
+    let contract = TrainerEnv {
+        job: name(p.job),
+        namespace: namespace(p.job),
+        member_id: p.member,
+        listen_address: format!("0.0.0.0:{PEER_PORT}"),
+        status_address: format!("0.0.0.0:{STATUS_PORT}"),
+        control_endpoint: Some(s.control_endpoint.clone()),
+        peer_key_file: format!("{KEY_DIR}/{KEY_ITEM}").into(),
+        topology_file: None,
+        checkpoint_dir: spec.checkpoint.as_ref().map(|_| CHECKPOINT_DIR.into()),
+        output_dir: None,
+        backend: spec.trainer.backend,
+        job_spec: Some(serde_json::to_string(spec).expect("a spec serializes")),
+    };
+    let mut env: Vec<EnvVar> = spec
+        .trainer
+        .env
+        .iter()
+        .filter(|e| !e.name.starts_with("MURMUR_"))
+        .cloned()
+        .collect();
+    env.extend(contract.to_vars().into_iter().map(|(k, v)| EnvVar {
+        name: k.into(),
+        value: Some(v),
+        value_from: None,
+    }));
+    env.push(EnvVar {
+        name: TERMINATION_LOG.into(),
+        value: Some(TERMINATION_MESSAGE_PATH.into()),
+        value_from: None,
+    });
+    env
+}
+
+/// CPU and memory requested and limited alike; GPUs as `nvidia.com/gpu` limits.
+fn trainer_resources(job: &DecentralizedTrainingJob) -> ResourceRequirements {
+    let mut limits = BTreeMap::new();
+    let mut requests = BTreeMap::new();
+    if let Some(r) = &job.spec.trainer.resources {
+        for (name, q) in [("cpu", &r.cpu), ("memory", &r.memory)] {
+            if let Some(q) = q {
+                requests.insert(name.to_string(), q.clone());
+                limits.insert(name.to_string(), q.clone());
+            }
+        }
+        if let Some(gpus) = r.gpus.filter(|&g| g > 0) {
+            limits.insert("nvidia.com/gpu".into(), Quantity(gpus.to_string()));
+        }
+    }
+    ResourceRequirements {
+        limits: (!limits.is_empty()).then_some(limits),
+        requests: (!requests.is_empty()).then_some(requests),
+        ..Default::default()
+    }
+}
+
+/// The peer key (read-only), a writable `/tmp` (the root filesystem is read-only) and the
+/// checkpoint volume, with where the trainer mounts them.
+fn volumes(job: &DecentralizedTrainingJob) -> (Vec<Volume>, Vec<VolumeMount>) {
+    let mut mounts = vec![
+        VolumeMount {
+            name: "peer-key".into(),
+            mount_path: KEY_DIR.into(),
+            read_only: Some(true),
+            ..Default::default()
+        },
+        VolumeMount {
+            name: "tmp".into(),
+            mount_path: "/tmp".into(),
+            ..Default::default()
+        },
+    ];
+    let mut volumes = vec![
+        Volume {
+            name: "peer-key".into(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(secret_name(&name(job))),
+                default_mode: Some(0o400),
+                items: Some(vec![KeyToPath {
+                    key: SECRET_KEY.into(),
+                    path: KEY_ITEM.into(),
+                    ..Default::default()
+                }]),
+                optional: Some(false),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        Volume {
+            name: "tmp".into(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Default::default()
+        },
+    ];
+    if let Some(c) = &job.spec.checkpoint {
+        mounts.push(VolumeMount {
+            name: "checkpoints".into(),
+            mount_path: CHECKPOINT_DIR.into(),
+            ..Default::default()
+        });
+        volumes.push(Volume {
+            name: "checkpoints".into(),
+            empty_dir: (c.volume.kind == CheckpointVolumeKind::EmptyDir)
+                .then(EmptyDirVolumeSource::default),
+            persistent_volume_claim: c.volume.claim_name.clone().map(|claim_name| {
+                PersistentVolumeClaimVolumeSource {
+                    claim_name,
+                    read_only: Some(false),
+                }
+            }),
+            ..Default::default()
+        });
+    }
+    (volumes, mounts)
+}
+
+/// The one container: the trainer image for the job's backend, its ports, probes, resources
+/// and a restricted security context.
+fn trainer_container(p: &MemberPod, s: &Settings, mounts: Vec<VolumeMount>) -> Container {
+    let spec = &p.job.spec;
+    let probe = |path: &str, period: i32, failures: i32| Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::String("status".into()),
+            ..Default::default()
+        }),
+        period_seconds: Some(period),
+        failure_threshold: Some(failures),
+        ..Default::default()
+    };
+    let port = |name: &str, container_port| ContainerPort {
+        name: Some(name.into()),
+        container_port,
+        protocol: Some("TCP".into()),
+        ..Default::default()
+    };
+    Container {
+        name: "trainer".into(),
+        image: Some(match (&spec.trainer.image, spec.trainer.backend) {
+            (Some(image), _) => image.clone(),
+            (None, Backend::Cpu) => s.trainer_image.clone(),
+            (None, Backend::Cuda) => s.trainer_cuda_image.clone(),
+        }),
+        args: Some(vec!["run".into()]),
+        env: Some(trainer_env(p, s)),
+        ports: Some(vec![port("peer", PEER_PORT), port("status", STATUS_PORT)]),
+        readiness_probe: Some(probe("/readyz", 5, 3)),
+        // Generous: a trainer busy in a long step must not be killed for a slow answer.
+        liveness_probe: Some(probe("/healthz", 20, 6)),
+        resources: Some(trainer_resources(p.job)),
+        security_context: Some(SecurityContext {
+            run_as_non_root: Some(true),
+            allow_privilege_escalation: Some(false),
+            privileged: Some(false),
+            read_only_root_filesystem: Some(true),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                add: None,
+            }),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".into(),
+                localhost_profile: None,
+            }),
+            ..Default::default()
+        }),
+        termination_message_path: Some(TERMINATION_MESSAGE_PATH.into()),
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        volume_mounts: Some(mounts),
+        ..Default::default()
     }
 }

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use nix::sys::signal::Signal;
 use rand::SeedableRng;
 use rand::seq::IndexedRandom;
 use rand_chacha::ChaCha8Rng;
@@ -48,11 +49,11 @@ impl Chaos {
         interval
     }
 
-    pub fn signal(&self) -> i32 {
+    pub fn signal(&self) -> Signal {
         if self.kill {
-            libc::SIGKILL
+            Signal::SIGKILL
         } else {
-            libc::SIGTERM
+            Signal::SIGTERM
         }
     }
 
@@ -87,7 +88,7 @@ mod tests {
         assert_ne!(picks(7), picks(8));
         let mut c = Chaos::new(Duration::from_secs(1), false, 0);
         assert_eq!(c.pick::<u32>(&[]), None);
-        assert_eq!(c.signal(), libc::SIGTERM);
+        assert_eq!(c.signal(), Signal::SIGTERM);
     }
 
     #[tokio::test(start_paused = true)]

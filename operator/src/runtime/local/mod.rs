@@ -1,10 +1,11 @@
-//! The local runtime: a job's members as child processes on this machine. It serves the status
-//! router (which is also the trainers' control endpoint), asks the planner what to do after
-//! everything that happens, and does it: spawn `murmur-trainer run` with the same env contract a
-//! pod gets, replace lost members, publish the topology, and stop when the job ends.
+//! The local runtime (`murmur run`): the job driver's backend whose members are child processes
+//! on this machine. It serves the status router (also the trainers' control endpoint), and after
+//! everything that happens asks the driver for a plan and carries it out: spawn `murmur-trainer
+//! run` with the same env contract a pod gets, signal processes to stop, read how they ended. The
+//! driver's memory is kept in `state/` of the run's folder, as the operator keeps it in the job's
+//! ConfigMap.
 
 mod chaos;
-mod exit;
 mod output;
 mod progress;
 
@@ -15,15 +16,18 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 use murmur_core::api::{DecentralizedTrainingJob, DecentralizedTrainingJobSpec, JobPhase};
-use murmur_core::contract::{TrainerEnv, TrainerState, TrainerStatus};
+use murmur_core::contract::{TERMINATION_LOG, TrainerEnv, TrainerState, TrainerStatus};
+use murmur_core::topology::MemberId;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
 use serde::Serialize;
 use tokio::sync::mpsc;
 
-use crate::planner::{self, Action, EventKind, JobState, Observation, ObservedMember};
-use crate::status::{self, Hub, Inbound, JobEvent, JobHandle, JobView};
+use crate::driver::{Ended, Ending, JobDriver, MemberFacts, Memory, classify, exit};
+use crate::planner::{Action, Event, Reason};
+use crate::status::{self, Hub, Inbound, JobView};
 
 pub use chaos::Chaos;
-pub use exit::{Ended, classify};
 
 /// How often the runtime reads each live trainer's `/status`.
 const SCRAPE_EVERY: Duration = Duration::from_millis(500);
@@ -154,10 +158,12 @@ fn free_port(next: &mut u16) -> Option<u16> {
 
 /// One process: a member's attempt.
 struct Process {
-    pid: u32,
+    pid: Pid,
     status_address: String,
+    /// Where it writes how it ended (`MURMUR_TERMINATION_LOG`).
+    termination_log: PathBuf,
     /// The signal murmur sent it, if any.
-    sent: Option<i32>,
+    sent: Option<Signal>,
 }
 
 enum Happened {
@@ -173,6 +179,7 @@ enum Happened {
     },
 }
 
+/// The local backend of a job: its members are child processes.
 struct Local {
     spec: DecentralizedTrainingJobSpec,
     namespace: String,
@@ -181,20 +188,17 @@ struct Local {
     workdir: PathBuf,
     key_file: PathBuf,
     control_url: String,
-    state: JobState,
-    observed: Observation,
-    processes: BTreeMap<(u32, u32), Process>,
-    /// Bytes each attempt sent, from its newest status.
-    bytes_out: BTreeMap<(u32, u32), u64>,
+    driver: JobDriver,
+    /// What the processes show: each member's newest attempt.
+    facts: BTreeMap<MemberId, MemberFacts>,
+    processes: BTreeMap<(MemberId, u32), Process>,
+    /// The driver's memory as last written to `state/`.
+    persisted: BTreeMap<String, String>,
     next_port: u16,
-    hub: Arc<Hub>,
-    job: Arc<JobHandle>,
     happened: mpsc::UnboundedSender<Happened>,
     progress: progress::Progress,
     /// One client (and connection pool) for every `/status` read.
     http: reqwest::Client,
-    /// The topology version last handed to the router.
-    published_version: u64,
 }
 
 /// Run a job to its end on this machine.
@@ -235,9 +239,14 @@ pub async fn run(
         )
         .into_future(),
     );
-    let (job, mut inbox) = hub.register(&namespace, &name, key.into_bytes());
-    let (happened, mut happenings) = mpsc::unbounded_channel();
-    let now = Timestamp::now();
+    let (driver, inbox) = JobDriver::start(
+        hub,
+        &namespace,
+        &name,
+        key.into_bytes(),
+        Memory::new(Timestamp::now()),
+    );
+    let (happened, happenings) = mpsc::unbounded_channel();
     let mut local = Local {
         progress: progress::Progress::new(options.bars, &name, &spec),
         spec,
@@ -246,23 +255,19 @@ pub async fn run(
         workdir: workdir.clone(),
         key_file,
         control_url: status_url.clone(),
-        state: JobState::new(now),
-        observed: Observation::default(),
+        driver,
+        facts: BTreeMap::new(),
         processes: BTreeMap::new(),
-        bytes_out: BTreeMap::new(),
+        persisted: BTreeMap::new(),
         next_port: 20_000 + (std::process::id() % 100) as u16 * 100,
-        hub,
-        job,
         happened,
         options,
         http: reqwest::Client::new(),
-        published_version: 0,
     };
     local.progress.line(&format!(
         "murmur: job {}/{}: {} members, status and dashboard at {status_url}/",
         local.namespace, local.name, local.spec.replicas.target
     ));
-
     let checkpoints = local.workdir.join("checkpoints");
     if std::fs::read_dir(&checkpoints).is_ok_and(|mut d| d.next().is_some()) {
         local.progress.line(&format!(
@@ -270,65 +275,21 @@ pub async fn run(
             checkpoints.display()
         ));
     }
-    let mut scrape = tokio::time::interval(SCRAPE_EVERY);
-    let mut tick = tokio::time::interval(Duration::from_millis(250));
-    let mut chaos = local.options.chaos.as_mut().map(|c| c.schedule());
-    let mut interrupted = false;
-    let mut stopping_since: Option<tokio::time::Instant> = None;
-    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(io(Path::new("SIGTERM handler")))?;
-    loop {
-        tokio::select! {
-            biased;
-            Some(message) = inbox.recv() => local.inbound(message),
-            Some(h) = happenings.recv() => local.happened(h),
-            _ = tokio::signal::ctrl_c(), if !interrupted => {
-                interrupted = true;
-                local.progress.line("murmur: interrupted; asking members to leave");
-                local.stop_all(libc::SIGTERM);
-                stopping_since = Some(tokio::time::Instant::now());
-            }
-            _ = sigterm.recv(), if !interrupted => {
-                interrupted = true;
-                local.stop_all(libc::SIGTERM);
-                stopping_since = Some(tokio::time::Instant::now());
-            }
-            _ = scrape.tick() => local.scrape(),
-            Some(_) = async { match &mut chaos { Some(c) => Some(c.tick().await), None => None } }, if chaos.is_some() => {
-                local.chaos();
-            }
-            _ = tick.tick() => {}
-        }
-        if interrupted {
-            if local.processes.is_empty() {
-                local.publish();
-                return Err(LocalError::Interrupted);
-            }
-            if stopping_since.is_some_and(|t| t.elapsed() > STOP_GRACE) {
-                local.stop_all(libc::SIGKILL);
-            }
-            continue;
-        }
-        local.step()?;
-        if local.state.phase.is_finished() {
-            if stopping_since.is_none() && !local.processes.is_empty() {
-                stopping_since = Some(tokio::time::Instant::now());
-            }
-            if stopping_since.is_some_and(|t| t.elapsed() > STOP_GRACE) {
-                local.stop_all(libc::SIGKILL);
-            }
-            if local.processes.is_empty() {
-                break;
-            }
-        }
-    }
+    local.drive(inbox, happenings).await?;
+
     let view = local.publish();
     local.progress.finish();
     let summary = local.summary(&view, status_url);
     // The key only meant something while the trainers ran.
     let _ = std::fs::remove_file(&local.key_file);
     if let Some(dir) = &local.options.output {
-        output::write(dir, &summary, &view, &local.state, &local.job)?;
+        output::write(
+            dir,
+            &summary,
+            &view,
+            local.driver.state(),
+            local.driver.handle(),
+        )?;
     } else if temporary && summary.phase == JobPhase::Succeeded {
         let _ = std::fs::remove_dir_all(&workdir);
     }
@@ -368,52 +329,65 @@ fn write_private(path: &Path, bytes: &[u8]) -> Result<(), LocalError> {
 }
 
 impl Local {
-    fn seconds(&self) -> f64 {
-        planner::seconds_since(self.state.created_at, Timestamp::now())
-    }
-
-    fn current(&mut self, member: u32, attempt: u32) -> Option<&mut ObservedMember> {
-        self.observed
-            .members
-            .get_mut(&member)
-            .filter(|m| m.attempt == attempt)
-    }
-
-    fn inbound(&mut self, message: Inbound) {
-        match message {
-            Inbound::Join(report) => {
-                let id = report.member_id;
-                if let Some(m) = self.observed.members.get_mut(&id)
-                    && m.is_live()
-                {
-                    m.join = Some(report);
+    /// Until the job ends and its last process is gone: take what happens, plan, act.
+    async fn drive(
+        &mut self,
+        mut inbox: mpsc::UnboundedReceiver<Inbound>,
+        mut happenings: mpsc::UnboundedReceiver<Happened>,
+    ) -> Result<(), LocalError> {
+        let mut scrape = tokio::time::interval(SCRAPE_EVERY);
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        let mut chaos = self.options.chaos.as_mut().map(|c| c.schedule());
+        let mut interrupted = false;
+        let mut stopping_since: Option<tokio::time::Instant> = None;
+        let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .map_err(io(Path::new("SIGTERM handler")))?;
+        loop {
+            tokio::select! {
+                biased;
+                Some(message) = inbox.recv() => {
+                    self.driver.receive(message, Timestamp::now());
+                }
+                Some(h) = happenings.recv() => self.happened(h),
+                _ = tokio::signal::ctrl_c(), if !interrupted => {
+                    interrupted = true;
+                    self.progress.line("murmur: interrupted; asking members to leave");
+                    self.stop_all(Signal::SIGTERM);
+                    stopping_since = Some(tokio::time::Instant::now());
+                }
+                _ = sigterm.recv(), if !interrupted => {
+                    interrupted = true;
+                    self.stop_all(Signal::SIGTERM);
+                    stopping_since = Some(tokio::time::Instant::now());
+                }
+                _ = scrape.tick() => self.scrape(),
+                Some(_) = async { match &mut chaos { Some(c) => Some(c.tick().await), None => None } }, if chaos.is_some() => {
+                    self.chaos();
+                }
+                _ = tick.tick() => {}
+            }
+            if interrupted {
+                if self.processes.is_empty() {
+                    self.publish();
+                    return Err(LocalError::Interrupted);
+                }
+                if stopping_since.is_some_and(|t| t.elapsed() > STOP_GRACE) {
+                    self.stop_all(Signal::SIGKILL);
+                }
+                continue;
+            }
+            self.step()?;
+            if self.driver.state().phase.is_finished() {
+                if stopping_since.is_none() && !self.processes.is_empty() {
+                    stopping_since = Some(tokio::time::Instant::now());
+                }
+                if stopping_since.is_some_and(|t| t.elapsed() > STOP_GRACE) {
+                    self.stop_all(Signal::SIGKILL);
+                }
+                if self.processes.is_empty() {
+                    return Ok(());
                 }
             }
-            Inbound::Status(status) => {
-                let id = status.member_id;
-                let Some(attempt) = self.observed.members.get(&id).map(|m| m.attempt) else {
-                    return;
-                };
-                self.take_status(id, attempt, status);
-            }
-            Inbound::PeerEvent(e) => {
-                tracing::debug!(
-                    member = e.member_id,
-                    peer = e.peer,
-                    reason = e.reason.as_str(),
-                    "peer event"
-                );
-            }
-        }
-    }
-
-    fn take_status(&mut self, member: u32, attempt: u32, status: TrainerStatus) {
-        self.bytes_out.insert((member, attempt), status.bytes_out);
-        self.job.sample(self.seconds(), attempt, &status);
-        if let Some(m) = self.current(member, attempt)
-            && m.is_live()
-        {
-            m.status = Some(status);
         }
     }
 
@@ -424,13 +398,14 @@ impl Local {
                 attempt,
                 ended,
             } => {
-                let sent = self
-                    .processes
-                    .remove(&(member, attempt))
-                    .and_then(|p| p.sent);
-                if let Some(m) = self.current(member, attempt) {
-                    let last = m.status.as_ref().map(|s| s.state);
-                    m.exit = Some(classify(ended, last, sent));
+                let Some(p) = self.processes.remove(&(member, attempt)) else {
+                    return;
+                };
+                let exit = classify(&self.ending(member, attempt, &p, ended));
+                if let Some(f) = self.facts.get_mut(&member)
+                    && f.attempt == attempt
+                {
+                    f.exit = Some(exit);
                 }
             }
             Happened::Scraped {
@@ -439,74 +414,103 @@ impl Local {
                 status,
             } => {
                 if self.processes.contains_key(&(member, attempt)) {
-                    self.take_status(member, attempt, status);
+                    self.driver
+                        .take_status(member, attempt, status, Timestamp::now());
                 }
             }
         }
     }
 
-    /// Plan, act, publish.
+    /// What is known of an ended process: what it wrote to its termination log first, then
+    /// what it last reported and what murmur sent it.
+    fn ending(&self, member: MemberId, attempt: u32, p: &Process, ended: Ended) -> Ending {
+        let said = std::fs::read_to_string(&p.termination_log)
+            .ok()
+            .and_then(|text| exit::said(&text));
+        // A signal murmur sent explains the end only if the process honoured it (a clean exit)
+        // or died of it; a crash while leaving is still a crash.
+        let cause = p.sent.and_then(|s| match ended {
+            Ended::Code(0) => Some(format!("{s} sent by murmur; left the job cleanly")),
+            Ended::Signal(n) if n == s as i32 => Some(format!("{s} sent by murmur")),
+            _ => None,
+        });
+        Ending {
+            ended: Some(ended),
+            said,
+            last: self.driver.last_state(member, attempt),
+            cause,
+            detail: None,
+        }
+    }
+
+    /// Plan, act, commit, persist.
     fn step(&mut self) -> Result<(), LocalError> {
         let now = Timestamp::now();
-        let (next, actions) = planner::plan(&self.spec, &self.state, &self.observed, now);
-        self.state = next;
-        for action in actions {
-            match action {
+        let addresses: BTreeMap<MemberId, String> = self
+            .facts
+            .iter()
+            .filter_map(|(id, f)| Some((*id, f.address.clone()?)))
+            .collect();
+        let plan = self.driver.plan(
+            &self.spec,
+            None,
+            self.facts.clone(),
+            &|id| addresses.get(&id).cloned(),
+            now,
+        );
+        for action in &plan.actions {
+            match *action {
                 Action::Create {
                     member, attempt, ..
                 } => self.spawn(member, attempt)?,
-                Action::Stop { member, attempt } => self.signal(member, attempt, libc::SIGTERM),
-                Action::Event {
-                    kind,
-                    reason,
-                    member,
-                    message,
-                } => self.event(kind, reason, member, message),
+                Action::Stop { member, attempt } => self.signal(member, attempt, Signal::SIGTERM),
+                Action::Event(_) => {}
             }
         }
-        // A new version is published once; addresses change only with a version (a joiner).
-        if let Some(t) = &self.state.topology
-            && t.version > self.published_version
-        {
-            self.published_version = t.version;
-            let addresses: BTreeMap<u32, String> = self
-                .observed
-                .members
-                .iter()
-                .filter_map(|(id, m)| Some((*id, m.address.clone()?)))
-                .collect();
-            self.job
-                .set_topology(t.to_document(|id| addresses.get(&id).cloned()));
+        self.driver.commit(&plan, now);
+        for e in &plan.events {
+            self.progress.line(&format!("{}: {}", e.reason, e.message));
         }
-        let view = self.publish();
-        self.progress.update(&view);
+        self.persist(&plan.memory, plan.document.as_ref())?;
+        self.progress.update(&plan.view);
         Ok(())
     }
 
-    /// An event for the terminal, the status API and `events.json`.
-    fn event(&self, kind: EventKind, reason: &str, member: Option<u32>, message: String) {
-        let now = Timestamp::now();
-        self.progress.line(&format!("{reason}: {message}"));
-        self.job.push_event(JobEvent::new(
-            kind,
-            reason,
-            member,
-            message,
-            self.state.created_at,
-            now,
-        ));
+    /// Keep the driver's memory in `state/` (the files the operator keeps in the job's
+    /// ConfigMap), written when it changes.
+    fn persist(
+        &mut self,
+        memory: &Memory,
+        document: Option<&murmur_core::contract::TopologyDocument>,
+    ) -> Result<(), LocalError> {
+        let data = memory.data(document);
+        if data == self.persisted {
+            return Ok(());
+        }
+        let dir = self.workdir.join("state");
+        std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+        for (key, text) in &data {
+            if self.persisted.get(key) != Some(text) {
+                let path = dir.join(key);
+                std::fs::write(&path, text).map_err(io(&path))?;
+            }
+        }
+        self.persisted = data;
+        Ok(())
+    }
+
+    /// A chaos event: on the terminal and in the status API.
+    fn event(&self, event: Event) {
+        self.progress
+            .line(&format!("{}: {}", event.reason, event.message));
+        self.driver.record(event, Timestamp::now());
     }
 
     fn publish(&self) -> JobView {
-        let view = status::view::job_view(
-            &self.namespace,
-            &self.name,
-            &self.spec,
-            &self.state,
-            &self.observed,
-            Timestamp::now(),
-        );
-        self.hub.publish(&self.job, view.clone());
+        let view = self
+            .driver
+            .view(&self.spec, self.facts.clone(), Timestamp::now());
+        self.driver.publish(view.clone());
         view
     }
 
@@ -532,10 +536,9 @@ impl Local {
             backend: self.spec.trainer.backend,
             job_spec: Some(serde_json::to_string(&self.spec).expect("a spec serializes")),
         };
-        let log_path = self
-            .workdir
-            .join("logs")
-            .join(format!("member-{member}-{attempt}.log"));
+        let logs = self.workdir.join("logs");
+        let log_path = logs.join(format!("member-{member}-{attempt}.log"));
+        let termination_log = logs.join(format!("member-{member}-{attempt}.termination"));
         let log = std::fs::File::create(&log_path).map_err(io(&log_path))?;
         let log_err = log.try_clone().map_err(io(&log_path))?;
         let mut command = tokio::process::Command::new(&self.options.trainer);
@@ -558,6 +561,7 @@ impl Local {
             }
         }
         command.envs(env.to_vars());
+        command.env(TERMINATION_LOG, &termination_log);
         if std::env::var_os("RUST_LOG").is_none() {
             command.env("RUST_LOG", "info");
         }
@@ -569,14 +573,15 @@ impl Local {
         self.processes.insert(
             (member, attempt),
             Process {
-                pid,
+                pid: Pid::from_raw(pid as i32),
                 status_address: env.status_address.clone(),
+                termination_log,
                 sent: None,
             },
         );
-        self.observed.members.insert(
+        self.facts.insert(
             member,
-            ObservedMember {
+            MemberFacts {
                 attempt,
                 address: Some(listen_address),
                 ..Default::default()
@@ -598,17 +603,17 @@ impl Local {
         Ok(())
     }
 
-    fn signal(&mut self, member: u32, attempt: u32, signal: i32) {
+    fn signal(&mut self, member: u32, attempt: u32, signal: Signal) {
         if let Some(p) = self.processes.get_mut(&(member, attempt)) {
-            // SAFETY: kill(2) on a child we started and have not reaped (its waiter holds it).
-            unsafe { libc::kill(p.pid as i32, signal) };
-            if p.sent != Some(libc::SIGKILL) {
+            // A child we started and have not reaped (its waiter holds it): the pid is ours.
+            let _ = kill(p.pid, signal);
+            if p.sent != Some(Signal::SIGKILL) {
                 p.sent = Some(signal);
             }
         }
     }
 
-    fn stop_all(&mut self, signal: i32) {
+    fn stop_all(&mut self, signal: Signal) {
         let all: Vec<(u32, u32)> = self.processes.keys().copied().collect();
         for (member, attempt) in all {
             self.signal(member, attempt, signal);
@@ -641,17 +646,18 @@ impl Local {
         let Some(chaos) = &mut self.options.chaos else {
             return;
         };
-        if !chaos.striking() || self.state.finishing() || self.state.phase.is_finished() {
+        let state = self.driver.state();
+        if !chaos.striking() || state.finishing() || state.phase.is_finished() {
             return;
         }
         let candidates: Vec<(u32, u32)> = self
-            .observed
-            .members
+            .facts
             .iter()
-            .filter(|(_, m)| {
-                m.is_live() && m.status.as_ref().map(|s| s.state) == Some(TrainerState::Training)
+            .filter(|(id, f)| {
+                f.exit.is_none()
+                    && self.driver.last_state(**id, f.attempt) == Some(TrainerState::Training)
             })
-            .map(|(id, m)| (*id, m.attempt))
+            .map(|(id, f)| (*id, f.attempt))
             .filter(|k| self.processes.get(k).is_some_and(|p| p.sent.is_none()))
             .collect();
         let Some((member, attempt)) = chaos.pick(&candidates) else {
@@ -659,15 +665,11 @@ impl Local {
         };
         let signal = chaos.signal();
         self.signal(member, attempt, signal);
-        self.event(
-            EventKind::Warning,
-            "Chaos",
+        self.event(Event::warning(
+            Reason::Chaos,
             Some(member),
-            format!(
-                "{} to member {member} (attempt {attempt})",
-                exit::signal_name(signal)
-            ),
-        );
+            format!("{signal} to member {member} (attempt {attempt})"),
+        ));
     }
 
     fn summary(&self, view: &JobView, status_url: String) -> Summary {
@@ -675,24 +677,30 @@ impl Local {
             .members
             .iter()
             .filter(|m| m.health == status::view::Health::Done)
-            .filter_map(|m| m.accuracy)
+            .filter_map(|m| m.progress.accuracy)
             .collect();
         let mean = (!done.is_empty()).then(|| done.iter().sum::<f64>() / done.len() as f64);
+        let state = self.driver.state();
         Summary {
             namespace: self.namespace.clone(),
             job: self.name.clone(),
-            phase: self.state.phase,
-            message: self.state.message.clone(),
+            phase: state.phase,
+            message: state.message.clone(),
             final_accuracy: mean,
             accuracy_min: done.iter().copied().reduce(f64::min),
             accuracy_max: done.iter().copied().reduce(f64::max),
             members_completed: done.len(),
-            steps: view.members.iter().map(|m| m.step).max().unwrap_or(0),
+            steps: view
+                .members
+                .iter()
+                .map(|m| m.progress.step)
+                .max()
+                .unwrap_or(0),
             wall_seconds: view.elapsed_seconds,
-            bytes_exchanged: self.bytes_out.values().sum(),
-            preemptions_survived: self.state.preemptions.len(),
-            restarts: self.state.restarts,
-            topology_version: self.state.last_version,
+            bytes_exchanged: self.driver.bytes_exchanged(),
+            preemptions_survived: state.preemptions.len(),
+            restarts: state.restarts,
+            topology_version: state.last_version,
             status_url,
         }
     }

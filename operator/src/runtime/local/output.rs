@@ -12,8 +12,7 @@ use super::{LocalError, Summary, io};
 use crate::planner::JobState;
 use crate::status::{JobHandle, JobView, SeriesPoint};
 
-/// The plots' font travels with the binary, so plots look the same on any machine.
-const FONT: &[u8] = include_bytes!("../../../../trainer/assets/DejaVuSans.ttf");
+use murmur_core::assets::PLOT_FONT as FONT;
 
 pub fn write(
     dir: &Path,
@@ -56,7 +55,7 @@ pub fn write(
         "loss",
         &series,
         target,
-        |p| p.loss,
+        |p| p.progress.loss,
     )?;
     plot(
         &dir.join("accuracy.png"),
@@ -64,7 +63,7 @@ pub fn write(
         "test accuracy (%)",
         &series,
         target,
-        |p| p.accuracy.map(|a| 100.0 * a),
+        |p| p.progress.accuracy.map(|a| 100.0 * a),
     )?;
     Ok(())
 }
@@ -78,10 +77,10 @@ pub fn metrics_csv(series: &[SeriesPoint]) -> String {
             p.t,
             p.member,
             p.attempt,
-            p.step,
-            opt(p.loss),
-            opt(p.accuracy),
-            opt(p.consensus_distance)
+            p.progress.step,
+            opt(p.progress.loss),
+            opt(p.progress.accuracy),
+            opt(p.progress.consensus_distance)
         ));
     }
     out
@@ -104,7 +103,10 @@ fn plot(
     let mut lines: BTreeMap<u32, Vec<(u64, f64)>> = BTreeMap::new();
     for p in series {
         if let Some(v) = value(p).filter(|v| v.is_finite()) {
-            lines.entry(p.member).or_default().push((p.step, v));
+            lines
+                .entry(p.member)
+                .or_default()
+                .push((p.progress.step, v));
         }
     }
     let max_step = lines
@@ -171,10 +173,12 @@ mod tests {
             t: 1.5,
             member: 2,
             attempt: 1,
-            step: 40,
-            loss: Some(0.25),
-            accuracy: None,
-            consensus_distance: Some(0.5),
+            progress: murmur_core::api::Progress {
+                step: 40,
+                loss: Some(0.25),
+                accuracy: None,
+                consensus_distance: Some(0.5),
+            },
         }]);
         assert_eq!(
             csv,

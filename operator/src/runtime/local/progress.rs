@@ -99,14 +99,14 @@ impl Progress {
                 bar.set_prefix(m.id.to_string());
                 bar
             });
-            bar.set_position(m.step);
+            bar.set_position(m.progress.step);
             bar.set_message(format!(
                 "{:?} (attempt {}) · step {} · loss {} · accuracy {}{}",
                 m.phase,
                 m.attempt,
-                m.step,
-                fmt(m.loss, |v| format!("{v:.3}")),
-                fmt(m.accuracy, |v| format!("{:.1}%", 100.0 * v)),
+                m.progress.step,
+                fmt(m.progress.loss, |v| format!("{v:.3}")),
+                fmt(m.progress.accuracy, |v| format!("{:.1}%", 100.0 * v)),
                 m.clique.map_or(String::new(), |c| format!(" · clique {c}")),
             ));
         }

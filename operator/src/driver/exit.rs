@@ -1,0 +1,201 @@
+//! How a member's trainer ended, in the planner's terms — reaching the target, preemption (never
+//! a failure) or a crash — decided once for both runtimes: a process `murmur run` reaped, or a
+//! container whose pod the operator reads. Both read the trainer's termination message first
+//! (`MURMUR_TERMINATION_LOG`), so a member that completed is never taken for one that left on a
+//! spot notice, however its last status post raced its exit.
+
+use murmur_core::contract::{TerminationMessage, TerminationOutcome, TrainerState};
+
+use crate::planner::Exit;
+
+/// What the OS (or the kubelet) says: an exit code, or the signal that ended the process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ended {
+    Code(i32),
+    Signal(i32),
+}
+
+impl From<std::process::ExitStatus> for Ended {
+    fn from(status: std::process::ExitStatus) -> Self {
+        use std::os::unix::process::ExitStatusExt;
+        match (status.code(), status.signal()) {
+            (Some(code), _) => Ended::Code(code),
+            (None, Some(signal)) => Ended::Signal(signal),
+            (None, None) => Ended::Code(-1),
+        }
+    }
+}
+
+/// Everything known about one ended trainer.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Ending {
+    pub ended: Option<Ended>,
+    /// What the trainer wrote to its termination log, if anything (parse it with [`said`]).
+    pub said: Option<TerminationOutcome>,
+    /// The newest state it reported (for a trainer too old to write a termination message).
+    pub last: Option<TrainerState>,
+    /// It was stopped from outside, and why: the pod's `DisruptionTarget` condition, a node
+    /// that gave up on it, a signal murmur itself sent. A preemption whatever the exit.
+    pub cause: Option<String>,
+    /// The runtime's word for a crash (the container's `OOMKilled`, `Error`).
+    pub detail: Option<String>,
+}
+
+/// The outcome in a termination message (`{"outcome": "done", "step": 400}`), if it is one.
+pub fn said(text: &str) -> Option<TerminationOutcome> {
+    serde_json::from_str::<TerminationMessage>(text.trim())
+        .ok()
+        .map(|m| m.outcome)
+}
+
+pub fn signal_name(signal: i32) -> String {
+    use nix::sys::signal::Signal;
+    match Signal::try_from(signal) {
+        Ok(s) => s.as_str().to_string(),
+        Err(_) => format!("signal {signal}"),
+    }
+}
+
+/// Classify an ended trainer.
+pub fn classify(e: &Ending) -> Exit {
+    use nix::sys::signal::Signal::{SIGHUP, SIGINT, SIGKILL, SIGTERM};
+    let preempted = |fallback: &str| Exit::Preempted {
+        reason: e.cause.clone().unwrap_or_else(|| fallback.to_string()),
+    };
+    match e.ended.unwrap_or(Ended::Code(-1)) {
+        Ended::Code(0) => match (e.said, e.last) {
+            (Some(TerminationOutcome::Done), _) | (None, Some(TrainerState::Done)) => {
+                Exit::Completed
+            }
+            (Some(TerminationOutcome::Left), _) => {
+                preempted("left the job on a stop signal (a spot notice)")
+            }
+            (None, _) => preempted("exited before the stopping target (a spot notice)"),
+        },
+        _ if e.cause.is_some() => preempted(""),
+        // Stopped from outside without a chance to leave: the local picture of node loss.
+        Ended::Signal(s)
+            if [SIGKILL, SIGTERM, SIGINT, SIGHUP]
+                .iter()
+                .any(|&sig| sig as i32 == s) =>
+        {
+            Exit::Preempted {
+                reason: format!("{} from outside murmur (node loss)", signal_name(s)),
+            }
+        }
+        Ended::Signal(s) => Exit::Failed {
+            reason: format!("crashed with {}", signal_name(s)),
+        },
+        Ended::Code(code) => Exit::Failed {
+            reason: match &e.detail {
+                Some(detail) => format!("exit code {code} ({detail})"),
+                None => format!("exited with code {code}"),
+            },
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nix::sys::signal::Signal::{SIGKILL, SIGSEGV, SIGTERM};
+
+    fn ended(ended: Ended, said: Option<TerminationOutcome>, last: Option<TrainerState>) -> Ending {
+        Ending {
+            ended: Some(ended),
+            said,
+            last,
+            ..Default::default()
+        }
+    }
+
+    fn by_murmur(mut e: Ending, signal: nix::sys::signal::Signal) -> Ending {
+        e.cause = Some(format!("{} sent by murmur", signal_name(signal as i32)));
+        e
+    }
+
+    #[test]
+    fn only_a_trainer_that_said_or_reported_done_completed() {
+        assert_eq!(
+            classify(&ended(Ended::Code(0), None, Some(TrainerState::Done))),
+            Exit::Completed
+        );
+        // The termination message wins over a last status that lagged behind.
+        assert_eq!(
+            classify(&ended(
+                Ended::Code(0),
+                Some(TerminationOutcome::Done),
+                Some(TrainerState::Training)
+            )),
+            Exit::Completed
+        );
+        assert!(matches!(
+            classify(&by_murmur(ended(Ended::Code(0), Some(TerminationOutcome::Left), Some(TrainerState::Leaving)), SIGTERM)),
+            Exit::Preempted { reason } if reason.contains("SIGTERM sent by murmur")
+        ));
+        assert!(matches!(
+            classify(&ended(Ended::Code(0), None, Some(TrainerState::Training))),
+            Exit::Preempted { reason } if reason.contains("spot notice")
+        ));
+        assert!(matches!(
+            classify(&ended(Ended::Code(0), Some(TerminationOutcome::Left), None)),
+            Exit::Preempted { reason } if reason.contains("spot notice")
+        ));
+    }
+
+    #[test]
+    fn kills_are_preemptions_and_crashes_are_failures() {
+        assert!(matches!(
+            classify(&by_murmur(ended(Ended::Signal(SIGKILL as i32), None, None), SIGKILL)),
+            Exit::Preempted { reason } if reason.contains("SIGKILL sent by murmur")
+        ));
+        assert!(matches!(
+            classify(&ended(Ended::Signal(SIGKILL as i32), None, Some(TrainerState::Training))),
+            Exit::Preempted { reason } if reason.contains("node loss")
+        ));
+        assert!(matches!(
+            classify(&ended(Ended::Signal(SIGSEGV as i32), None, Some(TrainerState::Training))),
+            Exit::Failed { reason } if reason == "crashed with SIGSEGV"
+        ));
+        assert!(matches!(
+            classify(&ended(Ended::Code(2), None, None)),
+            Exit::Failed { reason } if reason == "exited with code 2"
+        ));
+        let oom = Ending {
+            detail: Some("OOMKilled".into()),
+            ..ended(Ended::Code(137), None, None)
+        };
+        assert!(
+            matches!(classify(&oom), Exit::Failed { reason } if reason == "exit code 137 (OOMKilled)")
+        );
+        // Exit code 0 after reporting done is success even if murmur had signalled it.
+        assert_eq!(
+            classify(&by_murmur(
+                ended(Ended::Code(0), None, Some(TrainerState::Done)),
+                SIGTERM
+            )),
+            Exit::Completed
+        );
+        // A disrupted pod is preempted whatever its exit code.
+        let disrupted = Ending {
+            cause: Some("EvictionByEvictionAPI".into()),
+            ..ended(Ended::Code(143), None, None)
+        };
+        assert_eq!(
+            classify(&disrupted),
+            Exit::Preempted {
+                reason: "EvictionByEvictionAPI".into()
+            }
+        );
+    }
+
+    #[test]
+    fn a_termination_message_is_read_leniently_and_anything_else_says_nothing() {
+        assert_eq!(
+            said("{\"outcome\":\"done\",\"step\":400}\n"),
+            Some(TerminationOutcome::Done)
+        );
+        assert_eq!(said("panicked at ..."), None);
+        assert_eq!(said(""), None);
+    }
+}

@@ -1,0 +1,130 @@
+//! The job driver's memory: what must survive the control plane's own restart. The planner's
+//! state and the trainers' join reports (a data-aware topology is rebuilt from them), with the
+//! topology document trainers follow. The operator keeps the three in the job's ConfigMap and
+//! `murmur run` in files of the same names; both read them back with [`Memory::from_data`].
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::jiff::Timestamp;
+use murmur_core::contract::{JoinReport, TopologyDocument};
+use murmur_core::topology::MemberId;
+use serde::{Deserialize, Serialize};
+
+use crate::planner::JobState;
+
+/// Keys (ConfigMap) and file names (`murmur run`): the document trainers follow, the
+/// planner's memory, the join reports.
+pub const TOPOLOGY_KEY: &str = "topology.json";
+pub const STATE_KEY: &str = "state.json";
+pub const JOINS_KEY: &str = "joins.json";
+
+/// A join report and the attempt that sent it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StoredJoin {
+    pub attempt: u32,
+    pub report: JoinReport,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Memory {
+    pub state: JobState,
+    pub joins: BTreeMap<MemberId, StoredJoin>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{origin} key {key}: {message}")]
+pub struct MemoryError {
+    /// Where it was read from (the ConfigMap, a folder).
+    pub origin: String,
+    pub key: &'static str,
+    pub message: String,
+}
+
+impl Memory {
+    /// A job seen for the first time, created at `created`.
+    pub fn new(created: Timestamp) -> Self {
+        Self {
+            state: JobState::new(created),
+            joins: BTreeMap::new(),
+        }
+    }
+
+    /// Read what [`Memory::data`] wrote; `source` names where it came from, for the error.
+    pub fn from_data(source: &str, data: &BTreeMap<String, String>) -> Result<Self, MemoryError> {
+        let field = |key: &'static str| {
+            data.get(key).ok_or_else(|| MemoryError {
+                origin: source.to_string(),
+                key,
+                message: "missing".into(),
+            })
+        };
+        let parse = |key: &'static str, text: String| MemoryError {
+            origin: source.to_string(),
+            key,
+            message: format!("not what murmur wrote: {text}"),
+        };
+        let state =
+            serde_json::from_str(field(STATE_KEY)?).map_err(|e| parse(STATE_KEY, e.to_string()))?;
+        let joins =
+            serde_json::from_str(field(JOINS_KEY)?).map_err(|e| parse(JOINS_KEY, e.to_string()))?;
+        Ok(Self { state, joins })
+    }
+
+    /// The memory as text under its keys, with the document trainers follow when there is one.
+    pub fn data(&self, document: Option<&TopologyDocument>) -> BTreeMap<String, String> {
+        let mut data = BTreeMap::from([
+            (
+                STATE_KEY.to_string(),
+                serde_json::to_string(&self.state).expect("state serializes"),
+            ),
+            (
+                JOINS_KEY.to_string(),
+                serde_json::to_string(&self.joins).expect("joins serialize"),
+            ),
+        ]);
+        if let Some(doc) = document {
+            data.insert(
+                TOPOLOGY_KEY.to_string(),
+                serde_json::to_string(doc).expect("a document serializes"),
+            );
+        }
+        data
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_round_trips_and_a_bad_key_is_named() {
+        let mut m = Memory::new(Timestamp::from_second(1_800_000_000).unwrap());
+        m.joins.insert(
+            2,
+            StoredJoin {
+                attempt: 1,
+                report: JoinReport {
+                    member_id: 2,
+                    label_histogram: vec![1, 2],
+                    proxy_vector: None,
+                },
+            },
+        );
+        let data = m.data(None);
+        assert_eq!(Memory::from_data("cm", &data).unwrap(), m);
+        let mut broken = data.clone();
+        broken.insert(STATE_KEY.into(), "{".into());
+        let e = Memory::from_data("ConfigMap ml/x-topology", &broken).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("ConfigMap ml/x-topology key state.json: not what murmur wrote"),
+            "{e}"
+        );
+        broken.remove(JOINS_KEY);
+        broken.insert(STATE_KEY.into(), data[STATE_KEY].clone());
+        assert_eq!(
+            Memory::from_data("cm", &broken).unwrap_err().message,
+            "missing"
+        );
+    }
+}

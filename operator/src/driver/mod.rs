@@ -1,0 +1,323 @@
+//! The job driver: the one owner of a job's life, whatever runs its members. It holds the
+//! planner's memory and what the trainers post (join reports, statuses), plans, and publishes
+//! the topology document, the events and the status view on the status hub. The runtimes under
+//! it only create, stop and observe members — `runtime::local` as processes, `runtime::kube` as
+//! pods — and persist its [`Memory`] (files; the job's ConfigMap).
+//!
+//! A step is two calls: [`JobDriver::plan`] decides (pure: nothing changes), the runtime carries
+//! the plan out, and [`JobDriver::commit`] makes it the job's memory and publishes it. A runtime
+//! whose writes fail does not commit, and plans again from the same memory.
+
+pub mod exit;
+pub mod memory;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::jiff::Timestamp;
+use murmur_core::api::DecentralizedTrainingJobSpec;
+use murmur_core::contract::{TopologyDocument, TrainerState, TrainerStatus};
+use murmur_core::topology::MemberId;
+use tokio::sync::mpsc;
+
+pub use exit::{Ended, Ending, classify};
+pub use memory::{Memory, MemoryError, StoredJoin};
+
+use crate::planner::{self, Action, Event, Exit, JobState, Observation, ObservedMember};
+use crate::status::{Hub, Inbound, JobEvent, JobHandle, JobView, view};
+
+/// What a runtime sees of one member: its newest attempt's process or pod.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MemberFacts {
+    pub attempt: u32,
+    /// `host:port` of its peer listener, once known.
+    pub address: Option<String>,
+    /// The node it runs on (pods; processes leave it unset).
+    pub node: Option<String>,
+    /// Since when it has waited for a node (pods; processes never wait).
+    pub pending_since: Option<Timestamp>,
+    /// Set once it ended.
+    pub exit: Option<Exit>,
+}
+
+/// One planning step, decided but not yet carried out.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    /// The job's memory once the step is carried out.
+    pub memory: Memory,
+    /// What the runtime must do: create and stop members.
+    pub actions: Vec<Action>,
+    pub events: Vec<Event>,
+    /// What the planner saw, with the members this step creates as they will show.
+    pub observed: Observation,
+    /// The topology document, with every member's peer address.
+    pub document: Option<TopologyDocument>,
+    /// The status view (a runtime may add what only it knows before committing).
+    pub view: JobView,
+}
+
+pub struct JobDriver {
+    namespace: String,
+    name: String,
+    memory: Memory,
+    /// The newest status of each member, with the attempt that posted it.
+    statuses: BTreeMap<MemberId, (u32, TrainerStatus)>,
+    /// Bytes each attempt sent to its peers, from its newest status.
+    bytes_out: BTreeMap<(MemberId, u32), u64>,
+    hub: Arc<Hub>,
+    handle: Arc<JobHandle>,
+    /// The newest topology version handed to the hub.
+    published_version: u64,
+}
+
+impl JobDriver {
+    /// Drive a job from `memory`, serving it on `hub`: its trainers' posts (signed with `key`)
+    /// arrive on the returned inbox, for [`JobDriver::receive`].
+    pub fn start(
+        hub: Arc<Hub>,
+        namespace: &str,
+        name: &str,
+        key: Vec<u8>,
+        memory: Memory,
+    ) -> (Self, mpsc::UnboundedReceiver<Inbound>) {
+        let (handle, inbox) = hub.register(namespace, name, key);
+        let driver = Self {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            memory,
+            statuses: BTreeMap::new(),
+            bytes_out: BTreeMap::new(),
+            hub,
+            handle,
+            published_version: 0,
+        };
+        (driver, inbox)
+    }
+
+    pub fn memory(&self) -> &Memory {
+        &self.memory
+    }
+
+    pub fn state(&self) -> &JobState {
+        &self.memory.state
+    }
+
+    pub fn handle(&self) -> &Arc<JobHandle> {
+        &self.handle
+    }
+
+    /// Seconds since the job was created, at `now`.
+    pub fn seconds(&self, now: Timestamp) -> f64 {
+        planner::seconds_since(self.memory.state.created_at, now)
+    }
+
+    /// Bytes every trainer sent to its peers, all attempts together.
+    pub fn bytes_exchanged(&self) -> u64 {
+        self.bytes_out.values().sum()
+    }
+
+    fn attempt_of(&self, member: MemberId) -> Option<u32> {
+        self.memory.state.members.get(&member).map(|r| r.attempt)
+    }
+
+    /// Take what a trainer posted (already authenticated). True when the job should be planned
+    /// now: a join report, or a member whose state changed (it started training, paused, left
+    /// or finished).
+    pub fn receive(&mut self, message: Inbound, now: Timestamp) -> bool {
+        match message {
+            Inbound::Join(report) => {
+                let id = report.member_id;
+                let Some(attempt) = self.attempt_of(id) else {
+                    return false;
+                };
+                self.memory.joins.insert(id, StoredJoin { attempt, report });
+                true
+            }
+            Inbound::Status(status) => {
+                let id = status.member_id;
+                let Some(attempt) = self.attempt_of(id) else {
+                    return false;
+                };
+                self.take_status(id, attempt, status, now)
+            }
+            Inbound::PeerEvent(e) => {
+                tracing::debug!(
+                    member = e.member_id,
+                    peer = e.peer,
+                    reason = e.reason.as_str(),
+                    "peer event"
+                );
+                false
+            }
+        }
+    }
+
+    /// A status of a member's attempt (posted, or read from its `/status`): a progress sample
+    /// for the curves, and what the planner sees of it. True when its state changed.
+    pub fn take_status(
+        &mut self,
+        member: MemberId,
+        attempt: u32,
+        status: TrainerStatus,
+        now: Timestamp,
+    ) -> bool {
+        self.bytes_out.insert((member, attempt), status.bytes_out);
+        self.handle.sample(self.seconds(now), attempt, &status);
+        let changed = self
+            .statuses
+            .get(&member)
+            .is_none_or(|(a, s)| *a != attempt || s.state != status.state);
+        if self
+            .statuses
+            .get(&member)
+            .is_none_or(|(a, _)| *a <= attempt)
+        {
+            self.statuses.insert(member, (attempt, status));
+        }
+        changed
+    }
+
+    /// The state a member's attempt last reported.
+    pub fn last_state(&self, member: MemberId, attempt: u32) -> Option<TrainerState> {
+        self.statuses
+            .get(&member)
+            .filter(|(a, _)| *a == attempt)
+            .map(|(_, s)| s.state)
+    }
+
+    /// What the planner sees: the runtime's facts with the join report and status of the same
+    /// attempt.
+    pub fn observation(&self, facts: BTreeMap<MemberId, MemberFacts>) -> Observation {
+        let members = facts
+            .into_iter()
+            .map(|(id, f)| {
+                let join = self
+                    .memory
+                    .joins
+                    .get(&id)
+                    .filter(|j| j.attempt == f.attempt)
+                    .map(|j| j.report.clone());
+                let status = self
+                    .statuses
+                    .get(&id)
+                    .filter(|(a, _)| *a == f.attempt)
+                    .map(|(_, s)| s.clone());
+                let m = ObservedMember {
+                    attempt: f.attempt,
+                    address: f.address,
+                    join,
+                    status,
+                    exit: f.exit,
+                    node: f.node,
+                    pending_since: f.pending_since,
+                };
+                (id, m)
+            })
+            .collect();
+        Observation { members }
+    }
+
+    /// Decide the next step from what the runtime sees. `problems`: why the spec is invalid,
+    /// if it is (nothing is planned then). `address`: a member's peer address for the topology
+    /// document (and for members this step creates).
+    pub fn plan(
+        &self,
+        spec: &DecentralizedTrainingJobSpec,
+        problems: Option<&str>,
+        facts: BTreeMap<MemberId, MemberFacts>,
+        address: &dyn Fn(MemberId) -> Option<String>,
+        now: Timestamp,
+    ) -> Plan {
+        let mut observed = self.observation(facts);
+        let (state, actions) = match problems {
+            Some(problems) => {
+                observed = Observation::default();
+                planner::reject(&self.memory.state, problems, now)
+            }
+            None => planner::plan(spec, &self.memory.state, &observed, now),
+        };
+        let mut events = Vec::new();
+        let mut work = Vec::new();
+        for action in actions {
+            match action {
+                Action::Event(e) => events.push(e),
+                Action::Create {
+                    member, attempt, ..
+                } => {
+                    // What the runtime will show of it once created.
+                    observed.members.insert(
+                        member,
+                        ObservedMember {
+                            attempt,
+                            address: address(member),
+                            ..Default::default()
+                        },
+                    );
+                    work.push(action);
+                }
+                Action::Stop { .. } => work.push(action),
+            }
+        }
+        let document = state.topology.as_ref().map(|t| t.to_document(address));
+        let view = view::job_view(&self.namespace, &self.name, spec, &state, &observed, now);
+        Plan {
+            memory: Memory {
+                state,
+                joins: self.memory.joins.clone(),
+            },
+            actions: work,
+            events,
+            observed,
+            document,
+            view,
+        }
+    }
+
+    /// The runtime carried `plan` out: it is the job's memory now. Publishes its topology
+    /// document (a newer version only), its events and its view.
+    pub fn commit(&mut self, plan: &Plan, now: Timestamp) {
+        // Join reports that arrived while the plan was carried out are kept.
+        self.memory.state = plan.memory.state.clone();
+        if let Some(doc) = &plan.document
+            && doc.version > self.published_version
+        {
+            self.published_version = doc.version;
+            self.handle.set_topology(doc.clone());
+        }
+        for event in &plan.events {
+            self.record(event.clone(), now);
+        }
+        self.hub.publish(&self.handle, plan.view.clone());
+    }
+
+    /// Keep an event for the status API (the runtime prints it or writes it to the cluster).
+    pub fn record(&self, event: Event, now: Timestamp) {
+        self.handle
+            .push_event(JobEvent::new(event, self.memory.state.created_at, now));
+    }
+
+    /// The status view of the job as it stands, with `facts` as the runtime sees them now.
+    pub fn view(
+        &self,
+        spec: &DecentralizedTrainingJobSpec,
+        facts: BTreeMap<MemberId, MemberFacts>,
+        now: Timestamp,
+    ) -> JobView {
+        view::job_view(
+            &self.namespace,
+            &self.name,
+            spec,
+            &self.memory.state,
+            &self.observation(facts),
+            now,
+        )
+    }
+
+    /// Publish a view outside a step (the runtime's last word on a job that ended).
+    pub fn publish(&self, view: JobView) {
+        self.hub.publish(&self.handle, view);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,184 @@
+use super::*;
+use murmur_core::api::{Progress, parse_manifest};
+use murmur_core::contract::JoinReport;
+
+const MANIFEST: &str = "\
+apiVersion: murmur.dev/v1alpha1
+kind: DecentralizedTrainingJob
+metadata: {name: drive}
+spec:
+  replicas: {min: 2, target: 2, max: 2}
+  topology: {kind: ring}
+  algorithm: {kind: dpsgd}
+  training: {model: mlp, steps: 100}
+";
+
+fn at(secs: i64) -> Timestamp {
+    Timestamp::from_second(1_800_000_000 + secs).unwrap()
+}
+
+fn spec() -> DecentralizedTrainingJobSpec {
+    parse_manifest(MANIFEST, "drive.yaml").unwrap().spec
+}
+
+fn driver() -> (JobDriver, Arc<Hub>) {
+    let hub = Arc::new(Hub::default());
+    let (d, _inbox) = JobDriver::start(
+        hub.clone(),
+        "ns",
+        "drive",
+        b"k".to_vec(),
+        Memory::new(at(0)),
+    );
+    (d, hub)
+}
+
+fn address(id: MemberId) -> Option<String> {
+    Some(format!("10.0.0.{id}:7070"))
+}
+
+fn join(id: MemberId) -> Inbound {
+    Inbound::Join(JoinReport {
+        member_id: id,
+        label_histogram: vec![1; 10],
+        proxy_vector: None,
+    })
+}
+
+fn status(id: MemberId, state: TrainerState, step: u64) -> TrainerStatus {
+    TrainerStatus {
+        member_id: id,
+        state,
+        progress: Progress {
+            step,
+            ..Default::default()
+        },
+        topology_version: 1,
+        neighbours_seen: vec![],
+        bytes_in: 0,
+        bytes_out: 10 * step,
+        rejected_frames: 0,
+    }
+}
+
+/// Every created member live, as a runtime would show it.
+fn facts(d: &JobDriver) -> BTreeMap<MemberId, MemberFacts> {
+    d.state()
+        .members
+        .iter()
+        .map(|(&id, r)| {
+            (
+                id,
+                MemberFacts {
+                    attempt: r.attempt,
+                    address: address(id),
+                    ..Default::default()
+                },
+            )
+        })
+        .collect()
+}
+
+fn step(d: &mut JobDriver, now: Timestamp) -> Plan {
+    let plan = d.plan(&spec(), None, facts(d), &address, now);
+    d.commit(&plan, now);
+    plan
+}
+
+#[test]
+fn a_plan_changes_nothing_until_it_is_committed() {
+    let (mut d, hub) = driver();
+    let before = d.memory().clone();
+    let plan = d.plan(&spec(), None, BTreeMap::new(), &address, at(1));
+    assert_eq!(plan.actions.len(), 2, "two members to create");
+    assert_eq!(d.memory(), &before);
+    assert!(hub.job("ns", "drive").unwrap().view().is_none());
+    d.commit(&plan, at(1));
+    assert_eq!(d.state(), &plan.memory.state);
+    assert!(hub.job("ns", "drive").unwrap().view().is_some());
+}
+
+#[test]
+fn joins_and_statuses_reach_the_planner_for_the_attempt_that_sent_them() {
+    let (mut d, hub) = driver();
+    // Nothing is known of a member before it is created.
+    assert!(!d.receive(join(0), at(1)));
+    step(&mut d, at(1));
+    assert!(d.receive(join(0), at(2)), "a join report plans again");
+    assert!(d.receive(join(1), at(2)));
+    let plan = step(&mut d, at(2));
+    let document = plan.document.expect("both joined: a topology");
+    assert_eq!(document.version, 1);
+    let reasons: Vec<&str> = plan.events.iter().map(|e| e.reason.as_str()).collect();
+    assert!(reasons.contains(&"TopologyChanged"), "{reasons:?}");
+    let handle = hub.job("ns", "drive").unwrap();
+    assert_eq!(
+        handle.topology().borrow().as_ref().map(|t| t.version),
+        Some(1)
+    );
+    assert_eq!(handle.events(0).len(), plan.events.len(), "{reasons:?}");
+
+    // Statuses: a sample each, a new plan only when the state changes.
+    assert!(d.receive(Inbound::Status(status(0, TrainerState::Training, 5)), at(3)));
+    assert!(!d.receive(Inbound::Status(status(0, TrainerState::Training, 6)), at(4)));
+    assert!(d.receive(Inbound::Status(status(0, TrainerState::Done, 100)), at(5)));
+    assert_eq!(d.last_state(0, 0), Some(TrainerState::Done));
+    assert_eq!(d.last_state(0, 1), None, "another attempt said nothing");
+    assert_eq!(handle.series(0).len(), 3);
+    assert_eq!(d.bytes_exchanged(), 1000);
+    let observed = d.observation(facts(&d));
+    assert!(observed.members[&0].join.is_some());
+    assert_eq!(
+        observed.members[&0].status.as_ref().map(|s| s.state),
+        Some(TrainerState::Done)
+    );
+}
+
+#[test]
+fn a_join_that_arrives_while_a_plan_is_carried_out_is_kept() {
+    let (mut d, _hub) = driver();
+    step(&mut d, at(1));
+    let plan = d.plan(&spec(), None, facts(&d), &address, at(2));
+    assert!(d.receive(join(1), at(2)));
+    d.commit(&plan, at(2));
+    assert!(d.memory().joins.contains_key(&1));
+}
+
+#[test]
+fn a_topology_version_is_published_once_and_never_backwards() {
+    let (mut d, hub) = driver();
+    step(&mut d, at(1));
+    d.receive(join(0), at(1));
+    d.receive(join(1), at(1));
+    let plan = step(&mut d, at(2));
+    let handle = hub.job("ns", "drive").unwrap();
+    let mut rx = handle.topology();
+    rx.mark_unchanged();
+    // The same plan committed again publishes nothing new.
+    d.commit(&plan, at(3));
+    assert!(!rx.has_changed().unwrap());
+}
+
+#[test]
+fn an_invalid_spec_plans_no_member_and_says_why_once() {
+    let (mut d, _hub) = driver();
+    let plan = d.plan(
+        &spec(),
+        Some("spec.replicas: nope"),
+        facts(&d),
+        &address,
+        at(1),
+    );
+    assert!(plan.actions.is_empty());
+    assert_eq!(plan.events.len(), 1);
+    assert_eq!(plan.events[0].reason.as_str(), "InvalidSpec");
+    d.commit(&plan, at(1));
+    let again = d.plan(
+        &spec(),
+        Some("spec.replicas: nope"),
+        facts(&d),
+        &address,
+        at(2),
+    );
+    assert!(again.events.is_empty(), "said once");
+}
