@@ -181,6 +181,7 @@ fn load_data(spec: &str) -> Result<data::Split, CliError> {
 
 /// burn's CUDA backend panics when the driver library is missing; say so plainly instead.
 #[cfg(feature = "cuda")]
+#[allow(unsafe_code)]
 fn cuda_driver_present() -> Result<(), CliError> {
     for name in ["libcuda.so.1", "libcuda.so"] {
         // SAFETY: loading the NVIDIA driver library runs its initialisers, as burn itself would.

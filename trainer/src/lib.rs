@@ -1,5 +1,8 @@
 //! murmur-trainer: the data plane. Everything here is shared by the in-process simulator and the
 //! networked trainer.
+// Two calls need `unsafe` (the allocator's thresholds, loading the CUDA driver); each is allowed
+// where it stands.
+#![deny(unsafe_code)]
 
 pub mod algorithms;
 pub mod compression;

@@ -9,12 +9,11 @@
 //!   no netem a tbf rate limit and iptables loss): the job completes; its neighbours drop it from
 //!   rounds it is late for, and it rejoins.
 //!
-//! Needs root, iproute2 (`ip`, `tc`) and iptables. Without them the tests say so and pass, unless
-//! MURMUR_REQUIRE_NETNS=1 (CI sets it).
+//! Needs root, iproute2 (`ip`, `tc`) and iptables. Without them the tests say which is missing
+//! and pass, unless MURMUR_REQUIRE_NETNS=1 (CI sets it).
 
 mod support;
 
-use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
@@ -150,9 +149,9 @@ impl Hosts {
         std::thread::scope(|s| {
             s.spawn(|| {
                 let file = std::fs::File::open(&path).unwrap();
-                // SAFETY: setns(2) on this thread only, with a namespace file we opened.
-                let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-                assert_eq!(rc, 0, "setns {path}");
+                // This thread only.
+                nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+                    .unwrap_or_else(|e| panic!("setns {path}: {e}"));
                 f()
             })
             .join()
@@ -187,8 +186,14 @@ impl Drop for Hosts {
 /// One scenario at a time: both are timing-sensitive, and share the machine's two cores.
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// The hosts, or None when this machine cannot make them (and CI does not insist).
-fn hosts(tag: &str, n: u32) -> Option<Hosts> {
+/// The hosts, or None when this machine cannot make them (and CI does not insist). `tools`:
+/// the programs the scenario runs besides `ip`.
+fn hosts(tag: &str, n: u32, tools: &[(&str, &str)]) -> Option<Hosts> {
+    let mut needed = vec![("ip", "iproute2")];
+    needed.extend_from_slice(tools);
+    if !support::tools::available(tag, &needed, "MURMUR_REQUIRE_NETNS") {
+        return None;
+    }
     match Hosts::create(tag, n) {
         Ok(h) => Some(h),
         Err(why) => {
@@ -285,7 +290,7 @@ spec:
 #[test]
 fn a_partitioned_ring_keeps_training_in_both_halves_and_reconverges_after_healing() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(hosts) = hosts("p", 6) else { return };
+    let Some(hosts) = hosts("p", 6, &[]) else { return };
     let job = Job::new(&hosts, TopologyKind::Ring, RING);
     let reaper = Reaper((0..6).map(|i| job.spawn(&hosts, i)).collect());
 
@@ -418,7 +423,10 @@ fn drops(job: &Job, member: u32, peer: u32, reason: Option<&str>) -> Vec<u64> {
 #[test]
 fn a_slow_lossy_member_is_dropped_from_rounds_it_is_late_for_and_rejoins() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(hosts) = hosts("s", 4) else { return };
+    // tc shapes the member's link; iptables drops its packets where the kernel has no netem.
+    let Some(hosts) = hosts("s", 4, &[("tc", "iproute2"), ("iptables", "iptables")]) else {
+        return;
+    };
     let job = Job::new(&hosts, TopologyKind::Ring, STRAGGLER);
     let mut reaper = Reaper((0..4).map(|i| job.spawn(&hosts, i)).collect());
     // Sampled before the fault: once member 2 is slow its status may be lost or late.

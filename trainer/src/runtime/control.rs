@@ -5,13 +5,21 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use backon::{ExponentialBuilder, Retryable};
 use serde::Serialize;
 use tokio::sync::watch;
 
 use murmur_core::contract::{TopologyDocument, control};
 
-const MAX_BACKOFF: Duration = Duration::from_secs(10);
 const FILE_POLL: Duration = Duration::from_millis(500);
+
+/// Retries against the control endpoint: 200 ms, doubling, at most 10 s apart.
+fn backoff() -> ExponentialBuilder {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(200))
+        .with_max_delay(Duration::from_secs(10))
+        .with_factor(2.0)
+}
 
 #[derive(Clone)]
 pub struct ControlClient {
@@ -61,20 +69,17 @@ impl ControlClient {
 
     /// POST until it succeeds or `attempts` run out, backing off between tries.
     pub async fn post_retrying<T: Serialize>(&self, path: &str, body: &T, attempts: u32) -> bool {
-        let mut backoff = Duration::from_millis(200);
-        for attempt in 1..=attempts.max(1) {
-            match self.post(path, body).await {
-                Ok(()) => return true,
-                Err(e) => {
-                    tracing::warn!(error = %e, attempt, "control endpoint unreachable; retrying");
-                }
-            }
-            if attempt < attempts {
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(MAX_BACKOFF);
-            }
+        let retries = attempts.max(1) as usize - 1;
+        let result = (|| self.post(path, body))
+            .retry(backoff().with_max_times(retries))
+            .notify(|e, after| {
+                tracing::warn!(error = %e, ?after, "control endpoint unreachable; retrying");
+            })
+            .await;
+        if let Err(e) = &result {
+            tracing::warn!(error = %e, attempts, "control endpoint unreachable; giving up");
         }
-        false
+        result.is_ok()
     }
 
     pub fn join_path(&self) -> String {
@@ -129,41 +134,43 @@ pub enum TopologySource {
 /// Publish every newer topology version into `tx`, forever. A source that is unreachable or
 /// serves something invalid is retried with backoff; the trainer keeps its last topology.
 pub async fn follow(source: TopologySource, tx: watch::Sender<Option<Arc<TopologyDocument>>>) {
-    let mut backoff = Duration::from_millis(200);
-    let mut last_error = String::new();
     loop {
         let after = tx.borrow().as_ref().map_or(0, |d| d.version);
-        let next = match &source {
-            TopologySource::File(path) => std::fs::read_to_string(path)
-                .map_err(|e| format!("{}: {e}", path.display()))
-                .and_then(|text| {
-                    TopologyDocument::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
-                })
-                .map(|doc| (doc.version > after || after == 0).then_some(doc)),
-            TopologySource::Control(client) => client.topology_after(after).await,
+        let mut last_error = String::new();
+        let fetch = || async {
+            match &source {
+                TopologySource::File(path) => std::fs::read_to_string(path)
+                    .map_err(|e| format!("{}: {e}", path.display()))
+                    .and_then(|text| {
+                        TopologyDocument::parse(&text)
+                            .map_err(|e| format!("{}: {e}", path.display()))
+                    })
+                    .map(|doc| (doc.version > after || after == 0).then_some(doc)),
+                TopologySource::Control(client) => client.topology_after(after).await,
+            }
         };
-        match next {
-            Ok(doc) => {
-                backoff = Duration::from_millis(200);
-                last_error.clear();
-                if let Some(doc) = doc
-                    && tx.borrow().as_ref().is_none_or(|d| doc.version > d.version)
-                {
-                    tracing::info!(version = doc.version, kind = %doc.kind, "new topology");
-                    let _ = tx.send(Some(Arc::new(doc)));
-                }
-                if matches!(source, TopologySource::File(_)) {
-                    tokio::time::sleep(FILE_POLL).await;
-                }
-            }
-            Err(e) => {
-                if e != last_error {
+        // Retried without end: the error arm cannot happen.
+        let Ok(doc) = fetch
+            .retry(backoff().without_max_times())
+            .notify(|e: &String, _| {
+                // Said once per distinct error, not once per retry.
+                if *e != last_error {
                     tracing::warn!(error = %e, "cannot read the topology; keeping the last one and retrying");
-                    last_error = e;
+                    last_error = e.clone();
                 }
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(MAX_BACKOFF);
-            }
+            })
+            .await
+        else {
+            continue;
+        };
+        if let Some(doc) = doc
+            && tx.borrow().as_ref().is_none_or(|d| doc.version > d.version)
+        {
+            tracing::info!(version = doc.version, kind = %doc.kind, "new topology");
+            let _ = tx.send(Some(Arc::new(doc)));
+        }
+        if matches!(source, TopologySource::File(_)) {
+            tokio::time::sleep(FILE_POLL).await;
         }
     }
 }

@@ -1,8 +1,10 @@
 //! What a trainer shows: `/healthz`, `/readyz`, `/metrics` (Prometheus text) and `/status` (the
 //! contract's [`TrainerStatus`]), served by axum on the status address.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+
+use parking_lot::Mutex;
 
 use axum::Router;
 use axum::extract::State;
@@ -109,7 +111,7 @@ impl Observed {
     }
 
     pub fn update(&self, f: impl FnOnce(&mut TrainerStatus)) {
-        let mut status = self.status.lock().unwrap_or_else(|p| p.into_inner());
+        let mut status = self.status.lock();
         f(&mut status);
         self.metrics
             .topology_version
@@ -123,10 +125,7 @@ impl Observed {
     }
 
     pub fn snapshot(&self) -> TrainerStatus {
-        self.status
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.status.lock().clone()
     }
 
     pub fn stepped(&self) {
@@ -149,7 +148,7 @@ impl Observed {
 
     /// Fold the transport's counters into the metrics and the status.
     pub fn refresh(&self, stats: &Stats) {
-        let mut folded = self.folded.lock().unwrap_or_else(|p| p.into_inner());
+        let mut folded = self.folded.lock();
         let (bytes_in, bytes_out) = (stats.bytes_in(), stats.bytes_out());
         self.metrics
             .bytes_in

@@ -8,8 +8,7 @@ use serde::Serialize;
 
 use super::TopologyResult;
 
-/// The plot's font travels with the binary, so plots look the same on any machine.
-const FONT: &[u8] = include_bytes!("../../assets/DejaVuSans.ttf");
+use murmur_core::assets::PLOT_FONT as FONT;
 
 #[derive(Debug, thiserror::Error)]
 pub enum OutputError {

@@ -14,10 +14,13 @@ pub use murmur_wire::{Stats, frame, session};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
+use backon::{ExponentialBuilder, Retryable};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::task::JoinHandle;
@@ -116,7 +119,7 @@ struct SendQueue {
 impl SendQueue {
     /// Queue `m`; returns the message evicted to make room, if any.
     fn push(&self, m: Outgoing) -> Option<Outgoing> {
-        let mut items = lock(&self.items);
+        let mut items = self.items.lock();
         let evicted = (items.len() >= SEND_QUEUE)
             .then(|| items.pop_front())
             .flatten();
@@ -131,7 +134,7 @@ impl SendQueue {
             let ready = self.ready.notified();
             tokio::pin!(ready);
             ready.as_mut().enable();
-            if let Some(m) = lock(&self.items).pop_front() {
+            if let Some(m) = self.items.lock().pop_front() {
                 return m;
             }
             ready.await;
@@ -187,12 +190,6 @@ struct Shared {
     sessions: Mutex<Vec<tokio::task::AbortHandle>>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panicking task cannot leave these maps half-updated in a way that matters more than
-    // stopping the trainer would.
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
 /// The TCP peer transport of one member.
 #[derive(Clone)]
 pub struct Transport {
@@ -203,7 +200,7 @@ pub struct Transport {
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        for (_, d) in std::mem::take(&mut *lock(&self.dialers)) {
+        for (_, d) in std::mem::take(&mut *self.dialers.lock()) {
             d.task.abort();
         }
     }
@@ -236,7 +233,7 @@ impl Transport {
                 };
                 let Some(shared) = weak.upgrade() else { return };
                 let session = tokio::spawn(serve_incoming(shared.clone(), stream));
-                let mut sessions = lock(&shared.sessions);
+                let mut sessions = shared.sessions.lock();
                 sessions.retain(|s| !s.is_finished());
                 sessions.push(session.abort_handle());
             }
@@ -268,7 +265,7 @@ impl Transport {
     /// changed (a replacement on another node). Call at a round boundary only.
     pub fn set_topology(&self, version: u64, addresses: BTreeMap<MemberId, String>) {
         self.shared.version.store(version, Ordering::Relaxed);
-        let mut dialers = lock(&self.shared.dialers);
+        let mut dialers = self.shared.dialers.lock();
         dialers.retain(|id, d| {
             let keep = addresses.get(id) == Some(&d.address);
             if !keep {
@@ -276,7 +273,7 @@ impl Transport {
             }
             keep
         });
-        *lock(&self.shared.addresses) = addresses;
+        *self.shared.addresses.lock() = addresses;
     }
 
     /// Dial `peers` now (rather than on the first message), so they hear our hello early.
@@ -287,13 +284,13 @@ impl Transport {
     }
 
     fn queue(&self, peer: MemberId) -> Option<Arc<SendQueue>> {
-        let mut dialers = lock(&self.shared.dialers);
+        let mut dialers = self.shared.dialers.lock();
         if let Some(d) = dialers.get(&peer)
             && !d.task.is_finished()
         {
             return Some(d.queue.clone());
         }
-        let address = lock(&self.shared.addresses).get(&peer)?.clone();
+        let address = self.shared.addresses.lock().get(&peer)?.clone();
         let queue = Arc::new(SendQueue::default());
         let kick = Arc::new(Notify::new());
         let task = tokio::spawn(dial(
@@ -325,15 +322,20 @@ impl Transport {
         if let Some(old) = evicted
             && let Some(purpose) = payload_purpose(old.kind)
         {
-            lock(&self.shared.book).unrecord_sent(purpose, old.round, to);
+            self.shared
+                .book
+                .lock()
+                .unrecord_sent(purpose, old.round, to);
         }
         true
     }
 
     /// Members with a live connection to us.
     pub fn connected_peers(&self) -> BTreeSet<MemberId> {
-        let book = lock(&self.shared.book);
-        lock(&self.shared.addresses)
+        let book = self.shared.book.lock();
+        self.shared
+            .addresses
+            .lock()
             .keys()
             .copied()
             .filter(|&p| book.is_connected(p))
@@ -346,15 +348,15 @@ impl Transport {
     }
 
     pub fn take_drops(&self) -> Vec<Dropped> {
-        std::mem::take(&mut *lock(&self.shared.drops))
+        std::mem::take(&mut *self.shared.drops.lock())
     }
 
     pub fn take_state_requests(&self) -> Vec<StateRequest> {
-        std::mem::take(&mut *lock(&self.shared.state_requests))
+        std::mem::take(&mut *self.shared.state_requests.lock())
     }
 
     pub fn take_state_replies(&self) -> Vec<StateReply> {
-        std::mem::take(&mut *lock(&self.shared.state_replies))
+        std::mem::take(&mut *self.shared.state_replies.lock())
     }
 
     /// Ask `peer` for its parameters and step.
@@ -376,7 +378,10 @@ impl Transport {
     /// Tell every peer we dialed that nothing more will come, and wait (at most `within`) until
     /// everything queued, the leave included, is written.
     pub async fn leave(&self, within: Duration) {
-        let queues: Vec<Arc<SendQueue>> = lock(&self.shared.dialers)
+        let queues: Vec<Arc<SendQueue>> = self
+            .shared
+            .dialers
+            .lock()
             .values()
             .map(|d| d.queue.clone())
             .collect();
@@ -402,10 +407,10 @@ impl Transport {
     /// Stop listening and cut every connection at once, as if the process died.
     pub fn close(&self) {
         self.accept_task.abort();
-        for s in std::mem::take(&mut *lock(&self.shared.sessions)) {
+        for s in std::mem::take(&mut *self.shared.sessions.lock()) {
             s.abort();
         }
-        for (_, d) in std::mem::take(&mut *lock(&self.shared.dialers)) {
+        for (_, d) in std::mem::take(&mut *self.shared.dialers.lock()) {
             d.task.abort();
         }
     }
@@ -430,9 +435,9 @@ impl Exchange for Transport {
         let version = self.topology_version();
         for (to, payload) in outgoing {
             // Recorded before it can arrive, so a quick answer finds it; undone if not queued.
-            lock(&self.shared.book).record_sent(purpose, round, to);
+            self.shared.book.lock().record_sent(purpose, round, to);
             if !self.send(to, payload_kind(purpose), round, payload) {
-                lock(&self.shared.book).unrecord_sent(purpose, round, to);
+                self.shared.book.lock().unrecord_sent(purpose, round, to);
             }
         }
         let deadline = Instant::now() + self.shared.config.round_timeout;
@@ -443,7 +448,7 @@ impl Exchange for Transport {
             tokio::pin!(notified);
             notified.as_mut().enable();
             let (ready, waiting) = {
-                let book = lock(&self.shared.book);
+                let book = self.shared.book.lock();
                 let mut ready = Vec::new();
                 let mut waiting = Vec::new();
                 for &p in from {
@@ -465,18 +470,21 @@ impl Exchange for Transport {
             }
             let _ = tokio::time::timeout_at(deadline, notified).await;
         };
-        let done = lock(&self.shared.book).complete(purpose, round, &used);
+        let done = self.shared.book.lock().complete(purpose, round, &used);
         // Readers held back by the window may go on.
         self.shared.changed.notify_waiters();
         for (_, reply) in done.skip_to {
             let _ = reply.try_send(Outgoing::skip(purpose, round, version));
         }
-        lock(&self.shared.drops).extend(excluded.into_iter().map(|(peer, reason)| Dropped {
-            peer,
-            purpose,
-            round,
-            reason,
-        }));
+        self.shared
+            .drops
+            .lock()
+            .extend(excluded.into_iter().map(|(peer, reason)| Dropped {
+                peer,
+                purpose,
+                round,
+                reason,
+            }));
         done.delivered
     }
 }
@@ -565,8 +573,8 @@ async fn serve_incoming(shared: Arc<Shared>, stream: TcpStream) {
         }
     });
 
-    lock(&shared.book).session_opened(peer);
-    if let Some(d) = lock(&shared.dialers).get(&peer) {
+    shared.book.lock().session_opened(peer);
+    if let Some(d) = shared.dialers.lock().get(&peer) {
         d.kick.notify_one();
     }
     shared.changed.notify_waiters();
@@ -581,12 +589,12 @@ async fn serve_incoming(shared: Arc<Shared>, stream: TcpStream) {
                     let notified = shared.changed.notified();
                     tokio::pin!(notified);
                     notified.as_mut().enable();
-                    if lock(&shared.book).has_room(purpose, message.round) {
+                    if shared.book.lock().has_room(purpose, message.round) {
                         break;
                     }
                     notified.await;
                 }
-                let deposit = lock(&shared.book).deposit(
+                let deposit = shared.book.lock().deposit(
                     peer,
                     purpose,
                     message.round,
@@ -605,12 +613,12 @@ async fn serve_incoming(shared: Arc<Shared>, stream: TcpStream) {
                 }
             }
             Kind::Leave => {
-                lock(&shared.book).left(peer);
+                shared.book.lock().left(peer);
                 shared.changed.notify_waiters();
             }
             Kind::StateRequest => {
-                lock(&shared.book).state_requested(peer);
-                lock(&shared.state_requests).push(StateRequest {
+                shared.book.lock().state_requested(peer);
+                shared.state_requests.lock().push(StateRequest {
                     from: peer,
                     reply: reply_tx.clone(),
                 });
@@ -622,7 +630,7 @@ async fn serve_incoming(shared: Arc<Shared>, stream: TcpStream) {
             }
         }
     }
-    lock(&shared.book).session_closed(peer);
+    shared.book.lock().session_closed(peer);
     shared.changed.notify_waiters();
     // Let queued answers go out, then stop.
     drop(reply_tx);
@@ -637,26 +645,38 @@ async fn dial(
     queue: Arc<SendQueue>,
     kick: Arc<Notify>,
 ) {
-    let mut backoff = Duration::from_millis(50);
-    loop {
-        let connected = timeout(CONNECT_TIMEOUT, TcpStream::connect(&address)).await;
-        let Some(shared) = shared.upgrade() else {
-            return;
-        };
-        match connected {
-            Ok(Ok(stream)) => {
-                backoff = Duration::from_millis(50);
-                run_outgoing(&shared, peer, stream, &queue).await;
-            }
-            _ => {
-                drop(shared);
-                tokio::select! {
-                    _ = tokio::time::sleep(backoff) => {}
-                    _ = kick.notified() => {}
-                }
-                backoff = (backoff * 2).min(MAX_BACKOFF);
+    // 50 ms, doubling up to MAX_BACKOFF, for as long as the peer is in the topology (the
+    // dialer is aborted when it leaves); a connection from the peer cuts a wait short.
+    let redial = ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(50))
+        .with_max_delay(MAX_BACKOFF)
+        .with_factor(2.0)
+        .without_max_times();
+    let wait = move |pause: Duration| {
+        let kick = kick.clone();
+        async move {
+            tokio::select! {
+                _ = tokio::time::sleep(pause) => {}
+                _ = kick.notified() => {}
             }
         }
+    };
+    loop {
+        let connect = || async {
+            match timeout(CONNECT_TIMEOUT, TcpStream::connect(&address)).await {
+                Ok(connected) => connected,
+                Err(_) => Err(std::io::ErrorKind::TimedOut.into()),
+            }
+        };
+        let stream = connect
+            .retry(redial)
+            .sleep(wait.clone())
+            .when(|_| shared.strong_count() > 0)
+            .await;
+        let (Ok(stream), Some(shared)) = (stream, shared.upgrade()) else {
+            return;
+        };
+        run_outgoing(&shared, peer, stream, &queue).await;
     }
 }
 
@@ -702,7 +722,7 @@ async fn run_outgoing(shared: &Arc<Shared>, peer: MemberId, stream: TcpStream, q
                 match message.kind {
                     Kind::SkipParameters | Kind::SkipGradients => {
                         let purpose = skip_purpose(message.kind).expect("a skip kind");
-                        lock(&shared.book).skipped(purpose, message.round, peer);
+                        shared.book.lock().skipped(purpose, message.round, peer);
                     }
                     Kind::StateReply if message.payload.len().is_multiple_of(4) => {
                         let parameters = message
@@ -710,7 +730,7 @@ async fn run_outgoing(shared: &Arc<Shared>, peer: MemberId, stream: TcpStream, q
                             .chunks_exact(4)
                             .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
                             .collect();
-                        lock(&shared.state_replies).push(StateReply {
+                        shared.state_replies.lock().push(StateReply {
                             from: peer,
                             step: message.round,
                             topology_version: message.topology_version,
@@ -729,7 +749,7 @@ async fn run_outgoing(shared: &Arc<Shared>, peer: MemberId, stream: TcpStream, q
             m = queue.pop() => {
                 // Queued while the peer was unreachable, for a round long finished.
                 if let Some(purpose) = payload_purpose(m.kind)
-                    && lock(&shared.book).is_outdated(purpose, m.round)
+                    && shared.book.lock().is_outdated(purpose, m.round)
                 {
                     continue;
                 }

@@ -197,7 +197,7 @@ async fn a_peer_running_ahead_is_held_back_by_tcp_not_by_memory() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let held = lock(&a.shared.book).held_bytes();
+    let held = a.shared.book.lock().held_bytes();
     assert_eq!(
         held,
         (book::WINDOW as usize + 1) * 1024,

@@ -11,6 +11,9 @@ use std::time::{Duration, Instant};
 use murmur_core::api::TopologyKind;
 use murmur_core::topology::{self, BuildSpec, MemberProfile};
 
+#[path = "../../../e2e/support/tools.rs"]
+pub mod tools;
+
 pub const KEY: &str = "test-job-key-0123456789";
 
 /// A port nobody listens on right now, below Linux's ephemeral range (32768 and up): a port
