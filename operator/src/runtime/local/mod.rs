@@ -536,9 +536,13 @@ impl Local {
             backend: self.spec.trainer.backend,
             job_spec: Some(serde_json::to_string(&self.spec).expect("a spec serializes")),
         };
-        let logs = self.workdir.join("logs");
-        let log_path = logs.join(format!("member-{member}-{attempt}.log"));
-        let termination_log = logs.join(format!("member-{member}-{attempt}.termination"));
+        let log_path = self
+            .workdir
+            .join("logs")
+            .join(format!("member-{member}-{attempt}.log"));
+        let terminations = self.workdir.join("termination");
+        std::fs::create_dir_all(&terminations).map_err(io(&terminations))?;
+        let termination_log = terminations.join(format!("member-{member}-{attempt}.json"));
         let log = std::fs::File::create(&log_path).map_err(io(&log_path))?;
         let log_err = log.try_clone().map_err(io(&log_path))?;
         let mut command = tokio::process::Command::new(&self.options.trainer);
