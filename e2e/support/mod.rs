@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::str::FromStr;
 
+pub mod control_plane;
 pub mod tools;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

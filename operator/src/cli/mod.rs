@@ -38,6 +38,10 @@ pub enum Command {
     Validate {
         /// Path to a DecentralizedTrainingJob manifest.
         manifest: PathBuf,
+        /// The job as it stands: check `manifest` as an edit of it, with the rules the cluster
+        /// applies to an update (immutable fields).
+        #[arg(long, value_name = "MANIFEST")]
+        previous: Option<PathBuf>,
     },
 }
 
@@ -78,8 +82,15 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             out.write_all(api::crd_yaml().as_bytes())?;
             Ok(())
         }
-        Command::Validate { manifest } => {
+        Command::Validate { manifest, previous } => {
             let job = api::load_manifest(&manifest)?;
+            if let Some(previous) = previous {
+                let old = api::load_manifest(&previous)?;
+                api::validate_update(&job, &old).map_err(|violations| ManifestError::Invalid {
+                    file: manifest.display().to_string(),
+                    violations,
+                })?;
+            }
             writeln!(
                 out,
                 "{}: valid {} {:?} job, {} members (min {}, max {})",

@@ -1,0 +1,29 @@
+//! The scenarios, one module per area, in the order they run.
+
+mod crd;
+
+use super::Scenario;
+
+pub const ALL: &[(&str, Scenario)] = &[("crd", |env| Box::pin(crd::crd(env)))];
+
+/// kube-apiserver flags for these tests: an audit log of every write (who wrote what), so a
+/// scenario can count the operator's requests as the API server saw them.
+pub fn apiserver_args() -> String {
+    let policy =
+        std::env::temp_dir().join(format!("murmur-audit-policy-{}.yaml", std::process::id()));
+    std::fs::write(
+        &policy,
+        "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: None\n  verbs: [get, list, watch]\n- level: Metadata\n",
+    )
+    .unwrap();
+    format!(
+        "--audit-policy-file={} --audit-log-path={} --audit-log-maxsize=500",
+        policy.display(),
+        audit_log().display()
+    )
+}
+
+/// Where the API server writes its audit log.
+pub fn audit_log() -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("murmur-audit-{}.log", std::process::id()))
+}
