@@ -1,10 +1,14 @@
 //! The scenarios, one module per area, in the order they run.
 
 mod crd;
+mod helm;
 
 use super::Scenario;
 
-pub const ALL: &[(&str, Scenario)] = &[("crd", |env| Box::pin(crd::crd(env)))];
+pub const ALL: &[(&str, Scenario)] = &[
+    ("crd", |env| Box::pin(crd::crd(env))),
+    ("helm", |env| Box::pin(helm::helm(env))),
+];
 
 /// kube-apiserver flags for these tests: an audit log of every write (who wrote what), so a
 /// scenario can count the operator's requests as the API server saw them.

@@ -278,7 +278,8 @@ impl NodeShape {
 
     /// A spot node as `cloud` labels (and taints) it: gke, eks, karpenter or aks.
     pub fn spot(name: &str, zone: &str, cloud: &str) -> Self {
-        let (labels, taints): (&[(&str, &str)], &[(&str, &str)]) = match cloud {
+        type Pairs = &'static [(&'static str, &'static str)];
+        let (labels, taints): (Pairs, Pairs) = match cloud {
             "gke" => (
                 &[("cloud.google.com/gke-spot", "true")],
                 &[("cloud.google.com/gke-spot", "true")],

@@ -290,7 +290,9 @@ spec:
 #[test]
 fn a_partitioned_ring_keeps_training_in_both_halves_and_reconverges_after_healing() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(hosts) = hosts("p", 6, &[]) else { return };
+    let Some(hosts) = hosts("p", 6, &[]) else {
+        return;
+    };
     let job = Job::new(&hosts, TopologyKind::Ring, RING);
     let reaper = Reaper((0..6).map(|i| job.spawn(&hosts, i)).collect());
 

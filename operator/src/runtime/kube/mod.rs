@@ -661,7 +661,12 @@ pub async fn run_with(
     options: OperatorOptions,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) -> Result<(), OperatorError> {
-    preflight::check(&client, options.settings.network_policies.is_some()).await?;
+    preflight::check(
+        &client,
+        options.settings.network_policies.is_some(),
+        options.lease.as_ref().map(|l| l.namespace.as_str()),
+    )
+    .await?;
     let (hub, metrics) = serve_status(&options).await?;
 
     let elector = options.lease.as_ref().map(|l| {

@@ -44,6 +44,9 @@ pub const PERMISSIONS: &[(&str, &str, &str)] = &[
     ("update", "coordination.k8s.io", "leases"),
 ];
 
+/// The group of the leader-election Lease, which the chart grants in its own namespace only.
+const LEASE_GROUP: &str = "coordination.k8s.io";
+
 /// What `--network-policies` adds: a NetworkPolicy per job, applied and watched.
 pub const NETWORK_POLICY_PERMISSIONS: &[(&str, &str, &str)] = &[
     ("list", "networking.k8s.io", "networkpolicies"),
@@ -129,7 +132,14 @@ fn describe(verb: &str, group: &str, resource: &str) -> String {
     }
 }
 
-pub async fn check(client: &Client, network_policies: bool) -> Result<(), PreflightError> {
+/// Check that the CRD is served and that RBAC grants every verb the operator uses: cluster-wide,
+/// but the leader Lease's verbs in `lease_namespace` only (the chart grants them there, with a
+/// Role), and not at all without leader election.
+pub async fn check(
+    client: &Client,
+    network_policies: bool,
+    lease_namespace: Option<&str>,
+) -> Result<(), PreflightError> {
     let jobs: Api<DecentralizedTrainingJob> = Api::all(client.clone());
     match jobs.list(&ListParams::default().limit(1)).await {
         Ok(_) => {}
@@ -145,6 +155,11 @@ pub async fn check(client: &Client, network_policies: bool) -> Result<(), Prefli
         &[]
     };
     for &(verb, group, resource) in PERMISSIONS.iter().chain(extra) {
+        let namespace = match (group, lease_namespace) {
+            (LEASE_GROUP, None) => continue,
+            (LEASE_GROUP, Some(ns)) => Some(ns.to_string()),
+            _ => None,
+        };
         let (resource_name, subresource) = match resource.split_once('/') {
             Some((r, s)) => (r, Some(s.to_string())),
             None => (resource, None),
@@ -154,6 +169,7 @@ pub async fn check(client: &Client, network_policies: bool) -> Result<(), Prefli
                 resource_attributes: Some(ResourceAttributes {
                     verb: Some(verb.into()),
                     group: Some(group.into()),
+                    namespace,
                     resource: Some(resource_name.into()),
                     subresource,
                     ..Default::default()

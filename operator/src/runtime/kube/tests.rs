@@ -1453,7 +1453,11 @@ fn preflight_server(jobs: u16, denied: &'static [(&'static str, &'static str)]) 
                 let attributes = &review["spec"]["resourceAttributes"];
                 let verb = attributes["verb"].as_str().unwrap().to_string();
                 let resource = attributes["resource"].as_str().unwrap().to_string();
-                let allowed = !denied.iter().any(|(v, r)| *v == verb && *r == resource);
+                // As the chart grants it: the Lease in the operator's namespace only.
+                let lease_elsewhere = resource == "leases"
+                    && attributes["namespace"].as_str() != Some("murmur-system");
+                let allowed =
+                    !lease_elsewhere && !denied.iter().any(|(v, r)| *v == verb && *r == resource);
                 review["status"] = json!({"allowed": allowed});
                 (200, review)
             };
@@ -1470,14 +1474,14 @@ fn preflight_server(jobs: u16, denied: &'static [(&'static str, &'static str)]) 
 
 #[tokio::test]
 async fn the_startup_check_names_a_missing_crd_and_every_missing_permission() {
-    let e = preflight::check(&preflight_server(404, &[]), false)
+    let e = preflight::check(&preflight_server(404, &[]), false, Some("murmur-system"))
         .await
         .unwrap_err();
     assert!(matches!(e, preflight::PreflightError::CrdMissing));
     assert!(e.to_string().contains("kubectl apply -f crds/"), "{e}");
 
     let denied = &[("watch", "nodes"), ("create", "events")];
-    let e = preflight::check(&preflight_server(200, denied), false)
+    let e = preflight::check(&preflight_server(200, denied), false, Some("murmur-system"))
         .await
         .unwrap_err();
     let text = e.to_string();
@@ -1485,15 +1489,24 @@ async fn the_startup_check_names_a_missing_crd_and_every_missing_permission() {
         text.contains("watch nodes, create events.events.k8s.io"),
         "{text}"
     );
-    preflight::check(&preflight_server(200, &[]), false)
+    preflight::check(&preflight_server(200, &[]), false, Some("murmur-system"))
         .await
         .unwrap();
+    // Without leader election the Lease is not checked; with it, in its own namespace only
+    // (checked cluster-wide, a namespaced Role never passed: found against a real API server).
+    preflight::check(&preflight_server(200, &[]), false, None)
+        .await
+        .unwrap();
+    let e = preflight::check(&preflight_server(200, &[]), false, Some("elsewhere"))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("get leases.coordination.k8s.io"), "{e}");
     // With per-job NetworkPolicies, their verbs are checked too.
     let denied = &[("create", "networkpolicies")];
-    preflight::check(&preflight_server(200, denied), false)
+    preflight::check(&preflight_server(200, denied), false, Some("murmur-system"))
         .await
         .unwrap();
-    let e = preflight::check(&preflight_server(200, denied), true)
+    let e = preflight::check(&preflight_server(200, denied), true, Some("murmur-system"))
         .await
         .unwrap_err();
     assert!(
