@@ -15,7 +15,11 @@ pub const NAMESPACE: &str = "murmur-system";
 /// `helm install murmur charts/murmur`, once (later scenarios reuse the release).
 pub fn install(env: &Env) {
     let cp = &env.cp;
-    if cp.helm(&["status", "murmur", "-n", NAMESPACE]).status.success() {
+    if cp
+        .helm(&["status", "murmur", "-n", NAMESPACE])
+        .status
+        .success()
+    {
         return;
     }
     stdout_of(
@@ -106,7 +110,10 @@ pub async fn helm(env: &Env) {
                 let resource = rule["resources"][0].as_str().unwrap();
                 let op = operator(
                     env,
-                    &format!("helm-without-{kind}-{verb}-{}.log", resource.replace('/', "-")),
+                    &format!(
+                        "helm-without-{kind}-{verb}-{}.log",
+                        resource.replace('/', "-")
+                    ),
                     &["--leader-election", "--lease-namespace", NAMESPACE],
                 );
                 let (code, log) = op.wait(Duration::from_secs(30));
@@ -115,7 +122,8 @@ pub async fn helm(env: &Env) {
                     "without {verb} {resource} ({kind}) the operator still started:\n{log}"
                 );
                 assert!(
-                    log.contains("RBAC does not allow") && log.contains(&format!("{verb} {resource}")),
+                    log.contains("RBAC does not allow")
+                        && log.contains(&format!("{verb} {resource}")),
                     "without {verb} {resource} the operator did not name it:\n{log}"
                 );
             }

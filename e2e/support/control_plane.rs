@@ -46,8 +46,14 @@ pub fn available(test: &str) -> bool {
     )
 }
 
-/// Build the binaries if they are missing (minutes cold, seconds with a warm Go cache).
+/// Build the binaries if they are missing (minutes cold, seconds with a warm Go cache); once
+/// per test process, whatever the number of test threads asking.
 pub fn build() {
+    static BUILT: std::sync::Once = std::sync::Once::new();
+    BUILT.call_once(build_now);
+}
+
+fn build_now() {
     let started = Instant::now();
     let status = Command::new(scripts().join("build.sh"))
         .env("MURMUR_CONTROLPLANE_BIN", bin_dir())

@@ -1500,7 +1500,10 @@ async fn the_startup_check_names_a_missing_crd_and_every_missing_permission() {
     let e = preflight::check(&preflight_server(200, &[]), false, Some("elsewhere"))
         .await
         .unwrap_err();
-    assert!(e.to_string().contains("get leases.coordination.k8s.io"), "{e}");
+    assert!(
+        e.to_string().contains("get leases.coordination.k8s.io"),
+        "{e}"
+    );
     // With per-job NetworkPolicies, their verbs are checked too.
     let denied = &[("create", "networkpolicies")];
     preflight::check(&preflight_server(200, denied), false, Some("murmur-system"))

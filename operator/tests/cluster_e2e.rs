@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../e2e/cluster/run.sh")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../e2e/cluster/run.sh")
 }
 
 fn which(program: &str) -> PathBuf {
