@@ -2,12 +2,19 @@
 
 mod crd;
 mod helm;
+mod ownership;
+mod placement;
+mod preemption;
+mod scene;
 
 use super::Scenario;
 
 pub const ALL: &[(&str, Scenario)] = &[
     ("crd", |env| Box::pin(crd::crd(env))),
     ("helm", |env| Box::pin(helm::helm(env))),
+    ("placement", |env| Box::pin(placement::placement(env))),
+    ("preemption", |env| Box::pin(preemption::preemption(env))),
+    ("ownership", |env| Box::pin(ownership::ownership(env))),
 ];
 
 /// kube-apiserver flags for these tests: an audit log of every write (who wrote what), so a

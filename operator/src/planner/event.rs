@@ -98,27 +98,23 @@ pub struct Event {
     #[serde(rename = "type")]
     pub kind: EventKind,
     pub reason: Reason,
-    /// The member it concerns (its newest attempt), if one.
+    /// The member it concerns, if one...
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub member: Option<MemberId>,
+    /// ...and which of its attempts (its pod, in a cluster).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
     pub message: String,
 }
 
 impl Event {
-    pub fn normal(reason: Reason, member: Option<MemberId>, message: String) -> Self {
-        Self {
-            kind: EventKind::Normal,
-            reason,
-            member,
-            message,
-        }
-    }
-
-    pub fn warning(reason: Reason, member: Option<MemberId>, message: String) -> Self {
+    /// A warning about `member`'s attempt, if one.
+    pub fn warning(reason: Reason, member: Option<(MemberId, u32)>, message: String) -> Self {
         Self {
             kind: EventKind::Warning,
             reason,
-            member,
+            member: member.map(|(id, _)| id),
+            attempt: member.map(|(_, attempt)| attempt),
             message,
         }
     }
@@ -130,11 +126,11 @@ mod tests {
 
     #[test]
     fn an_event_serializes_as_the_status_api_always_showed_it() {
-        let e = Event::warning(Reason::Preempted, Some(3), "gone".into());
+        let e = Event::warning(Reason::Preempted, Some((3, 1)), "gone".into());
         let v = serde_json::to_value(&e).unwrap();
         assert_eq!(
             v,
-            serde_json::json!({"type": "Warning", "reason": "Preempted", "member": 3, "message": "gone"})
+            serde_json::json!({"type": "Warning", "reason": "Preempted", "member": 3, "attempt": 1, "message": "gone"})
         );
         assert_eq!(serde_json::from_value::<Event>(v).unwrap(), e);
         // Each reason's name is its serialized form.

@@ -146,11 +146,18 @@ pub enum Action {
     Event(Event),
 }
 
-fn event(kind: EventKind, reason: Reason, member: Option<MemberId>, message: String) -> Action {
+/// An event; `member`: the member id and the attempt it is about.
+fn event(
+    kind: EventKind,
+    reason: Reason,
+    member: Option<(MemberId, u32)>,
+    message: String,
+) -> Action {
     Action::Event(Event {
         kind,
         reason,
-        member,
+        member: member.map(|(id, _)| id),
+        attempt: member.map(|(_, attempt)| attempt),
         message,
     })
 }
@@ -360,7 +367,7 @@ fn settle_ended_members(
                 actions.push(event(
                     EventKind::Normal,
                     Reason::MemberCompleted,
-                    Some(id),
+                    Some((id, m.attempt)),
                     format!("member {id} reached the stopping target"),
                 ));
             }
@@ -377,7 +384,7 @@ fn settle_ended_members(
                 actions.push(event(
                     EventKind::Normal,
                     Reason::Preempted,
-                    Some(id),
+                    Some((id, m.attempt)),
                     format!("member {id} (attempt {}) preempted: {reason}", m.attempt),
                 ));
             }
@@ -392,7 +399,7 @@ fn settle_ended_members(
                 actions.push(event(
                     EventKind::Warning,
                     Reason::MemberFailed,
-                    Some(id),
+                    Some((id, m.attempt)),
                     format!(
                         "member {id} (attempt {}) failed: {reason}; restart {} of {}",
                         m.attempt, s.restarts, spec.recovery.max_restarts
@@ -448,7 +455,7 @@ fn note_lifecycle(
             actions.push(event(
                 EventKind::Normal,
                 Reason::Scheduled,
-                Some(id),
+                Some((id, r.attempt)),
                 format!(
                     "member {id} (attempt {}) runs on node {node}{capacity}",
                     r.attempt
@@ -464,7 +471,7 @@ fn note_lifecycle(
             actions.push(event(
                 EventKind::Normal,
                 Reason::Joined,
-                Some(id),
+                Some((id, r.attempt)),
                 format!("member {id} (attempt {}) sent its join report", r.attempt),
             ));
         }
@@ -477,7 +484,7 @@ fn note_lifecycle(
             actions.push(event(
                 EventKind::Warning,
                 Reason::PendingTooLong,
-                Some(id),
+                Some((id, r.attempt)),
                 format!(
                     "member {id} (attempt {}) has waited over {} for a node (recovery.pendingTimeout)",
                     r.attempt, spec.recovery.pending_timeout
@@ -556,7 +563,7 @@ fn fall_back(
         actions.push(event(
             EventKind::Normal,
             Reason::FellBackToOnDemand,
-            Some(id),
+            Some((id, r.attempt)),
             format!(
                 "member {id} waited over {limit} for a spot node; attempt {} runs without the spot requirement",
                 r.attempt + 1
@@ -610,17 +617,18 @@ fn shape_topology(
             }
         }
         Some(t) => {
-            let gone: Vec<MemberId> = t
+            let gone: Vec<(MemberId, u32)> = t
                 .graph
                 .members()
-                .filter(|&id| {
+                .filter_map(|id| {
                     let record = s.members.get(&id);
                     let attempt = record.map_or(0, |r| r.attempt);
-                    observed.live(id, attempt).is_none()
-                        || record.is_some_and(|r| r.lifecycle.is_retired())
+                    let gone = observed.live(id, attempt).is_none()
+                        || record.is_some_and(|r| r.lifecycle.is_retired());
+                    gone.then_some((id, attempt))
                 })
                 .collect();
-            for id in gone {
+            for (id, attempt) in gone {
                 if t.graph.member_count() == 1 {
                     // The last one: nothing to repair. Rebuilt when members rejoin.
                     s.last_version = t.version;
@@ -637,7 +645,7 @@ fn shape_topology(
                 actions.push(event(
                     EventKind::Normal,
                     Reason::Left,
-                    Some(id),
+                    Some((id, attempt)),
                     format!("member {id} left the topology; its neighbours were rewired"),
                 ));
             }
@@ -703,7 +711,7 @@ fn create_members(
             actions.push(event(
                 EventKind::Normal,
                 Reason::Replaced,
-                Some(id),
+                Some((id, attempt)),
                 format!("member {id}: attempt {attempt} created"),
             ));
         }
@@ -751,7 +759,7 @@ fn retire_outsiders(s: &mut JobState, observed: &Observation, actions: &mut Vec<
         actions.push(event(
             EventKind::Normal,
             Reason::MemberRetired,
-            Some(id),
+            Some((id, m.attempt)),
             format!(
                 "member {id} (attempt {}) is not needed: the job is finishing",
                 m.attempt

@@ -449,3 +449,29 @@ async fn zero_reads_per_second_serves_observers_unpaced() {
         assert_eq!(r.await.unwrap().as_u16(), 200);
     }
 }
+
+/// The API server stores whole seconds: a status with fractions would differ from what it read
+/// back on every reconcile and be written again (seen against a real API server).
+#[test]
+fn the_status_carries_whole_seconds_as_the_api_server_stores_them() {
+    use crate::planner::{JobState, Observation};
+    use k8s_openapi::jiff::Timestamp;
+    let spec = murmur_core::api::parse_manifest(
+        "apiVersion: murmur.dev/v1alpha1\nkind: DecentralizedTrainingJob\nmetadata: {name: t}\nspec:\n  replicas: {min: 1, target: 1, max: 1}\n  training: {model: mlp, steps: 10}\n",
+        "t.yaml",
+    )
+    .unwrap()
+    .spec;
+    let t = Timestamp::from_nanosecond(1_800_000_000_123_456_789).unwrap();
+    let (state, _) = crate::planner::plan(&spec, &JobState::new(t), &Observation::default(), t);
+    let view = crate::status::view::job_view("ns", "t", &spec, &state, &Observation::default(), t);
+    let whole = |t: &Timestamp| t.subsec_nanosecond() == 0;
+    assert!(
+        view.status
+            .conditions
+            .iter()
+            .all(|c| whole(&c.last_transition_time.0))
+    );
+    assert!(whole(&view.status.start_time.unwrap().0));
+    assert!(!state.conditions.is_empty());
+}

@@ -149,6 +149,11 @@ impl JobEvent {
     }
 }
 
+/// `t` without its fraction of a second, as the API server stores times.
+pub fn whole_seconds(t: Timestamp) -> Timestamp {
+    Timestamp::from_second(t.as_second()).unwrap_or(t)
+}
+
 fn mean(values: impl Iterator<Item = f64>) -> Option<f64> {
     let (sum, n) = values.fold((0.0, 0usize), |(s, n), v| (s + v, n + 1));
     (n > 0).then(|| sum / n as f64)
@@ -230,9 +235,20 @@ pub fn job_view(
         ),
     };
     let live = live_in_topology(state, observed);
+    // The API server keeps whole seconds: a status carrying fractions would differ from what it
+    // stored on every read, and be written again on every reconcile.
+    let conditions = state
+        .conditions
+        .iter()
+        .cloned()
+        .map(|mut c| {
+            c.last_transition_time = Time(whole_seconds(c.last_transition_time.0));
+            c
+        })
+        .collect();
     let status = DecentralizedTrainingJobStatus {
         phase: Some(state.phase),
-        conditions: state.conditions.clone(),
+        conditions,
         members: members
             .iter()
             .map(|m| {
@@ -264,8 +280,8 @@ pub fn job_view(
         preemptions: state.preemptions.len() as u32,
         restarts: state.restarts,
         progress: Some(progress),
-        start_time: Some(Time(state.created_at)),
-        completion_time: state.completed_at.map(Time),
+        start_time: Some(Time(whole_seconds(state.created_at))),
+        completion_time: state.completed_at.map(|t| Time(whole_seconds(t))),
         observed_generation: None,
     };
     JobView {

@@ -138,16 +138,9 @@ impl Decision {
             + usize::from(self.delete_job)
     }
 
-    /// The pod an event names: its member's current attempt.
-    pub fn pod_of(&self, job: &str, member: MemberId) -> String {
-        let attempt = self
-            .plan
-            .memory
-            .state
-            .members
-            .get(&member)
-            .map_or(0, |r| r.attempt);
-        resources::pod_name(job, member, attempt)
+    /// The pod an event is about: its member's attempt.
+    pub fn pod_of(job: &str, event: &planner::Event) -> Option<String> {
+        Some(resources::pod_name(job, event.member?, event.attempt?))
     }
 }
 

@@ -450,7 +450,7 @@ async fn execute(
     }
     ctx.metrics.observe(&d.plan.view);
     for event in &d.plan.events {
-        let pod = event.member.map(|m| d.pod_of(&name, m));
+        let pod = Decision::pod_of(&name, event);
         record_event(ctx, job, event, pod).await;
     }
     if d.delete_job {

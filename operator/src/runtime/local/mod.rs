@@ -671,7 +671,7 @@ impl Local {
         self.signal(member, attempt, signal);
         self.event(Event::warning(
             Reason::Chaos,
-            Some(member),
+            Some((member, attempt)),
             format!("{signal} to member {member} (attempt {attempt})"),
         ));
     }

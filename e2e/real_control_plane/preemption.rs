@@ -1,0 +1,219 @@
+//! Preemption as the cluster does it: an eviction through the Eviction API, `kubectl drain` of a
+//! spot node, a `NoExecute` taint as a cloud's node controller puts on a reclaimed node, and a
+//! node deleted outright. Each must end as a preemption in the job's status (never a restart),
+//! with a `Preempted` event naming the pod, a replacement, and the topology republished. Which of
+//! them gave the pod a `DisruptionTarget` condition, and with which reason, is printed.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::EvictParams;
+use kube::runtime::{WatchStreamExt, watcher};
+use parking_lot::Mutex;
+use serde_json::{Value, json};
+
+use super::super::Env;
+use super::super::support::control_plane::NodeShape;
+use super::scene::{MINUTE, Scene, attempt_of, member_of, node_of};
+
+const JOB: &str = "storm";
+
+/// `DisruptionTarget` reasons seen on each pod, by name (a pod watch that outlives the pods).
+type Disruptions = Arc<Mutex<BTreeMap<String, String>>>;
+
+fn watch_disruptions(s: &Scene<'_>) -> Disruptions {
+    let seen: Disruptions = Arc::default();
+    let api: Api<Pod> = Api::namespaced(s.client.clone(), &s.ns);
+    let out = seen.clone();
+    tokio::spawn(async move {
+        let mut pods = watcher(api, watcher::Config::default())
+            .applied_objects()
+            .boxed();
+        while let Some(Ok(pod)) = pods.next().await {
+            let reason = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .and_then(|c| c.iter().find(|c| c.type_ == "DisruptionTarget"))
+                .and_then(|c| c.reason.clone());
+            if let (Some(name), Some(reason)) = (pod.metadata.name.clone(), reason) {
+                out.lock().insert(name, reason);
+            }
+        }
+    });
+    seen
+}
+
+/// The operator's status API view of the job (its preemption history carries reasons).
+async fn view(s: &Scene<'_>) -> Value {
+    let url = format!("{}/api/v1/namespaces/{}/jobs/{JOB}", s.endpoint(), s.ns);
+    reqwest::get(url).await.unwrap().json().await.unwrap()
+}
+
+/// After `disrupt` took `lost` (pod names): each lost member counted as a preemption, no
+/// restart, a Preempted event naming its pod, its replacement created (and joined), and the
+/// topology republished.
+async fn heals(s: &Scene<'_>, what: &str, lost: &[String], before: &Value, version: u64) {
+    let preempted = before["preemptions"].as_u64().unwrap_or(0) + lost.len() as u64;
+    s.until_status(
+        JOB,
+        &format!("{what}: {} preemptions", lost.len()),
+        MINUTE,
+        |st| st["preemptions"].as_u64() == Some(preempted),
+    )
+    .await;
+    let events = s.events(JOB).await;
+    for pod in lost {
+        let named = events.iter().any(|e| {
+            e.reason.as_deref() == Some("Preempted")
+                && e.related.as_ref().and_then(|r| r.name.as_deref()) == Some(pod.as_str())
+        });
+        assert!(named, "{what}: no Preempted event names {pod}");
+    }
+    // The replacements come up on spot nodes and join; the topology moves on.
+    let members: Vec<u32> = lost
+        .iter()
+        .map(|p| p.rsplitn(3, '-').nth(1).unwrap().parse().unwrap())
+        .collect();
+    let deadline = std::time::Instant::now() + MINUTE;
+    loop {
+        let pods = s.running(JOB, 10).await;
+        let replaced = members.iter().all(|m| {
+            pods.get(m)
+                .is_some_and(|p| !lost.contains(p.metadata.name.as_ref().unwrap()))
+        });
+        if replaced {
+            for m in &members {
+                let node = node_of(&pods[m]).unwrap();
+                assert!(
+                    node.contains("spot"),
+                    "{what}: replacement of {m} on {node}"
+                );
+            }
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{what}: not replaced");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let status = s.status(JOB).await;
+    assert_eq!(
+        status["restarts"], 0,
+        "{what}: a preemption counted as a restart"
+    );
+    assert!(
+        s.topology_version(JOB).await.unwrap() > version,
+        "{what}: the topology was not republished"
+    );
+    s.join(JOB, members).await;
+}
+
+async fn pods_on(s: &Scene<'_>, node: &str) -> Vec<String> {
+    s.pods(JOB)
+        .await
+        .into_iter()
+        .filter(|p| node_of(p).as_deref() == Some(node) && p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| p.metadata.name)
+        .collect()
+}
+
+pub async fn preemption(env: &Env) {
+    let mut s = Scene::new(env, "preemption", &["--node-lost-after", "10s"]).await;
+    let mut shapes: Vec<NodeShape> = (0..6)
+        .map(|i| {
+            NodeShape::spot(
+                &format!("storm-spot-{i}"),
+                ["zone-a", "zone-b"][i % 2],
+                "gke",
+            )
+        })
+        .collect();
+    shapes.push(NodeShape::on_demand("storm-plain", "zone-a"));
+    s.add_nodes(&shapes).await;
+    let disruptions = watch_disruptions(&s);
+    s.job("dcliques-spot-cpu.yaml", JOB, json!({}));
+    s.running(JOB, 10).await;
+    s.join(JOB, 0..10).await;
+    s.until_status(JOB, "topology built", MINUTE, |st| {
+        st["topologyVersion"].as_u64() >= Some(1)
+    })
+    .await;
+
+    // 1. The Eviction API.
+    let before = s.status(JOB).await;
+    let version = s.topology_version(JOB).await.unwrap();
+    let pods = s.running(JOB, 10).await;
+    let victim = pods[&3].metadata.name.clone().unwrap();
+    let api: Api<Pod> = Api::namespaced(s.client.clone(), &s.ns);
+    api.evict(&victim, &EvictParams::default()).await.unwrap();
+    heals(
+        &s,
+        "eviction",
+        std::slice::from_ref(&victim),
+        &before,
+        version,
+    )
+    .await;
+
+    // 2. kubectl drain of a spot node holding members.
+    let before = s.status(JOB).await;
+    let version = s.topology_version(JOB).await.unwrap();
+    let node = node_of(&s.running(JOB, 10).await[&5]).unwrap();
+    let lost = pods_on(&s, &node).await;
+    env.cp.kubectl_ok(&[
+        "drain",
+        &node,
+        "--ignore-daemonsets",
+        "--delete-emptydir-data",
+        "--timeout=60s",
+    ]);
+    heals(&s, "drain", &lost, &before, version).await;
+
+    // 3. A NoExecute taint, as a cloud's node controller marks a reclaimed node.
+    let before = s.status(JOB).await;
+    let version = s.topology_version(JOB).await.unwrap();
+    let node = node_of(&s.running(JOB, 10).await[&7]).unwrap();
+    let lost = pods_on(&s, &node).await;
+    env.cp.kubectl_ok(&[
+        "taint",
+        "node",
+        &node,
+        "example.com/reclaimed=true:NoExecute",
+    ]);
+    heals(&s, "NoExecute taint", &lost, &before, version).await;
+
+    // 4. The node deleted outright.
+    let before = s.status(JOB).await;
+    let version = s.topology_version(JOB).await.unwrap();
+    let node = node_of(&s.running(JOB, 10).await[&1]).unwrap();
+    let lost = pods_on(&s, &node).await;
+    env.cp
+        .kubectl_ok(&["delete", "node", &node, "--wait=false"]);
+    heals(&s, "node deleted", &lost, &before, version).await;
+
+    // What each way of losing a member looked like.
+    let seen = disruptions.lock().clone();
+    let history = view(&s).await["preemptionHistory"].clone();
+    println!(
+        "  preemptions as the operator recorded them (DisruptionTarget reason on the pod, if any):"
+    );
+    for p in history.as_array().unwrap() {
+        let pod = format!("{JOB}-{}-{}", p["member"], p["attempt"]);
+        println!(
+            "    {pod}: {} [DisruptionTarget: {}]",
+            p["reason"].as_str().unwrap(),
+            seen.get(&pod).map_or("none seen", String::as_str)
+        );
+    }
+    let status = s.status(JOB).await;
+    assert_eq!(status["restarts"], 0);
+    let pods = s.pods(JOB).await;
+    assert!(
+        pods.iter()
+            .all(|p| attempt_of(p).is_some() && member_of(p).is_some())
+    );
+    s.finish().await;
+}

@@ -1,0 +1,274 @@
+//! What most scenarios share: a namespace, kwok nodes, the operator (installed by helm, run as
+//! its ServiceAccount), jobs made from the examples, and trainers' join reports posted the way a
+//! trainer posts them (signed with the job's key from its Secret) — with kwok nothing runs in a
+//! pod, so the test speaks for the trainers.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Pod, Secret};
+use k8s_openapi::api::events::v1::Event;
+use kube::Api;
+use kube::api::{DeleteParams, ListParams, PostParams};
+use murmur_core::contract::{JoinReport, control};
+use serde_json::{Value, json};
+
+use super::super::Env;
+use super::super::support::control_plane::{NodeShape, Operator, eventually};
+use super::crd::{example, merge};
+use super::helm;
+
+pub const MINUTE: Duration = Duration::from_secs(60);
+
+pub struct Scene<'a> {
+    pub env: &'a Env,
+    pub ns: String,
+    pub client: kube::Client,
+    pub operator: Operator,
+    nodes: Vec<String>,
+}
+
+impl<'a> Scene<'a> {
+    /// A namespace `ns`, the operator running (with `flags`) and ready.
+    pub async fn new(env: &'a Env, ns: &str, flags: &[&str]) -> Self {
+        env.cp.kubectl_ok(&["create", "namespace", ns]);
+        let mut operator = helm::operator(env, &format!("{ns}-operator.log"), flags);
+        helm::ready(&mut operator).await;
+        Self {
+            env,
+            ns: ns.to_string(),
+            client: env.cp.client().await,
+            operator,
+            nodes: Vec::new(),
+        }
+    }
+
+    /// The operator's control endpoint (what trainers post to).
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.operator.port)
+    }
+
+    pub async fn add_nodes(&mut self, shapes: &[NodeShape]) {
+        let api: Api<Node> = Api::all(self.client.clone());
+        for shape in shapes {
+            api.create(&PostParams::default(), &shape.node())
+                .await
+                .unwrap_or_else(|e| panic!("create node {}: {e}", shape.name));
+            self.nodes.push(shape.name.clone());
+        }
+        // kwok marks them Ready.
+        for shape in shapes {
+            let name = shape.name.clone();
+            eventually(&format!("node {name} Ready"), MINUTE, || {
+                let api = api.clone();
+                let name = name.clone();
+                async move {
+                    let node = api.get(&name).await.ok()?;
+                    let ready = node
+                        .status?
+                        .conditions?
+                        .iter()
+                        .any(|c| c.type_ == "Ready" && c.status == "True");
+                    ready.then_some(())
+                }
+            })
+            .await;
+        }
+    }
+
+    pub async fn remove_nodes(&mut self) {
+        let api: Api<Node> = Api::all(self.client.clone());
+        for name in std::mem::take(&mut self.nodes) {
+            let _ = api.delete(&name, &DeleteParams::default()).await;
+        }
+    }
+
+    /// Apply the example job `file` named `name`, patched by `patch` (a JSON merge patch).
+    pub fn job(&self, file: &str, name: &str, patch: Value) -> Value {
+        let mut job = example(file);
+        job["metadata"]["name"] = json!(name);
+        job["metadata"]["namespace"] = json!(self.ns);
+        merge(&mut job, &patch);
+        self.env.cp.apply(&serde_json::to_string(&job).unwrap());
+        job
+    }
+
+    pub async fn job_object(&self, name: &str) -> Value {
+        let out = self
+            .env
+            .cp
+            .kubectl_ok(&["get", "dtj", name, "-n", &self.ns, "-o", "json"]);
+        serde_json::from_str(&out).unwrap()
+    }
+
+    /// The job's `.status`, once it has one.
+    pub async fn status(&self, name: &str) -> Value {
+        self.job_object(name).await["status"].clone()
+    }
+
+    /// Wait until `check` holds of the job's status.
+    pub async fn until_status(
+        &self,
+        name: &str,
+        what: &str,
+        within: Duration,
+        check: impl Fn(&Value) -> bool,
+    ) -> Value {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let status = self.status(name).await;
+            if check(&status) {
+                return status;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "timed out: {what}; status {status:#}\noperator log:\n{}",
+                tail(&self.operator.logs())
+            );
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+
+    /// The job's pods.
+    pub async fn pods(&self, job: &str) -> Vec<Pod> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &self.ns);
+        api.list(&ListParams::default().labels(&format!("murmur.dev/job={job}")))
+            .await
+            .unwrap()
+            .items
+    }
+
+    /// Wait until `n` of the job's pods are Running (kwok fakes it), by member.
+    pub async fn running(&self, job: &str, n: usize) -> BTreeMap<u32, Pod> {
+        let deadline = std::time::Instant::now() + 2 * MINUTE;
+        loop {
+            let running: BTreeMap<u32, Pod> = self
+                .pods(job)
+                .await
+                .into_iter()
+                .filter(|p| {
+                    p.metadata.deletion_timestamp.is_none()
+                        && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                })
+                .filter_map(|p| Some((member_of(&p)?, p)))
+                .collect();
+            if running.len() >= n {
+                return running;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "only {} of {n} pods of {job} running; operator log:\n{}",
+                running.len(),
+                tail(&self.operator.logs())
+            );
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+
+    /// The job's key, as its trainers read it from the Secret.
+    pub async fn key(&self, job: &str) -> Vec<u8> {
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), &self.ns);
+        let secret = api.get(&format!("{job}-peer-key")).await.unwrap();
+        secret.data.unwrap()["peer-key"].0.clone()
+    }
+
+    /// Members `ids` post their join reports (member i holds classes 2i mod 10 and 2i+1 mod 10,
+    /// as `classesPerMember: 2` deals them).
+    pub async fn join(&self, job: &str, ids: impl IntoIterator<Item = u32>) {
+        let key = self.key(job).await;
+        let http = reqwest::Client::new();
+        for id in ids {
+            let mut histogram = vec![0u64; 10];
+            histogram[(2 * id as usize) % 10] = 50;
+            histogram[(2 * id as usize + 1) % 10] = 50;
+            let body = serde_json::to_vec(&JoinReport {
+                member_id: id,
+                label_histogram: histogram,
+                proxy_vector: None,
+            })
+            .unwrap();
+            let url = format!(
+                "{}{}",
+                self.endpoint(),
+                control::join_path(&self.ns, job, id)
+            );
+            let response = http
+                .post(&url)
+                .header("content-type", "application/json")
+                .header(control::SIGNATURE_HEADER, control::sign(&key, &body))
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            assert!(
+                response.status().is_success(),
+                "join of member {id}: {}",
+                response.status()
+            );
+        }
+    }
+
+    /// The Events regarding the job.
+    pub async fn events(&self, job: &str) -> Vec<Event> {
+        let api: Api<Event> = Api::namespaced(self.client.clone(), &self.ns);
+        api.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(job))
+            .collect()
+    }
+
+    /// The version of the topology document in the job's ConfigMap.
+    pub async fn topology_version(&self, job: &str) -> Option<u64> {
+        let out = self.env.cp.kubectl(&[
+            "get",
+            "configmap",
+            &format!("{job}-topology"),
+            "-n",
+            &self.ns,
+            "-o",
+            "jsonpath={.data.topology\\.json}",
+        ]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        let doc: Value = serde_json::from_str(&text).ok()?;
+        doc["version"].as_u64()
+    }
+
+    /// Delete the namespace and the nodes (the next scenario starts clean).
+    pub async fn finish(mut self) {
+        self.env
+            .cp
+            .kubectl_ok(&["delete", "namespace", &self.ns, "--wait=false"]);
+        self.remove_nodes().await;
+    }
+}
+
+pub fn member_of(pod: &Pod) -> Option<u32> {
+    pod.metadata
+        .labels
+        .as_ref()?
+        .get("murmur.dev/member")?
+        .parse()
+        .ok()
+}
+
+pub fn attempt_of(pod: &Pod) -> Option<u32> {
+    pod.metadata
+        .labels
+        .as_ref()?
+        .get("murmur.dev/attempt")?
+        .parse()
+        .ok()
+}
+
+pub fn node_of(pod: &Pod) -> Option<String> {
+    pod.spec.as_ref()?.node_name.clone()
+}
+
+/// The last lines of a log, for a failure message.
+pub fn tail(log: &str) -> String {
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
