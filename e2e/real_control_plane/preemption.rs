@@ -77,7 +77,7 @@ async fn heals(s: &Scene<'_>, what: &str, lost: &[String], before: &Value, versi
     // The replacements come up on spot nodes and join; the topology moves on.
     let members: Vec<u32> = lost
         .iter()
-        .map(|p| p.rsplitn(3, '-').nth(1).unwrap().parse().unwrap())
+        .map(|p| p.rsplit('-').nth(1).unwrap().parse().unwrap())
         .collect();
     let deadline = std::time::Instant::now() + MINUTE;
     loop {
