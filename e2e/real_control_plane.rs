@@ -48,6 +48,8 @@ fn main() -> ExitCode {
         println!("no scenario matches {filters:?}");
         return ExitCode::SUCCESS;
     }
+    // A failed scenario says what failed and where; a backtrace of the harness says nothing more.
+    std::panic::set_hook(Box::new(|info| eprintln!("\n{info}\n")));
     let started = Instant::now();
     let runtime = tokio::runtime::Runtime::new().expect("a tokio runtime");
     let env = Env {

@@ -1,6 +1,7 @@
 //! The scenarios, one module per area, in the order they run.
 
 mod crd;
+mod defects;
 mod helm;
 mod ownership;
 mod placement;
@@ -15,6 +16,27 @@ pub const ALL: &[(&str, Scenario)] = &[
     ("placement", |env| Box::pin(placement::placement(env))),
     ("preemption", |env| Box::pin(preemption::preemption(env))),
     ("ownership", |env| Box::pin(ownership::ownership(env))),
+    ("defect-bounds", |env| {
+        Box::pin(defects::bounded_numbers(env))
+    }),
+    ("defect-pods-rejected", |env| {
+        Box::pin(defects::pods_rejected_say_why(env))
+    }),
+    ("defect-deletes", |env| {
+        Box::pin(defects::deletes_are_seen(env))
+    }),
+    ("defect-same-name", |env| {
+        Box::pin(defects::same_name_again(env))
+    }),
+    ("defect-hostnames", |env| {
+        Box::pin(defects::attempts_have_their_own_names(env))
+    }),
+    ("defect-reapply", |env| {
+        Box::pin(defects::an_existing_pod_is_never_re_applied(env))
+    }),
+    ("defect-undecodable", |env| {
+        Box::pin(defects::undecodable_costs_only_itself(env))
+    }),
 ];
 
 /// kube-apiserver flags for these tests: an audit log of every write (who wrote what), so a

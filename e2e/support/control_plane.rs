@@ -358,7 +358,11 @@ impl Operator {
             .args(["--log-format", "text"])
             .args(extra)
             .env("KUBECONFIG", kubeconfig)
-            .env("RUST_LOG", "info,kube=warn")
+            .env(
+                "RUST_LOG",
+                std::env::var("MURMUR_E2E_OPERATOR_LOG")
+                    .unwrap_or_else(|_| "info,kube=warn".into()),
+            )
             .stdout(file.try_clone().unwrap())
             .stderr(file)
             .spawn()

@@ -79,6 +79,19 @@ impl ManifestError {
     }
 }
 
+/// Decode a job object as the API server holds it (no rule checked): the error names the field
+/// that does not fit the types (a number too large, a malformed duration).
+pub fn decode_job(
+    value: serde_json::Value,
+    origin: &str,
+) -> Result<DecentralizedTrainingJob, ManifestError> {
+    serde_path_to_error::deserialize(value).map_err(|e| ManifestError::Field {
+        file: origin.to_string(),
+        field: e.path().to_string(),
+        message: e.into_inner().to_string(),
+    })
+}
+
 /// Read and validate a manifest file.
 pub fn load_manifest(path: &Path) -> Result<DecentralizedTrainingJob, ManifestError> {
     let file = path.display().to_string();
@@ -170,9 +183,10 @@ pub fn validate_update(
     })
 }
 
-/// The schema's `maxLength` limits, which the apiserver enforces and the CEL evaluator does not.
+/// The schema's own limits — `maxLength`, `minimum`, `maximum`, `pattern` — which the apiserver
+/// enforces and the CEL evaluator does not.
 fn check_lengths(job: &DecentralizedTrainingJob) -> Vec<Violation> {
-    let crd = DecentralizedTrainingJob::crd();
+    let crd = super::crd();
     let schema = crd.spec.versions[0]
         .schema
         .as_ref()
@@ -181,11 +195,11 @@ fn check_lengths(job: &DecentralizedTrainingJob) -> Vec<Violation> {
         .unwrap_or_default();
     let value = serde_json::to_value(job).unwrap_or_default();
     let mut out = Vec::new();
-    walk_lengths(&schema, &value, String::new(), &mut out);
+    walk_schema(&schema, &value, String::new(), &mut out);
     out
 }
 
-fn walk_lengths(
+fn walk_schema(
     schema: &serde_json::Value,
     value: &serde_json::Value,
     path: String,
@@ -198,15 +212,39 @@ fn walk_lengths(
             format!("{path}.{key}")
         }
     };
+    let mut say = |message: String| {
+        out.push(Violation {
+            field: path.clone(),
+            message,
+        })
+    };
     match value {
         serde_json::Value::String(s) => {
             if let Some(max) = schema.get("maxLength").and_then(|m| m.as_u64())
                 && s.chars().count() as u64 > max
             {
-                out.push(Violation {
-                    field: path,
-                    message: format!("is {} characters, at most {max} allowed", s.chars().count()),
-                });
+                say(format!(
+                    "is {} characters, at most {max} allowed",
+                    s.chars().count()
+                ));
+            }
+            if let Some(pattern) = schema.get("pattern").and_then(|p| p.as_str())
+                && !regex::Regex::new(pattern).is_ok_and(|re| re.is_match(s))
+            {
+                say(format!("{s:?} does not match {pattern}"));
+            }
+        }
+        serde_json::Value::Number(n) => {
+            let n = n.as_f64().unwrap_or_default();
+            if let Some(min) = schema.get("minimum").and_then(|m| m.as_f64())
+                && n < min
+            {
+                say(format!("{n} is below the minimum {min}"));
+            }
+            if let Some(max) = schema.get("maximum").and_then(|m| m.as_f64())
+                && n > max
+            {
+                say(format!("{n} is above the maximum {max}"));
             }
         }
         serde_json::Value::Object(map) => {
@@ -216,14 +254,14 @@ fn walk_lengths(
                     .and_then(|p| p.get(key))
                     .or_else(|| schema.get("additionalProperties"));
                 if let Some(sub) = sub {
-                    walk_lengths(sub, child, join(key), out);
+                    walk_schema(sub, child, join(key), out);
                 }
             }
         }
         serde_json::Value::Array(items) => {
             if let Some(sub) = schema.get("items") {
                 for (k, child) in items.iter().enumerate() {
-                    walk_lengths(sub, child, format!("{path}[{k}]"), out);
+                    walk_schema(sub, child, format!("{path}[{k}]"), out);
                 }
             }
         }

@@ -10,15 +10,50 @@ use kube::core::CustomResourceExt;
 
 pub use duration::Duration;
 pub use manifest::{
-    ManifestError, Violation, load_manifest, parse_manifest, validate, validate_update,
+    ManifestError, Violation, decode_job, load_manifest, parse_manifest, validate, validate_update,
 };
 pub use spec::*;
 pub use status::*;
 
-/// The CustomResourceDefinition the cluster gets.
+/// The CustomResourceDefinition the cluster gets: the types' schema with every integer bounded
+/// by its width. The API server ignores `format`, so without bounds it stores an `int32` of five
+/// billion, which the operator then cannot decode (and a failed decode of one object stopped the
+/// job watch for every job).
 pub fn crd()
 -> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
-    DecentralizedTrainingJob::crd()
+    let mut crd = serde_json::to_value(DecentralizedTrainingJob::crd()).expect("a CRD serializes");
+    bound_integers(&mut crd);
+    serde_json::from_value(crd).expect("a bounded CRD is a CRD")
+}
+
+/// Give every `integer` schema of width `int32`/`uint32` the `minimum` and `maximum` of its
+/// width (a tighter bound already there stays).
+fn bound_integers(schema: &mut serde_json::Value) {
+    use serde_json::{Value, json};
+    match schema {
+        Value::Object(map) => {
+            let range = match map.get("format").and_then(Value::as_str) {
+                Some("int32") => Some((i64::from(i32::MIN), i64::from(i32::MAX))),
+                Some("uint32") => Some((0, i64::from(u32::MAX))),
+                _ => None,
+            };
+            if let Some((low, high)) = range
+                && map.get("type").and_then(Value::as_str) == Some("integer")
+            {
+                let minimum = map.get("minimum").and_then(Value::as_f64);
+                let maximum = map.get("maximum").and_then(Value::as_f64);
+                if minimum.is_none_or(|e| e < low as f64) {
+                    map.insert("minimum".into(), json!(low));
+                }
+                if maximum.is_none_or(|e| e > high as f64) {
+                    map.insert("maximum".into(), json!(high));
+                }
+            }
+            map.values_mut().for_each(bound_integers);
+        }
+        Value::Array(items) => items.iter_mut().for_each(bound_integers),
+        _ => {}
+    }
 }
 
 /// The CRD as YAML, exactly as `crds/` holds it and `murmur crd` prints it.

@@ -410,14 +410,20 @@ impl Default for TrainerSpec {
     }
 }
 
+/// A Kubernetes quantity (`500m`, `2`, `1.5Gi`, `1e3`), as the API server parses them: checked in
+/// the CRD, or a bad one would pass the job and fail only when its pods are created.
+pub const QUANTITY_PATTERN: &str = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$";
+
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[x_kube(validation = Rule::new("!has(self.gpus) || self.gpus <= 16").message("trainer.resources.gpus must be <= 16").field_path(".gpus"))]
 pub struct TrainerResources {
     /// CPU request and limit, e.g. "2" or "500m".
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("pattern" = QUANTITY_PATTERN))]
     pub cpu: Option<Quantity>,
     /// Memory request and limit, e.g. "2Gi".
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("pattern" = QUANTITY_PATTERN))]
     pub memory: Option<Quantity>,
     /// GPUs per member, requested as `nvidia.com/gpu`.
     #[serde(default, skip_serializing_if = "Option::is_none")]

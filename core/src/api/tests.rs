@@ -1,7 +1,6 @@
 //! Table tests for the API: every CEL rule, the loader's errors, and the CRD's shape.
 
 use super::*;
-use kube::core::CustomResourceExt;
 
 const VALID: &str = r#"
 apiVersion: murmur.dev/v1alpha1
@@ -437,7 +436,7 @@ fn crd_in_the_repo_matches_the_rust_types() {
 
 #[test]
 fn crd_has_the_advertised_shape() {
-    let crd = DecentralizedTrainingJob::crd();
+    let crd = super::crd();
     assert_eq!(crd.spec.group, "murmur.dev");
     assert_eq!(crd.spec.scope, "Namespaced");
     assert_eq!(

@@ -57,6 +57,9 @@ pub enum Reason {
     InvalidSpec,
     /// `murmur run --chaos`: a signal murmur itself sent to a member.
     Chaos,
+    /// The operator cannot decode the job as stored (written under an older, looser CRD): it
+    /// leaves it alone and says which field.
+    Undecodable,
 }
 
 impl Reason {
@@ -80,6 +83,7 @@ impl Reason {
             Reason::Failed => "Failed",
             Reason::InvalidSpec => "InvalidSpec",
             Reason::Chaos => "Chaos",
+            Reason::Undecodable => "Undecodable",
         }
     }
 }

@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Node, ObjectReference, Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -242,6 +242,20 @@ impl Context {
             inbox,
         ));
         Ok(live)
+    }
+
+    /// The pod watch showed `pod`: its creation is no longer awaited.
+    fn pod_seen(&self, pod: &Pod) {
+        let (Some(key), Some(job)) = (
+            observe::member_of(pod),
+            pod.labels().get(resources::LABEL_JOB),
+        ) else {
+            return;
+        };
+        let job = (pod.namespace().unwrap_or_default(), job.clone());
+        if let Some(live) = self.jobs.lock().get(&job) {
+            live.lock().created.remove(&key);
+        }
     }
 
     fn forget(&self, namespace: &str, name: &str) {
@@ -813,25 +827,30 @@ fn controller(
     client: &Client,
     w: Writers,
     jobs: Store<DecentralizedTrainingJob>,
-    ctx: &Context,
+    ctx: &Arc<Context>,
     concurrency: u16,
 ) -> Controller<DecentralizedTrainingJob> {
     let managed = watcher::Config::default().labels(resources::MANAGED_SELECTOR);
-    let job_stream = watcher(
-        Api::<DecentralizedTrainingJob>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .reflect(w.jobs)
-    .applied_objects()
-    .predicate_filter(predicates::generation, Default::default());
+    let job_stream = decoded_jobs(client, &jobs, ctx)
+        .reflect(w.jobs)
+        .applied_objects()
+        .predicate_filter(predicates::generation, Default::default());
     let mut controller = Controller::for_stream(job_stream, jobs)
         .with_config(
             ControllerConfig::default()
                 .concurrency(concurrency)
                 .debounce(Duration::from_millis(500)),
         )
-        .owns_stream(owned(client, &managed, w.pods))
+        .owns_stream({
+            // A pod the watch has shown is no longer an expectation, even if it is gone before
+            // any reconcile saw it in the cache (a force deletion right after creation).
+            let ctx = Arc::downgrade(ctx);
+            owned(client, &managed, w.pods).inspect_ok(move |pod| {
+                if let Some(ctx) = ctx.upgrade() {
+                    ctx.pod_seen(pod);
+                }
+            })
+        })
         .owns_stream(owned(client, &managed, w.services))
         .owns_stream(owned(client, &managed, w.config_maps))
         .owns_stream(owned(client, &managed, w.secrets));
@@ -859,6 +878,123 @@ fn controller(
     controller.watches_stream(node_stream, jobs_on_node)
 }
 
+/// The jobs as watch events, each decoded on its own: the watch reads them untyped, so one job
+/// stored under a looser (older) CRD that the types cannot decode costs only itself — an event
+/// and a log name it and its field, and the operator leaves it alone (were it known before, it
+/// is dropped as if deleted) — instead of failing the whole list and every job's reconcile.
+fn decoded_jobs(
+    client: &Client,
+    jobs: &Store<DecentralizedTrainingJob>,
+    ctx: &Context,
+) -> impl futures::Stream<Item = Result<watcher::Event<DecentralizedTrainingJob>, watcher::Error>>
++ Send
++ 'static {
+    use kube::core::{ApiResource, DynamicObject};
+    let resource = ApiResource::erase::<DecentralizedTrainingJob>(&());
+    let api = Api::<DynamicObject>::all_with(client.clone(), &resource);
+    let known = jobs.clone();
+    let recorder = ctx.recorder.clone();
+    let reported = Arc::new(Mutex::new(std::collections::HashSet::<String>::new()));
+    watcher(api, watcher::Config::default())
+        .default_backoff()
+        .filter_map(move |event| {
+            let decoded = event.map(|event| {
+                decode_event(event, &known, &|object, error| {
+                    report_undecodable(&recorder, &reported, object, error)
+                })
+            });
+            futures::future::ready(decoded.transpose())
+        })
+}
+
+/// One watch event of untyped jobs, typed: an object that does not decode is reported and
+/// either left out or, when the cache knew it, turned into its deletion.
+fn decode_event(
+    event: watcher::Event<kube::core::DynamicObject>,
+    known: &Store<DecentralizedTrainingJob>,
+    report: &dyn Fn(&kube::core::DynamicObject, &murmur_core::api::ManifestError),
+) -> Option<watcher::Event<DecentralizedTrainingJob>> {
+    use watcher::Event as E;
+    let decode = |object: kube::core::DynamicObject| {
+        let origin = format!(
+            "{}/{}",
+            object.metadata.namespace.as_deref().unwrap_or_default(),
+            object.metadata.name.as_deref().unwrap_or_default()
+        );
+        let value = serde_json::to_value(&object).unwrap_or_default();
+        murmur_core::api::decode_job(value, &origin).map_err(|e| {
+            report(&object, &e);
+            object
+        })
+    };
+    let previous = |object: &kube::core::DynamicObject| {
+        let name = object.metadata.name.as_deref()?;
+        let namespace = object.metadata.namespace.as_deref()?;
+        known
+            .get(&ObjectRef::new(name).within(namespace))
+            .map(|k| k.as_ref().clone())
+    };
+    match event {
+        E::Init => Some(E::Init),
+        E::InitDone => Some(E::InitDone),
+        E::InitApply(o) => decode(o).ok().map(E::InitApply),
+        E::Apply(o) => match decode(o) {
+            Ok(job) => Some(E::Apply(job)),
+            Err(o) => previous(&o).map(E::Delete),
+        },
+        E::Delete(o) => match decode(o) {
+            Ok(job) => Some(E::Delete(job)),
+            Err(o) => previous(&o).map(E::Delete),
+        },
+    }
+}
+
+/// Say once per object version that it cannot be decoded: a log line and a Warning Event
+/// regarding it, naming the field.
+fn report_undecodable(
+    recorder: &Recorder,
+    reported: &Mutex<std::collections::HashSet<String>>,
+    object: &kube::core::DynamicObject,
+    error: &murmur_core::api::ManifestError,
+) {
+    let version = format!(
+        "{}/{}",
+        object.metadata.uid.as_deref().unwrap_or_default(),
+        object
+            .metadata
+            .resource_version
+            .as_deref()
+            .unwrap_or_default()
+    );
+    if !reported.lock().insert(version) {
+        return;
+    }
+    tracing::warn!(error = %error, "a DecentralizedTrainingJob cannot be decoded; leaving it alone");
+    let reference = ObjectReference {
+        api_version: Some(DecentralizedTrainingJob::api_version(&()).to_string()),
+        kind: Some(DecentralizedTrainingJob::kind(&()).to_string()),
+        name: object.metadata.name.clone(),
+        namespace: object.metadata.namespace.clone(),
+        uid: object.metadata.uid.clone(),
+        ..Default::default()
+    };
+    let event = KubeEventSpec {
+        type_: EventType::Warning,
+        reason: planner::Reason::Undecodable.as_str().into(),
+        action: planner::Reason::Undecodable.as_str().into(),
+        note: Some(format!(
+            "the operator cannot read this job, so it leaves it alone: {error}; fix the field or recreate the job"
+        )),
+        secondary: None,
+    };
+    let recorder = recorder.clone();
+    tokio::spawn(async move {
+        if let Err(e) = recorder.publish(&event, &reference).await {
+            tracing::warn!(error = %e, "cannot record the Undecodable event");
+        }
+    });
+}
+
 /// The watch of one kind of object the operator owns, filling its cache.
 fn owned<K>(
     client: &Client,
@@ -874,10 +1010,12 @@ where
         + Sync
         + 'static,
 {
+    // Touched, not applied: a deleted (or force-deleted) child wakes its job at once; with
+    // applied objects only, it waited for the next resync.
     watcher(Api::<K>::all(client.clone()), managed.clone())
         .default_backoff()
         .reflect(writer)
-        .applied_objects()
+        .touched_objects()
 }
 
 /// Forget jobs deleted behind the operator's back, once per resync.

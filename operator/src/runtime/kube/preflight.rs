@@ -141,7 +141,9 @@ pub async fn check(
     lease_namespace: Option<&str>,
 ) -> Result<(), PreflightError> {
     let jobs: Api<DecentralizedTrainingJob> = Api::all(client.clone());
-    match jobs.list(&ListParams::default().limit(1)).await {
+    // Metadata only: a job stored under an older CRD that the types cannot decode must not
+    // stop the operator from starting.
+    match jobs.list_metadata(&ListParams::default().limit(1)).await {
         Ok(_) => {}
         Err(kube::Error::Api(e)) if e.code == 404 => return Err(PreflightError::CrdMissing),
         Err(kube::Error::Api(e)) if e.code == 403 => {}
