@@ -915,37 +915,32 @@ fn decode_event(
     report: &dyn Fn(&kube::core::DynamicObject, &murmur_core::api::ManifestError),
 ) -> Option<watcher::Event<DecentralizedTrainingJob>> {
     use watcher::Event as E;
-    let decode = |object: kube::core::DynamicObject| {
+    // Decoded, or reported and None.
+    let decode = |object: &kube::core::DynamicObject| {
         let origin = format!(
             "{}/{}",
             object.metadata.namespace.as_deref().unwrap_or_default(),
             object.metadata.name.as_deref().unwrap_or_default()
         );
-        let value = serde_json::to_value(&object).unwrap_or_default();
-        murmur_core::api::decode_job(value, &origin).map_err(|e| {
-            report(&object, &e);
-            object
-        })
+        let value = serde_json::to_value(object).unwrap_or_default();
+        murmur_core::api::decode_job(value, &origin)
+            .map_err(|e| report(object, &e))
+            .ok()
     };
+    // What the cache knew of it: dropped as if deleted once it cannot be read.
     let previous = |object: &kube::core::DynamicObject| {
         let name = object.metadata.name.as_deref()?;
         let namespace = object.metadata.namespace.as_deref()?;
         known
             .get(&ObjectRef::new(name).within(namespace))
-            .map(|k| k.as_ref().clone())
+            .map(|k| E::Delete(k.as_ref().clone()))
     };
     match event {
         E::Init => Some(E::Init),
         E::InitDone => Some(E::InitDone),
-        E::InitApply(o) => decode(o).ok().map(E::InitApply),
-        E::Apply(o) => match decode(o) {
-            Ok(job) => Some(E::Apply(job)),
-            Err(o) => previous(&o).map(E::Delete),
-        },
-        E::Delete(o) => match decode(o) {
-            Ok(job) => Some(E::Delete(job)),
-            Err(o) => previous(&o).map(E::Delete),
-        },
+        E::InitApply(o) => decode(&o).map(E::InitApply),
+        E::Apply(o) => decode(&o).map(E::Apply).or_else(|| previous(&o)),
+        E::Delete(o) => decode(&o).map(E::Delete).or_else(|| previous(&o)),
     }
 }
 
