@@ -5,10 +5,12 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
 use super::super::Env;
+use super::helm;
 
 /// A manifest that breaks one rule: the rule's message, a JSON merge patch of the base job
 /// (`null` removes a field), and the field the API server must name. `update`: a transition rule,
@@ -445,4 +447,67 @@ pub async fn crd(env: &Env) {
 
 fn control_plane_path(relative: &str) -> std::path::PathBuf {
     super::super::support::control_plane::repository().join(relative)
+}
+
+/// The operator started while its CRD is installed but not yet Established (here held back by
+/// another CRD of the group claiming the short name `dtj`) waits and says why, rather than
+/// meeting 404s; it gives up after `--crd-wait` naming the condition, and goes on once the CRD
+/// is Established. Before, it exited at once: "the CRD is not installed". Runs last: deleting
+/// the CRD deletes every job.
+pub async fn crd_established(env: &Env) {
+    let cp = &env.cp;
+    let ours = "crd/decentralizedtrainingjobs.murmur.dev";
+    cp.kubectl_ok(&["delete", ours, "--wait=true", "--timeout=120s"]);
+    cp.apply(
+        "\
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: rivals.murmur.dev}
+spec:
+  group: murmur.dev
+  scope: Namespaced
+  names: {kind: Rival, plural: rivals, singular: rival, shortNames: [dtj]}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
+",
+    );
+    cp.kubectl_ok(&[
+        "wait",
+        "--for=condition=Established",
+        "crd/rivals.murmur.dev",
+        "--timeout=60s",
+    ]);
+    cp.kubectl_ok(&["apply", "--server-side", "-f", "crds/"]);
+    cp.kubectl_ok(&[
+        "wait",
+        "--for=condition=NamesAccepted=False",
+        ours,
+        "--timeout=60s",
+    ]);
+
+    // Too short a wait: a named error, not "not installed".
+    let impatient = helm::operator(env, "crd-impatient-operator.log", &["--crd-wait", "3s"]);
+    let (code, log) = impatient.wait(Duration::from_secs(30));
+    assert_ne!(code, Some(0), "{log}");
+    assert!(code.is_some(), "still running after 30 s:\n{log}");
+    for part in ["not Established after 3s", "NamesAccepted=False", "dtj"] {
+        assert!(log.contains(part), "no {part:?} in:\n{log}");
+    }
+
+    // Patient: waits, says why, and goes on once the rival is gone.
+    let mut patient = helm::operator(env, "crd-patient-operator.log", &["--crd-wait", "5m"]);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(patient.running(), "{}", patient.logs());
+    assert!(
+        patient
+            .logs()
+            .contains("waiting for the CRD to be Established"),
+        "{}",
+        patient.logs()
+    );
+    cp.kubectl_ok(&["delete", "crd/rivals.murmur.dev"]);
+    helm::ready(&mut patient).await;
 }

@@ -37,6 +37,10 @@ pub const ALL: &[(&str, Scenario)] = &[
     ("defect-undecodable", |env| {
         Box::pin(defects::undecodable_costs_only_itself(env))
     }),
+    // Last: it deletes and re-creates the CRD, and with it every job.
+    ("defect-crd-established", |env| {
+        Box::pin(crd::crd_established(env))
+    }),
 ];
 
 /// kube-apiserver flags for these tests: an audit log of every write (who wrote what), so a

@@ -142,25 +142,44 @@ impl<'a> Scene<'a> {
     pub async fn running(&self, job: &str, n: usize) -> BTreeMap<u32, Pod> {
         let deadline = std::time::Instant::now() + 2 * MINUTE;
         loop {
-            let running: BTreeMap<u32, Pod> = self
-                .pods(job)
-                .await
-                .into_iter()
+            let pods = self.pods(job).await;
+            let running: BTreeMap<u32, Pod> = pods
+                .iter()
                 .filter(|p| {
                     p.metadata.deletion_timestamp.is_none()
                         && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
                 })
-                .filter_map(|p| Some((member_of(&p)?, p)))
+                .filter_map(|p| Some((member_of(p)?, p.clone())))
                 .collect();
             if running.len() >= n {
                 return running;
             }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "only {} of {n} pods of {job} running; operator log:\n{}",
-                running.len(),
-                tail(&self.operator.logs())
-            );
+            if std::time::Instant::now() >= deadline {
+                let seen: Vec<String> = pods
+                    .iter()
+                    .map(|p| {
+                        let status = p.status.clone().unwrap_or_default();
+                        format!(
+                            "{} on {:?}: {:?} {:?}",
+                            p.metadata.name.as_deref().unwrap_or("?"),
+                            node_of(p),
+                            status.phase,
+                            status
+                                .conditions
+                                .unwrap_or_default()
+                                .iter()
+                                .map(|c| format!("{}={} {:?}", c.type_, c.status, c.message))
+                                .collect::<Vec<_>>()
+                        )
+                    })
+                    .collect();
+                panic!(
+                    "only {} of {n} pods of {job} running; pods:\n{}\noperator log:\n{}",
+                    running.len(),
+                    seen.join("\n"),
+                    tail(&self.operator.logs())
+                );
+            }
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
     }

@@ -361,7 +361,7 @@ impl Operator {
             .env(
                 "RUST_LOG",
                 std::env::var("MURMUR_E2E_OPERATOR_LOG")
-                    .unwrap_or_else(|_| "info,kube=warn".into()),
+                    .unwrap_or_else(|_| "info,murmur=debug,kube=warn".into()),
             )
             .stdout(file.try_clone().unwrap())
             .stderr(file)

@@ -13,6 +13,9 @@ pub enum ConditionType {
     Succeeded,
     Failed,
     InvalidSpec,
+    /// The API server refuses the members' pods (a priority class that does not exist, a field
+    /// only a Pod checks): the message is its word.
+    PodsRejected,
 }
 
 impl ConditionType {
@@ -25,6 +28,7 @@ impl ConditionType {
             ConditionType::Succeeded => "Succeeded",
             ConditionType::Failed => "Failed",
             ConditionType::InvalidSpec => "InvalidSpec",
+            ConditionType::PodsRejected => "PodsRejected",
         }
     }
 }

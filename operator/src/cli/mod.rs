@@ -73,7 +73,9 @@ impl CliError {
 }
 
 pub fn run(cli: Cli) -> Result<(), CliError> {
-    let mut out = std::io::stdout().lock();
+    // Locked per write, never for a whole command: a lock held by the main thread while it runs
+    // the operator (or a local job) blocks every worker thread that logs to stdout — forever.
+    let mut out = std::io::stdout();
     match cli.command {
         Command::Topology(args) => topology::run(args, &mut out),
         Command::Run(args) => run::run(args, &mut out),

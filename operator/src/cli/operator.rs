@@ -72,6 +72,9 @@ pub struct OperatorArgs {
     /// and probes are never paced.
     #[arg(long, default_value_t = crate::status::pacer::DEFAULT_READS_PER_SECOND)]
     pub status_reads_per_second: u32,
+    /// At start-up, wait this long for the CRD to be Established (it is not served before).
+    #[arg(long, default_value = "2m")]
+    pub crd_wait: api::Duration,
     /// JSON lines (for log collectors) or plain text.
     #[arg(long, value_enum, default_value = "json")]
     pub log_format: LogFormat,
@@ -140,6 +143,7 @@ pub fn run(args: OperatorArgs) -> Result<(), CliError> {
             duration: std::time::Duration::from_secs(15),
         }),
         instance: identity,
+        crd_wait: args.crd_wait.as_std(),
     };
     let runtime = tokio::runtime::Runtime::new().map_err(CliError::Output)?;
     runtime

@@ -218,14 +218,14 @@ impl JobDriver {
     }
 
     /// Decide the next step from what the runtime sees. `problems`: why the spec is invalid,
-    /// if it is (nothing is planned then). `address`: a member's peer address for the topology
-    /// document (and for members this step creates).
+    /// if it is (nothing is planned then). `address`: a member attempt's peer address, for the
+    /// topology document (and for members this step creates).
     pub fn plan(
         &self,
         spec: &DecentralizedTrainingJobSpec,
         problems: Option<&str>,
         facts: BTreeMap<MemberId, MemberFacts>,
-        address: &dyn Fn(MemberId) -> Option<String>,
+        address: &dyn Fn(MemberId, u32) -> Option<String>,
         now: Timestamp,
     ) -> Plan {
         let mut observed = self.observation(facts);
@@ -249,7 +249,7 @@ impl JobDriver {
                         member,
                         ObservedMember {
                             attempt,
-                            address: address(member),
+                            address: address(member, attempt),
                             ..Default::default()
                         },
                     );
@@ -258,7 +258,9 @@ impl JobDriver {
                 Action::Stop { .. } => work.push(action),
             }
         }
-        let document = state.topology.as_ref().map(|t| t.to_document(address));
+        let document = state.topology.as_ref().map(|t| {
+            t.to_document(|id| address(id, state.members.get(&id).map_or(0, |r| r.attempt)))
+        });
         let view = view::job_view(&self.namespace, &self.name, spec, &state, &observed, now);
         Plan {
             memory: Memory {
@@ -288,6 +290,30 @@ impl JobDriver {
             self.record(event.clone(), now);
         }
         self.hub.publish(&self.handle, plan.view.clone());
+    }
+
+    /// The runtime could not create members' pods (`why`: the API server's word): the job
+    /// says so in a condition (and an event, returned for the runtime to write). The plan that
+    /// asked for them is not committed: they are planned again.
+    pub fn pods_rejected(&mut self, why: &str, now: Timestamp) -> Vec<Event> {
+        let (state, actions) = planner::pods_rejected(&self.memory.state, why, now);
+        self.memory.state = state;
+        let events: Vec<Event> = actions
+            .into_iter()
+            .filter_map(|a| match a {
+                Action::Event(e) => Some(e),
+                _ => None,
+            })
+            .collect();
+        for e in &events {
+            self.record(e.clone(), now);
+        }
+        events
+    }
+
+    /// Members' pods were created: a rejection said before is over.
+    pub fn pods_accepted(&mut self, now: Timestamp) {
+        self.memory.state = planner::pods_accepted(&self.memory.state, now);
     }
 
     /// Keep an event for the status API (the runtime prints it or writes it to the cluster).

@@ -33,7 +33,7 @@ fn driver() -> (JobDriver, Arc<Hub>) {
     (d, hub)
 }
 
-fn address(id: MemberId) -> Option<String> {
+fn address(id: MemberId, _attempt: u32) -> Option<String> {
     Some(format!("10.0.0.{id}:7070"))
 }
 
@@ -71,7 +71,7 @@ fn facts(d: &JobDriver) -> BTreeMap<MemberId, MemberFacts> {
                 id,
                 MemberFacts {
                     attempt: r.attempt,
-                    address: address(id),
+                    address: address(id, r.attempt),
                     ..Default::default()
                 },
             )

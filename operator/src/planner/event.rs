@@ -55,6 +55,8 @@ pub enum Reason {
     Succeeded,
     Failed,
     InvalidSpec,
+    /// The API server refuses the members' pods.
+    PodsRejected,
     /// `murmur run --chaos`: a signal murmur itself sent to a member.
     Chaos,
     /// The operator cannot decode the job as stored (written under an older, looser CRD): it
@@ -82,6 +84,7 @@ impl Reason {
             Reason::Succeeded => "Succeeded",
             Reason::Failed => "Failed",
             Reason::InvalidSpec => "InvalidSpec",
+            Reason::PodsRejected => "PodsRejected",
             Reason::Chaos => "Chaos",
             Reason::Undecodable => "Undecodable",
         }

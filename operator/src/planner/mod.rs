@@ -300,6 +300,48 @@ pub fn reject(state: &JobState, problems: &str, now: Timestamp) -> (JobState, Ve
     (s, actions)
 }
 
+/// The API server refused to create members' pods (`why`: its message): the `PodsRejected`
+/// condition says so, and an event when the message is new. Nothing else changes: the refused
+/// members are planned again.
+pub fn pods_rejected(state: &JobState, why: &str, now: Timestamp) -> (JobState, Vec<Action>) {
+    let mut s = state.clone();
+    let mut actions = Vec::new();
+    if set_condition(
+        &mut s.conditions,
+        ConditionType::PodsRejected,
+        true,
+        "PodsRejected",
+        why,
+        None,
+        Time(now),
+    ) {
+        actions.push(event(
+            EventKind::Warning,
+            Reason::PodsRejected,
+            None,
+            format!("the API server refuses the members' pods; they are retried: {why}"),
+        ));
+    }
+    (s, actions)
+}
+
+/// Pods were created again: a `PodsRejected` condition, if any, clears.
+pub fn pods_accepted(state: &JobState, now: Timestamp) -> JobState {
+    let mut s = state.clone();
+    if condition_is_true(&s.conditions, ConditionType::PodsRejected) {
+        set_condition(
+            &mut s.conditions,
+            ConditionType::PodsRejected,
+            false,
+            "PodsCreated",
+            "the API server accepts the members' pods",
+            None,
+            Time(now),
+        );
+    }
+    s
+}
+
 /// The earliest moment after `now` at which planning again could change something without any
 /// news (a backoff ends, the join grace ends, a pending member's timeout): runtimes wake then.
 pub fn next_deadline(

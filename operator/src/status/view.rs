@@ -149,6 +149,21 @@ impl JobEvent {
     }
 }
 
+/// The job's conditions as the status holds them (whole seconds).
+pub fn status_conditions(
+    state: &JobState,
+) -> Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    state
+        .conditions
+        .iter()
+        .cloned()
+        .map(|mut c| {
+            c.last_transition_time = Time(whole_seconds(c.last_transition_time.0));
+            c
+        })
+        .collect()
+}
+
 /// `t` without its fraction of a second, as the API server stores times.
 pub fn whole_seconds(t: Timestamp) -> Timestamp {
     Timestamp::from_second(t.as_second()).unwrap_or(t)
@@ -237,15 +252,7 @@ pub fn job_view(
     let live = live_in_topology(state, observed);
     // The API server keeps whole seconds: a status carrying fractions would differ from what it
     // stored on every read, and be written again on every reconcile.
-    let conditions = state
-        .conditions
-        .iter()
-        .cloned()
-        .map(|mut c| {
-            c.last_transition_time = Time(whole_seconds(c.last_transition_time.0));
-            c
-        })
-        .collect();
+    let conditions = status_conditions(state);
     let status = DecentralizedTrainingJobStatus {
         phase: Some(state.phase),
         conditions,

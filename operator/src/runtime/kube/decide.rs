@@ -20,12 +20,14 @@ use crate::driver::{JobDriver, MemberFacts, Memory, MemoryError, Plan};
 use crate::planner::{self, Action, Exit, Lifecycle};
 
 /// A job's memory as the operator keeps it: from its ConfigMap when there is one, else fresh —
-/// seeded from any pods that exist, so a new attempt never reuses the name of a pod still
-/// around.
+/// seeded from the pods it owns (an operator that lost its ConfigMap), and starting each member
+/// after any `leftovers` (pods of an earlier job of the same name), so a new attempt never
+/// reuses the name of a pod still around.
 pub fn memory_of(
     job: &DecentralizedTrainingJob,
     config_map: Option<&ConfigMap>,
     pods: &[&Pod],
+    leftovers: &[&Pod],
 ) -> Result<Memory, MemoryError> {
     if let Some(cm) = config_map {
         let source = format!(
@@ -41,6 +43,12 @@ pub fn memory_of(
         .as_ref()
         .map_or_else(Timestamp::now, |t| t.0);
     let mut memory = Memory::new(created);
+    for pod in leftovers {
+        if let Some((member, attempt)) = observe::member_of(pod) {
+            let record = memory.state.members.entry(member).or_default();
+            record.attempt = record.attempt.max(attempt + 1);
+        }
+    }
     for pod in pods {
         if let Some((member, attempt)) = observe::member_of(pod) {
             let record = memory.state.members.entry(member).or_default();
@@ -99,6 +107,9 @@ pub struct Decision {
     pub relabel: Vec<(String, Option<u32>)>,
     pub service: Option<Service>,
     pub secret: Option<Secret>,
+    /// The uid of a key Secret of the same name left by an earlier job of this name (orphaned
+    /// or not yet collected): deleted before the new one is written, as it is immutable.
+    pub replace_secret: Option<String>,
     pub config_map: Option<ConfigMap>,
     pub network_policy: Option<NetworkPolicy>,
     pub status: Option<DecentralizedTrainingJobStatus>,
@@ -116,6 +127,7 @@ impl Decision {
             relabel: Vec::new(),
             service: None,
             secret: None,
+            replace_secret: None,
             config_map: None,
             network_policy: None,
             status: None,
@@ -131,6 +143,7 @@ impl Decision {
             + self.relabel.len()
             + usize::from(self.service.is_some())
             + usize::from(self.secret.is_some())
+            + usize::from(self.replace_secret.is_some())
             + usize::from(self.config_map.is_some())
             + usize::from(self.network_policy.is_some())
             + usize::from(self.status.is_some())
@@ -146,7 +159,7 @@ impl Decision {
 
 pub fn decide(i: &Inputs) -> Decision {
     let job = i.job;
-    let address = |id| Some(resources::member_address(job, id, i.settings));
+    let address = |id, attempt| Some(resources::member_address(job, id, attempt, i.settings));
     if let Some(problems) = i.problems {
         let plan = i
             .driver
@@ -167,8 +180,11 @@ pub fn decide(i: &Inputs) -> Decision {
     delete_on_lost_nodes(i, &exits, &mut d);
     relabel(i, &mut d);
     let data = d.plan.memory.data(d.plan.document.as_ref());
-    if i.config_map.and_then(|c| c.data.as_ref()) != Some(&data) {
-        d.config_map = Some(resources::config_map(job, data));
+    let config_map = resources::config_map(job, data);
+    if i.config_map
+        .is_none_or(|c| c.data != config_map.data || !owned_by(&c.metadata, &config_map.metadata))
+    {
+        d.config_map = Some(config_map);
     }
     status(i, &mut d);
     requeue(i, &mut d);
@@ -182,12 +198,20 @@ fn children(i: &Inputs, d: &mut Decision) {
     if i.service.is_none_or(|s| !same_service(s, &service)) {
         d.service = Some(service);
     }
-    let has_key = i
-        .secret
+    let secret = resources::secret(i.job, i.key_hex);
+    let (ours, leftover) = match i.secret {
+        Some(s) if owned_by(&s.metadata, &secret.metadata) => (Some(s), None),
+        // The cache holds only murmur's Secrets: one not owned by this job is an earlier
+        // job's of the same name.
+        Some(s) => (None, s.metadata.uid.clone()),
+        None => (None, None),
+    };
+    let has_key = ours
         .and_then(|s| s.data.as_ref())
         .is_some_and(|data| data.contains_key(resources::SECRET_KEY));
     if !has_key {
-        d.secret = Some(resources::secret(i.job, i.key_hex));
+        d.replace_secret = leftover;
+        d.secret = Some(secret);
     }
     if let Some(settings) = &i.settings.network_policies {
         let policy = resources::network_policy(i.job, settings);
@@ -378,7 +402,12 @@ fn observe(
         }
         let mut f = MemberFacts {
             attempt: record.attempt,
-            address: Some(resources::member_address(job, id, i.settings)),
+            address: Some(resources::member_address(
+                job,
+                id,
+                record.attempt,
+                i.settings,
+            )),
             ..Default::default()
         };
         match newest.get(&id) {

@@ -24,7 +24,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Node, ObjectReference, Pod, Secret, 
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PropagationPolicy};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, PropagationPolicy};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::events::{Event as KubeEventSpec, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -42,7 +42,7 @@ pub use resources::Settings;
 
 use crate::driver::JobDriver;
 use crate::planner;
-use crate::status::{Hub, Inbound};
+use crate::status::{Hub, Inbound, view};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -96,12 +96,20 @@ impl Stores {
     /// Wait until every cache holds a complete list: before that, a missing Secret would get a
     /// new key and every node would look gone.
     pub async fn ready(&self) {
+        async fn listed<K>(what: &str, store: &Store<K>)
+        where
+            K: kube::runtime::reflector::Lookup + Clone + 'static,
+            K::DynamicType: Eq + std::hash::Hash + Clone,
+        {
+            let _ = store.wait_until_ready().await;
+            tracing::debug!(cache = what, "listed");
+        }
         let _ = futures::join!(
-            self.pods.wait_until_ready(),
-            self.services.wait_until_ready(),
-            self.config_maps.wait_until_ready(),
-            self.secrets.wait_until_ready(),
-            self.nodes.wait_until_ready(),
+            listed("pods", &self.pods),
+            listed("services", &self.services),
+            listed("configmaps", &self.config_maps),
+            listed("secrets", &self.secrets),
+            listed("nodes", &self.nodes),
             async {
                 if let Some(store) = &self.network_policies {
                     let _ = store.wait_until_ready().await;
@@ -194,10 +202,15 @@ impl Context {
 
     /// The job's live record: created on its first reconcile in this process, from its
     /// ConfigMap and Secret when they exist (an operator restart), registering it with the hub.
+    /// The job's live record: created on its first reconcile in this process, from the
+    /// ConfigMap and Secret it owns when there are (an operator restart) — never from objects of
+    /// another job of the same name (one deleted and created again) — and with attempts that
+    /// follow any `leftovers` (pods of such a job), so no pod name is taken twice.
     fn live(
         self: &Arc<Self>,
         job: &DecentralizedTrainingJob,
         pods: &[&Pod],
+        leftovers: &[&Pod],
     ) -> Result<Arc<Mutex<Live>>, Error> {
         let key = (resources::namespace(job), resources::name(job));
         let uid = job.uid().unwrap_or_default();
@@ -206,15 +219,18 @@ impl Context {
         {
             return Ok(live.clone());
         }
+        let ours = |meta: &ObjectMeta| meta.owner_references.iter().flatten().any(|o| o.uid == uid);
         let config_map = self
             .stores
             .config_maps
-            .get(&ObjectRef::new(&resources::config_map_name(&key.1)).within(&key.0));
-        let memory = decide::memory_of(job, config_map.as_deref(), pods)?;
+            .get(&ObjectRef::new(&resources::config_map_name(&key.1)).within(&key.0))
+            .filter(|c| ours(&c.metadata));
+        let memory = decide::memory_of(job, config_map.as_deref(), pods, leftovers)?;
         let secret = self
             .stores
             .secrets
-            .get(&ObjectRef::new(&resources::secret_name(&key.1)).within(&key.0));
+            .get(&ObjectRef::new(&resources::secret_name(&key.1)).within(&key.0))
+            .filter(|s| ours(&s.metadata));
         let key_hex = secret
             .as_ref()
             .and_then(|s| s.data.as_ref()?.get(resources::SECRET_KEY).cloned())
@@ -313,6 +329,7 @@ pub async fn reconcile(
         job = %resources::name(&job)
     );
     let started = Instant::now();
+    tracing::debug!(parent: &span, "reconciling");
     let result = reconcile_inner(&job, &ctx).instrument(span).await;
     let outcome = match &result {
         Ok(_) => "ok",
@@ -340,15 +357,19 @@ async fn reconcile_inner(
         meta.namespace.as_deref() == Some(namespace.as_str())
             && meta.owner_references.iter().flatten().any(|o| o.uid == uid)
     };
-    let pods: Vec<Arc<Pod>> = ctx
+    let (pods, others): (Vec<Arc<Pod>>, Vec<Arc<Pod>>) = ctx
         .stores
         .pods
         .state()
         .into_iter()
-        .filter(|p| owned(&p.metadata))
-        .collect();
+        .filter(|p| {
+            p.metadata.namespace.as_deref() == Some(namespace.as_str())
+                && p.labels().get(resources::LABEL_JOB) == Some(&name)
+        })
+        .partition(|p| owned(&p.metadata));
     let pod_refs: Vec<&Pod> = pods.iter().map(|p| p.as_ref()).collect();
-    let live = ctx.live(job, &pod_refs)?;
+    let leftovers: Vec<&Pod> = others.iter().map(|p| p.as_ref()).collect();
+    let live = ctx.live(job, &pod_refs, &leftovers)?;
     let service = get(
         &ctx.stores.services,
         &namespace,
@@ -430,13 +451,33 @@ async fn execute(
     if let Some(service) = &d.service {
         apply_object(ctx, &namespace, service, "service").await?;
     }
+    if let Some(uid) = &d.replace_secret {
+        let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
+        let name = resources::secret_name(&name);
+        let only_that_one = DeleteParams {
+            preconditions: Some(kube::api::Preconditions {
+                uid: Some(uid.clone()),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match secrets.delete(&name, &only_that_one).await {
+            Ok(_) => ctx.metrics.wrote("secret", 1),
+            // Gone already, or replaced since: nothing of the earlier job's is left to remove.
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
+            Err(e) => return Err(kube_err("delete the earlier job's", name)(e)),
+        }
+    }
     if let Some(secret) = &d.secret {
         apply_object(ctx, &namespace, secret, "secret").await?;
     }
     if let Some(policy) = &d.network_policy {
         apply_object(ctx, &namespace, policy, "networkpolicy").await?;
     }
-    write_pods(ctx, &namespace, live, &d, now).await?;
+    let rejected = write_pods(ctx, &namespace, live, &d, now).await?;
+    if !rejected.is_empty() {
+        return pods_rejected(job, ctx, live, &d, &rejected.join("; "), now).await;
+    }
     if let Some(config_map) = &d.config_map {
         apply_object(ctx, &namespace, config_map, "configmap").await?;
     }
@@ -461,6 +502,9 @@ async fn execute(
         l.created
             .retain(|_, t| planner::seconds_since(*t, now) < grace);
         l.driver.commit(&d.plan, now);
+        if !d.create.is_empty() {
+            l.driver.pods_accepted(now);
+        }
     }
     ctx.metrics.observe(&d.plan.view);
     for event in &d.plan.events {
@@ -479,26 +523,41 @@ async fn execute(
     Ok(Action::requeue(d.requeue))
 }
 
-/// The decision's pod writes: create (server-side apply), delete, relabel.
+/// The decision's pod writes: create, delete, relabel. Returns the API server's refusals of
+/// pods to create (each "pod: why"); any other error ends the reconcile.
 async fn write_pods(
     ctx: &Context,
     namespace: &str,
     live: &Mutex<Live>,
     d: &Decision,
     now: Timestamp,
-) -> Result<(), Error> {
+) -> Result<Vec<String>, Error> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
-    let apply = PatchParams::apply(&ctx.settings.field_manager).force();
     let m = &ctx.metrics;
+    // Created, never applied: an attempt's pod is immutable, and an apply onto one that exists
+    // (this reconcile planned it again after a later write failed) with a spec edited meanwhile
+    // is a 422 forever. One that exists already is the one this attempt wants.
+    let create = PostParams {
+        field_manager: Some(ctx.settings.field_manager.clone()),
+        ..Default::default()
+    };
+    let mut rejected = Vec::new();
     for pod in &d.create {
         let object = pod.name_any();
         if let Some((member, attempt)) = observe::member_of(pod) {
             live.lock().created.insert((member, attempt), now);
         }
-        pods.patch(&object, &apply, &Patch::Apply(pod))
-            .await
-            .map_err(kube_err("create Pod", object))?;
-        m.wrote("pod", 1);
+        match pods.create(&create, pod).await {
+            Ok(_) => m.wrote("pod", 1),
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(kube::Error::Api(e)) if matches!(e.code, 400 | 403 | 422) => {
+                if let Some(key) = observe::member_of(pod) {
+                    live.lock().created.remove(&key);
+                }
+                rejected.push(format!("{object}: {}", e.message));
+            }
+            Err(e) => return Err(kube_err("create Pod", object)(e)),
+        }
     }
     for (object, at_once) in &d.delete {
         let params = DeleteParams {
@@ -527,7 +586,47 @@ async fn write_pods(
         }
         m.wrote("pod_label", 1);
     }
-    Ok(())
+    Ok(rejected)
+}
+
+/// The API server refused pods this reconcile created: the plan is not committed (the members
+/// are planned again at the next resync), the job's `PodsRejected` condition and an event say
+/// why, and the status says so.
+async fn pods_rejected(
+    job: &DecentralizedTrainingJob,
+    ctx: &Context,
+    live: &Mutex<Live>,
+    d: &Decision,
+    why: &str,
+    now: Timestamp,
+) -> Result<Action, Error> {
+    let name = resources::name(job);
+    tracing::warn!(reason = why, "the API server refuses members' pods");
+    let (events, conditions) = {
+        let mut l = live.lock();
+        let events = l.driver.pods_rejected(why, now);
+        (events, view::status_conditions(l.driver.state()))
+    };
+    let mut status = d.plan.view.status.clone();
+    status.conditions = conditions;
+    if job.status.as_ref() != Some(&status) {
+        let jobs: Api<DecentralizedTrainingJob> =
+            Api::namespaced(ctx.client.clone(), &resources::namespace(job));
+        let patch = serde_json::json!({
+            "apiVersion": DecentralizedTrainingJob::api_version(&()),
+            "kind": DecentralizedTrainingJob::kind(&()),
+            "status": status,
+        });
+        let apply = PatchParams::apply(&ctx.settings.field_manager).force();
+        jobs.patch_status(&name, &apply, &Patch::Apply(&patch))
+            .await
+            .map_err(kube_err("apply status of", name.clone()))?;
+        ctx.metrics.wrote("status", 1);
+    }
+    for event in &events {
+        record_event(ctx, job, event, None).await;
+    }
+    Ok(Action::requeue(ctx.settings.resync))
 }
 
 /// Server-side apply one of a job's objects (by its own name), counted as a write of `kind`.
@@ -630,6 +729,8 @@ pub struct OperatorOptions {
     /// Leader election; None runs without (a single replica).
     pub lease: Option<LeaseOptions>,
     pub instance: String,
+    /// How long to wait at start-up for the CRD to be Established.
+    pub crd_wait: Duration,
 }
 
 #[derive(Clone, Debug)]
@@ -679,6 +780,7 @@ pub async fn run_with(
         &client,
         options.settings.network_policies.is_some(),
         options.lease.as_ref().map(|l| l.namespace.as_str()),
+        options.crd_wait,
     )
     .await?;
     let (hub, metrics) = serve_status(&options).await?;

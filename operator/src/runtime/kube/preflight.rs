@@ -1,11 +1,14 @@
 //! Before reconciling anything: is the CRD installed, and may this service account do what the
 //! operator does? Either answer "no" becomes one clear message rather than a stream of 403s.
 
+use std::time::{Duration, Instant};
+
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
 };
-use kube::Client;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ListParams, PostParams};
+use kube::{Client, CustomResourceExt, Resource};
 use murmur_core::api::DecentralizedTrainingJob;
 
 /// Every (verb, API group, resource) the operator uses. The chart's RBAC grants exactly these
@@ -34,6 +37,8 @@ pub const PERMISSIONS: &[(&str, &str, &str)] = &[
     ("watch", "", "secrets"),
     ("create", "", "secrets"),
     ("patch", "", "secrets"),
+    // The key Secret is immutable: an earlier job's of the same name is deleted, not edited.
+    ("delete", "", "secrets"),
     ("list", "", "nodes"),
     ("watch", "", "nodes"),
     ("create", "events.k8s.io", "events"),
@@ -42,7 +47,11 @@ pub const PERMISSIONS: &[(&str, &str, &str)] = &[
     ("get", "coordination.k8s.io", "leases"),
     ("create", "coordination.k8s.io", "leases"),
     ("update", "coordination.k8s.io", "leases"),
+    // Our own CRD only (the chart names it): is it Established yet?
+    ("get", CRD_GROUP, "customresourcedefinitions"),
 ];
+
+const CRD_GROUP: &str = "apiextensions.k8s.io";
 
 /// The group of the leader-election Lease, which the chart grants in its own namespace only.
 const LEASE_GROUP: &str = "coordination.k8s.io";
@@ -120,8 +129,92 @@ pub enum PreflightError {
         .0.join(", ")
     )]
     Forbidden(Vec<String>),
+    #[error(
+        "the DecentralizedTrainingJob CRD is not Established after {waited:?}: {why} (kubectl describe crd {name})"
+    )]
+    CrdNotEstablished {
+        name: String,
+        why: String,
+        waited: Duration,
+    },
     #[error("cannot reach the Kubernetes API server: {0}")]
     Api(#[source] kube::Error),
+}
+
+/// Why a CRD cannot serve our jobs yet, or None when it can: the API server serves a CRD only
+/// once it is `Established`, and never while `NamesAccepted` is false (another CRD of the same
+/// group claims our plural, kind or short name); it must also serve the version we speak.
+pub fn crd_not_ready(crd: &CustomResourceDefinition) -> Option<String> {
+    let version = DecentralizedTrainingJob::version(&());
+    if !crd
+        .spec
+        .versions
+        .iter()
+        .any(|v| v.name == version && v.served)
+    {
+        return Some(format!("it does not serve version {version}"));
+    }
+    let conditions = crd
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let established = conditions
+        .iter()
+        .any(|c| c.type_ == "Established" && c.status == "True");
+    let unmet: Vec<String> = conditions
+        .iter()
+        .filter(|c| {
+            matches!(c.type_.as_str(), "Established" | "NamesAccepted") && c.status != "True"
+        })
+        .map(|c| {
+            let mut text = format!("{}={}", c.type_, c.status);
+            for part in [&c.reason, &c.message].into_iter().flatten() {
+                text.push_str(": ");
+                text.push_str(part);
+            }
+            text
+        })
+        .collect();
+    match (established, unmet.is_empty()) {
+        (true, true) => None,
+        (_, false) => Some(unmet.join("; ")),
+        (false, true) => Some("Established is not reported yet".into()),
+    }
+}
+
+/// Wait (up to `wait`) until our CRD is Established: started right after `kubectl apply` of
+/// the CRD, the operator would otherwise meet 404s from a CRD that is installed but not served.
+async fn wait_for_crd(client: &Client, wait: Duration) -> Result<(), PreflightError> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let name = DecentralizedTrainingJob::crd_name();
+    let started = Instant::now();
+    let mut said = None;
+    loop {
+        let crd = match crds.get_opt(name).await {
+            Ok(Some(crd)) => crd,
+            Ok(None) => return Err(PreflightError::CrdMissing),
+            // Not allowed to read it: the access review below names the missing verb.
+            Err(kube::Error::Api(e)) if e.code == 403 => return Ok(()),
+            Err(e) => return Err(PreflightError::Api(e)),
+        };
+        let Some(why) = crd_not_ready(&crd) else {
+            return Ok(());
+        };
+        if started.elapsed() >= wait {
+            return Err(PreflightError::CrdNotEstablished {
+                name: name.into(),
+                why,
+                waited: wait,
+            });
+        }
+        if said.as_ref() != Some(&why) {
+            tracing::warn!(crd = name, %why, "waiting for the CRD to be Established");
+            said = Some(why);
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
 }
 
 fn describe(verb: &str, group: &str, resource: &str) -> String {
@@ -132,14 +225,17 @@ fn describe(verb: &str, group: &str, resource: &str) -> String {
     }
 }
 
-/// Check that the CRD is served and that RBAC grants every verb the operator uses: cluster-wide,
-/// but the leader Lease's verbs in `lease_namespace` only (the chart grants them there, with a
-/// Role), and not at all without leader election.
+/// Check that the CRD is served (waiting up to `crd_wait` for it to be Established) and that
+/// RBAC grants every verb the operator uses: cluster-wide, but the leader Lease's verbs in
+/// `lease_namespace` only (the chart grants them there, with a Role), and not at all without
+/// leader election.
 pub async fn check(
     client: &Client,
     network_policies: bool,
     lease_namespace: Option<&str>,
+    crd_wait: Duration,
 ) -> Result<(), PreflightError> {
+    wait_for_crd(client, crd_wait).await?;
     let jobs: Api<DecentralizedTrainingJob> = Api::all(client.clone());
     // Metadata only: a job stored under an older CRD that the types cannot decode must not
     // stop the operator from starting.
@@ -166,6 +262,8 @@ pub async fn check(
             Some((r, s)) => (r, Some(s.to_string())),
             None => (resource, None),
         };
+        // The chart grants reading our CRD by name only.
+        let name = (group == CRD_GROUP).then(|| DecentralizedTrainingJob::crd_name().to_string());
         let review = SelfSubjectAccessReview {
             spec: SelfSubjectAccessReviewSpec {
                 resource_attributes: Some(ResourceAttributes {
@@ -174,6 +272,7 @@ pub async fn check(
                     namespace,
                     resource: Some(resource_name.into()),
                     subresource,
+                    name,
                     ..Default::default()
                 }),
                 ..Default::default()

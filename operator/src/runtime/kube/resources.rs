@@ -68,8 +68,10 @@ pub fn config_map_name(job: &str) -> String {
 pub fn pod_name(job: &str, member: MemberId, attempt: u32) -> String {
     format!("{job}-{member}-{attempt}")
 }
-fn hostname(member: MemberId) -> String {
-    format!("member-{member}")
+/// Each attempt its own hostname (so its own DNS name): a terminating attempt and its
+/// replacement never share one.
+fn hostname(member: MemberId, attempt: u32) -> String {
+    format!("member-{member}-{attempt}")
 }
 
 /// What the operator decides once for all jobs.
@@ -121,11 +123,16 @@ impl Default for Settings {
     }
 }
 
-/// A member's stable peer address: its DNS name under the job's headless Service.
-pub fn member_address(job: &DecentralizedTrainingJob, member: MemberId, s: &Settings) -> String {
+/// A member attempt's peer address: its DNS name under the job's headless Service.
+pub fn member_address(
+    job: &DecentralizedTrainingJob,
+    member: MemberId,
+    attempt: u32,
+    s: &Settings,
+) -> String {
     format!(
         "{}.{}.{}.svc.{}:{PEER_PORT}",
-        hostname(member),
+        hostname(member, attempt),
         service_name(&name(job)),
         namespace(job),
         s.cluster_domain
@@ -304,7 +311,7 @@ pub fn pod(p: &MemberPod, s: &Settings) -> Pod {
     Pod {
         metadata: pod_metadata(p),
         spec: Some(PodSpec {
-            hostname: Some(hostname(p.member)),
+            hostname: Some(hostname(p.member, p.attempt)),
             subdomain: Some(service_name(&job_name)),
             restart_policy: Some("Never".into()),
             termination_grace_period_seconds: Some(TERMINATION_GRACE_SECONDS),

@@ -284,7 +284,7 @@ impl Cluster {
                 self.job.status =
                     Some(serde_json::from_value(call.body["status"].clone()).unwrap());
             }
-            ("PATCH", p) if p.contains("/pods/") && !call.query.contains("force=true") => {
+            ("PATCH", p) if p.contains("/pods/") => {
                 // A merge patch of labels.
                 let labels = call.body["metadata"]["labels"].as_object().unwrap().clone();
                 self.edit_pod(&object, |pod| {
@@ -297,7 +297,7 @@ impl Cluster {
                     }
                 });
             }
-            ("PATCH", p) if p.contains("/pods/") => {
+            ("POST", p) if p.ends_with("/pods") => {
                 let mut pod: Pod = serde_json::from_value(call.body.clone()).unwrap();
                 pod.metadata.creation_timestamp = Some(Time(self.now()));
                 pod.status = Some(PodStatus {
@@ -322,6 +322,19 @@ impl Cluster {
             ("PATCH", p) if p.contains("/secrets/") => {
                 let s: Secret = serde_json::from_value(call.body.clone()).unwrap();
                 self.secrets.apply_watcher_event(&Event::Apply(s));
+            }
+            ("DELETE", p) if p.contains("/secrets/") => {
+                let gone = self
+                    .ctx
+                    .stores
+                    .secrets
+                    .state()
+                    .into_iter()
+                    .find(|s| s.metadata.name.as_deref() == Some(&object));
+                if let Some(secret) = gone {
+                    self.secrets
+                        .apply_watcher_event(&Event::Delete((*secret).clone()));
+                }
             }
             ("PATCH", p) if p.contains("/configmaps/") => {
                 let c: ConfigMap = serde_json::from_value(call.body.clone()).unwrap();
@@ -489,7 +502,7 @@ fn node(name: &str, ready: &str, since: Timestamp) -> Node {
 fn pods_created(calls: &[Call]) -> Vec<String> {
     calls
         .iter()
-        .filter(|c| c.is("PATCH", "/pods/") && c.query.contains("force=true"))
+        .filter(|c| c.method == "POST" && c.path.ends_with("/pods"))
         .map(|c| c.body["metadata"]["name"].as_str().unwrap().to_string())
         .collect()
 }
@@ -505,6 +518,40 @@ fn events(calls: &[Call]) -> Vec<String> {
 }
 
 #[tokio::test]
+async fn an_earlier_jobs_key_secret_of_the_same_name_is_replaced_not_inherited() {
+    let mut c = Cluster::new(MANIFEST);
+    // Left by a job of the same name, deleted with its children orphaned.
+    let mut earlier = resources::secret(&c.job, &"ab".repeat(32));
+    earlier.metadata.uid = Some("uid-earlier".into());
+    earlier.metadata.owner_references = None;
+    c.secrets.apply_watcher_event(&Event::Apply(earlier));
+    let (_, calls) = c.reconcile().await;
+    let delete = calls
+        .iter()
+        .position(|c| c.is("DELETE", "/secrets/mnist-peer-key"))
+        .expect("the earlier job's Secret is deleted");
+    assert_eq!(
+        calls[delete].body["preconditions"]["uid"], "uid-earlier",
+        "only that Secret, not one written since"
+    );
+    let apply = calls
+        .iter()
+        .position(|c| c.is("PATCH", "/secrets/mnist-peer-key"))
+        .expect("a new key is written");
+    assert!(delete < apply);
+    assert_ne!(
+        calls[apply].body["data"]["peer-key"],
+        serde_json::to_value(k8s_openapi::ByteString("ab".repeat(32).into_bytes())).unwrap()
+    );
+    // Once it is this job's own, it is left alone.
+    let (_, calls) = c.reconcile().await;
+    assert!(
+        !calls.iter().any(|c| c.path.contains("/secrets/")),
+        "{calls:?}"
+    );
+}
+
+#[tokio::test]
 async fn a_new_job_gets_its_service_secret_config_map_and_one_pod_per_member() {
     let mut c = Cluster::new(MANIFEST);
     let (action, calls) = c.reconcile().await;
@@ -517,23 +564,27 @@ async fn a_new_job_gets_its_service_secret_config_map_and_one_pod_per_member() {
         vec![
             "PATCH /api/v1/namespaces/ml/services/mnist-peers",
             "PATCH /api/v1/namespaces/ml/secrets/mnist-peer-key",
-            "PATCH /api/v1/namespaces/ml/pods/mnist-0-0",
-            "PATCH /api/v1/namespaces/ml/pods/mnist-1-0",
-            "PATCH /api/v1/namespaces/ml/pods/mnist-2-0",
-            "PATCH /api/v1/namespaces/ml/pods/mnist-3-0",
+            // Created, never applied: an attempt's pod is immutable (the real API server
+            // refused an apply onto an existing one whose spec had been edited).
+            "POST /api/v1/namespaces/ml/pods",
+            "POST /api/v1/namespaces/ml/pods",
+            "POST /api/v1/namespaces/ml/pods",
+            "POST /api/v1/namespaces/ml/pods",
             "PATCH /api/v1/namespaces/ml/configmaps/mnist-topology",
             "PATCH /apis/murmur.dev/v1alpha1/namespaces/ml/decentralizedtrainingjobs/mnist/status",
         ],
         "{paths:#?}"
     );
-    // Server-side apply with murmur's field manager, everywhere.
+    // murmur's field manager everywhere; server-side apply for all but the pods.
     for call in &calls {
         assert!(
             call.query.contains("fieldManager=murmur-operator"),
             "{}",
             call.query
         );
-        assert!(call.query.contains("force=true"), "{}", call.query);
+        if call.method == "PATCH" {
+            assert!(call.query.contains("force=true"), "{}", call.query);
+        }
     }
     // Every object is owned by the job.
     for call in &calls[..7] {
@@ -553,7 +604,8 @@ async fn a_new_job_gets_its_service_secret_config_map_and_one_pod_per_member() {
     assert_eq!(labels[resources::LABEL_MEMBER], "1");
     assert_eq!(labels[resources::LABEL_ATTEMPT], "0");
     let spec = pod.spec.as_ref().unwrap();
-    assert_eq!(spec.hostname.as_deref(), Some("member-1"));
+    // The attempt's own name (a replacement and a terminating attempt never share one).
+    assert_eq!(spec.hostname.as_deref(), Some("member-1-0"));
     assert_eq!(spec.subdomain.as_deref(), Some("mnist-peers"));
     assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
     assert_eq!(spec.termination_grace_period_seconds, Some(30));
@@ -831,7 +883,7 @@ async fn joined_members_get_a_data_aware_topology_in_the_config_map_and_events()
     assert_eq!(doc.members.len(), 4);
     assert_eq!(
         doc.members[2].address.as_deref(),
-        Some("member-2.mnist-peers.ml.svc.cluster.local:7070")
+        Some("member-2-0.mnist-peers.ml.svc.cluster.local:7070")
     );
     // Cliques pair a member of each kind: every clique holds all ten classes.
     for m in &doc.members {
@@ -1435,15 +1487,67 @@ proptest::proptest! {
     }
 }
 
-/// An API server for the startup check: DecentralizedTrainingJobs answer `jobs`; access
-/// reviews allow everything but `denied` ((verb, resource) pairs).
+/// Our CRD as the API server reports it, with these (type, status) conditions.
+#[test]
+fn a_crd_serves_jobs_only_once_established_with_its_names_accepted() {
+    let crd = |conditions| serde_json::from_value(crd_with_conditions(conditions)).unwrap();
+    assert_eq!(
+        preflight::crd_not_ready(&crd(&[("NamesAccepted", "True"), ("Established", "True")])),
+        None
+    );
+    let why = preflight::crd_not_ready(&crd(&[
+        ("NamesAccepted", "False"),
+        ("Established", "False"),
+    ]))
+    .unwrap();
+    assert!(
+        why.contains("NamesAccepted=False: NameConflict: \"dtj\" is already in use"),
+        "{why}"
+    );
+    let why = preflight::crd_not_ready(&crd(&[])).unwrap();
+    assert!(why.contains("Established is not reported yet"), "{why}");
+    let mut other: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition =
+        crd(&[("NamesAccepted", "True"), ("Established", "True")]);
+    other.spec.versions[0].served = false;
+    let why = preflight::crd_not_ready(&other).unwrap();
+    assert!(why.contains("does not serve version v1alpha1"), "{why}");
+}
+
+fn crd_with_conditions(conditions: &[(&str, &str)]) -> Value {
+    let mut crd = serde_json::to_value(murmur_core::api::crd()).unwrap();
+    let conditions: Vec<Value> = conditions
+        .iter()
+        .map(|(t, s)| {
+            json!({"type": t, "status": s, "reason": if *s == "True" { "Ok" } else { "NameConflict" },
+                   "message": if *s == "True" { "ok" } else { "\"dtj\" is already in use" }})
+        })
+        .collect();
+    crd["status"] = json!({"conditions": conditions});
+    crd
+}
+
+/// An API server for the startup check: DecentralizedTrainingJobs answer `jobs` (and the CRD
+/// is Established unless that is 404); access reviews allow everything but `denied`
+/// ((verb, resource) pairs).
 fn preflight_server(jobs: u16, denied: &'static [(&'static str, &'static str)]) -> Client {
     let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     tokio::spawn(async move {
         while let Some((request, send)) = handle.next_request().await {
             let path = request.uri().path().to_string();
             let bytes = request.into_body().collect_bytes().await.unwrap();
-            let (code, body) = if path.ends_with("/decentralizedtrainingjobs") {
+            let (code, body) = if path.contains("/customresourcedefinitions/") {
+                if jobs == 404 {
+                    (
+                        404,
+                        json!({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 404, "reason": "NotFound"}),
+                    )
+                } else {
+                    (
+                        200,
+                        crd_with_conditions(&[("NamesAccepted", "True"), ("Established", "True")]),
+                    )
+                }
+            } else if path.ends_with("/decentralizedtrainingjobs") {
                 let body = if jobs == 200 {
                     json!({"apiVersion": "murmur.dev/v1alpha1", "kind": "DecentralizedTrainingJobList", "metadata": {}, "items": []})
                 } else {
@@ -1474,32 +1578,49 @@ fn preflight_server(jobs: u16, denied: &'static [(&'static str, &'static str)]) 
     Client::new(service, "default")
 }
 
+const WAIT: Duration = Duration::from_secs(5);
+
 #[tokio::test]
 async fn the_startup_check_names_a_missing_crd_and_every_missing_permission() {
-    let e = preflight::check(&preflight_server(404, &[]), false, Some("murmur-system"))
-        .await
-        .unwrap_err();
+    let e = preflight::check(
+        &preflight_server(404, &[]),
+        false,
+        Some("murmur-system"),
+        WAIT,
+    )
+    .await
+    .unwrap_err();
     assert!(matches!(e, preflight::PreflightError::CrdMissing));
     assert!(e.to_string().contains("kubectl apply -f crds/"), "{e}");
 
     let denied = &[("watch", "nodes"), ("create", "events")];
-    let e = preflight::check(&preflight_server(200, denied), false, Some("murmur-system"))
-        .await
-        .unwrap_err();
+    let e = preflight::check(
+        &preflight_server(200, denied),
+        false,
+        Some("murmur-system"),
+        WAIT,
+    )
+    .await
+    .unwrap_err();
     let text = e.to_string();
     assert!(
         text.contains("watch nodes, create events.events.k8s.io"),
         "{text}"
     );
-    preflight::check(&preflight_server(200, &[]), false, Some("murmur-system"))
-        .await
-        .unwrap();
+    preflight::check(
+        &preflight_server(200, &[]),
+        false,
+        Some("murmur-system"),
+        WAIT,
+    )
+    .await
+    .unwrap();
     // Without leader election the Lease is not checked; with it, in its own namespace only
     // (checked cluster-wide, a namespaced Role never passed: found against a real API server).
-    preflight::check(&preflight_server(200, &[]), false, None)
+    preflight::check(&preflight_server(200, &[]), false, None, WAIT)
         .await
         .unwrap();
-    let e = preflight::check(&preflight_server(200, &[]), false, Some("elsewhere"))
+    let e = preflight::check(&preflight_server(200, &[]), false, Some("elsewhere"), WAIT)
         .await
         .unwrap_err();
     assert!(
@@ -1508,12 +1629,22 @@ async fn the_startup_check_names_a_missing_crd_and_every_missing_permission() {
     );
     // With per-job NetworkPolicies, their verbs are checked too.
     let denied = &[("create", "networkpolicies")];
-    preflight::check(&preflight_server(200, denied), false, Some("murmur-system"))
-        .await
-        .unwrap();
-    let e = preflight::check(&preflight_server(200, denied), true, Some("murmur-system"))
-        .await
-        .unwrap_err();
+    preflight::check(
+        &preflight_server(200, denied),
+        false,
+        Some("murmur-system"),
+        WAIT,
+    )
+    .await
+    .unwrap();
+    let e = preflight::check(
+        &preflight_server(200, denied),
+        true,
+        Some("murmur-system"),
+        WAIT,
+    )
+    .await
+    .unwrap_err();
     assert!(
         e.to_string()
             .contains("create networkpolicies.networking.k8s.io"),
@@ -1557,6 +1688,10 @@ fn bare_api_server(
                 ("GET", Some((verb, _, _))) if verb == "list" => (
                     200,
                     json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": "1"}, "items": []}),
+                ),
+                ("GET", Some((_, _, r))) if r == "customresourcedefinitions" => (
+                    200,
+                    crd_with_conditions(&[("NamesAccepted", "True"), ("Established", "True")]),
                 ),
                 ("GET", Some((_, _, r))) if r == "leases" => match &lease {
                     Some(l) => (200, l.clone()),
@@ -1622,6 +1757,7 @@ async fn the_operator_uses_exactly_the_permissions_it_declares() {
             duration: Duration::from_secs(15),
         }),
         instance: "replica-a".into(),
+        crd_wait: WAIT,
     };
     // Once every watch is up and the caches have listed, the leader turns Ready.
     let became_ready = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -1663,6 +1799,11 @@ async fn the_operator_uses_exactly_the_permissions_it_declares() {
             ..Settings::default()
         },
     );
+    // An earlier job's key Secret of the same name is deleted.
+    let mut earlier = resources::secret(&c.job, "00");
+    earlier.metadata.uid = Some("uid-earlier".into());
+    earlier.metadata.owner_references = None;
+    c.secrets.apply_watcher_event(&Event::Apply(earlier));
     c.reconcile().await;
     c.schedule_all();
     c.join(&[0, 1, 2, 3]).await;

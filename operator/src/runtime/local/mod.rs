@@ -455,7 +455,7 @@ impl Local {
             &self.spec,
             None,
             self.facts.clone(),
-            &|id| addresses.get(&id).cloned(),
+            &|id, _| addresses.get(&id).cloned(),
             now,
         );
         for action in &plan.actions {
