@@ -56,6 +56,15 @@ fn main() -> ExitCode {
         cp: ControlPlane::up("e2e", &scenarios::apiserver_args(), ""),
         dir: tempfile::tempdir().unwrap(),
     };
+    // Every scenario works with jobs: the CRD first, whichever scenarios run.
+    env.cp
+        .kubectl_ok(&["apply", "--server-side", "-f", "crds/"]);
+    env.cp.kubectl_ok(&[
+        "wait",
+        "--for=condition=Established",
+        "crd/decentralizedtrainingjobs.murmur.dev",
+        "--timeout=60s",
+    ]);
     let mut failed = Vec::new();
     for (name, scenario) in &selected {
         let began = Instant::now();

@@ -7,6 +7,7 @@ mod ownership;
 mod placement;
 mod preemption;
 mod scene;
+mod size;
 
 use super::Scenario;
 
@@ -37,6 +38,7 @@ pub const ALL: &[(&str, Scenario)] = &[
     ("defect-undecodable", |env| {
         Box::pin(defects::undecodable_costs_only_itself(env))
     }),
+    ("defect-size", |env| Box::pin(size::size(env))),
     // Last: it deletes and re-creates the CRD, and with it every job.
     ("defect-crd-established", |env| {
         Box::pin(crd::crd_established(env))

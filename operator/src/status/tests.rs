@@ -475,3 +475,36 @@ fn the_status_carries_whole_seconds_as_the_api_server_stores_them() {
     assert!(whole(&view.status.start_time.unwrap().0));
     assert!(!state.conditions.is_empty());
 }
+
+#[test]
+fn a_large_job_lists_the_members_that_need_attention_first_and_counts_the_rest() {
+    use murmur_core::api::{MemberPhase, MemberStatus, STATUS_MEMBERS_MAX};
+    let member = |id: u32, phase| MemberStatus {
+        id,
+        phase,
+        ..Default::default()
+    };
+    let few: Vec<MemberStatus> = (0..10)
+        .map(|id| member(id, MemberPhase::Training))
+        .collect();
+    assert_eq!(view::listed_members(few.clone()), (few, 0));
+
+    let n = STATUS_MEMBERS_MAX as u32 + 500;
+    let many: Vec<MemberStatus> = (0..n)
+        .map(|id| match id {
+            1200 => member(id, MemberPhase::Preempted),
+            1300 => member(id, MemberPhase::Pending),
+            1400 => member(id, MemberPhase::Failed),
+            _ => member(id, MemberPhase::Training),
+        })
+        .collect();
+    let (listed, omitted) = view::listed_members(many);
+    assert_eq!(listed.len(), STATUS_MEMBERS_MAX);
+    assert_eq!(omitted, 500);
+    let ids: Vec<u32> = listed.iter().map(|m| m.id).collect();
+    for id in [1200, 1300, 1400] {
+        assert!(ids.contains(&id), "member {id} needs attention: listed");
+    }
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "in id order");
+    assert_eq!(ids[..3], [0, 1, 2]);
+}

@@ -5,7 +5,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 use k8s_openapi::jiff::Timestamp;
 use murmur_core::api::{
     AlgorithmKind, Capacity, DecentralizedTrainingJobSpec, DecentralizedTrainingJobStatus,
-    JobPhase, MemberCapacity, MemberPhase, MemberStatus, Progress, Replicas, TopologyKind,
+    JobPhase, MemberCapacity, MemberPhase, MemberStatus, Progress, Replicas, STATUS_MEMBERS_MAX,
+    TopologyKind,
 };
 use murmur_core::contract::TrainerState;
 use schemars::JsonSchema;
@@ -174,6 +175,20 @@ fn mean(values: impl Iterator<Item = f64>) -> Option<f64> {
     (n > 0).then(|| sum / n as f64)
 }
 
+/// The members `status.members` lists: all of them up to [`STATUS_MEMBERS_MAX`]; past it,
+/// those that need a person's attention first (pending, joining, lost, failed, paused,
+/// leaving), then the rest by id — in id order, with the count left out.
+pub fn listed_members(mut members: Vec<MemberStatus>) -> (Vec<MemberStatus>, u32) {
+    if members.len() <= STATUS_MEMBERS_MAX {
+        return (members, 0);
+    }
+    let routine = |m: &MemberStatus| matches!(m.phase, MemberPhase::Training | MemberPhase::Done);
+    members.sort_by_key(|m| (routine(m), m.id));
+    let omitted = members.split_off(STATUS_MEMBERS_MAX);
+    members.sort_by_key(|m| m.id);
+    (members, omitted.len() as u32)
+}
+
 /// The job as the status API shows it.
 pub fn job_view(
     namespace: &str,
@@ -253,35 +268,38 @@ pub fn job_view(
     // The API server keeps whole seconds: a status carrying fractions would differ from what it
     // stored on every read, and be written again on every reconcile.
     let conditions = status_conditions(state);
+    let every_member: Vec<MemberStatus> = members
+        .iter()
+        .map(|m| {
+            let on_demand = state.members.get(&m.id).is_some_and(|r| r.on_demand);
+            let observed = observed.members.get(&m.id);
+            MemberStatus {
+                id: m.id,
+                pod: None,
+                node: observed.and_then(|o| o.node.clone()),
+                capacity: Some(
+                    if on_demand || spec.scheduling.capacity == Capacity::OnDemand {
+                        MemberCapacity::OnDemand
+                    } else {
+                        MemberCapacity::Spot
+                    },
+                ),
+                phase: m.phase,
+                step: m.progress.step,
+                joined_at: None,
+                message: on_demand.then(|| {
+                    "fell back to on-demand: no spot node within scheduling.fallbackToOnDemandAfter"
+                        .to_string()
+                }),
+            }
+        })
+        .collect();
+    let (listed, members_omitted) = listed_members(every_member);
     let status = DecentralizedTrainingJobStatus {
         phase: Some(state.phase),
         conditions,
-        members: members
-            .iter()
-            .map(|m| {
-                let on_demand = state.members.get(&m.id).is_some_and(|r| r.on_demand);
-                let observed = observed.members.get(&m.id);
-                MemberStatus {
-                    id: m.id,
-                    pod: None,
-                    node: observed.and_then(|o| o.node.clone()),
-                    capacity: Some(
-                        if on_demand || spec.scheduling.capacity == Capacity::OnDemand {
-                            MemberCapacity::OnDemand
-                        } else {
-                            MemberCapacity::Spot
-                        },
-                    ),
-                    phase: m.phase,
-                    step: m.progress.step,
-                    joined_at: None,
-                    message: on_demand.then(|| {
-                        "fell back to on-demand: no spot node within scheduling.fallbackToOnDemandAfter"
-                            .to_string()
-                    }),
-                }
-            })
-            .collect(),
+        members: listed,
+        members_omitted,
         member_summary: Some(format!("{live}/{}", spec.replicas.target)),
         topology_version: state.last_version,
         preemptions: state.preemptions.len() as u32,

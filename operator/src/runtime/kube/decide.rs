@@ -35,7 +35,12 @@ pub fn memory_of(
             cm.metadata.namespace.as_deref().unwrap_or_default(),
             cm.metadata.name.as_deref().unwrap_or_default()
         );
-        return Memory::from_data(&source, &cm.data.clone().unwrap_or_default());
+        let data = resources::config_map_data(cm).map_err(|(key, message)| MemoryError {
+            origin: source.clone(),
+            key: "binaryData",
+            message: format!("{key}: {message}"),
+        })?;
+        return Memory::from_data(&source, &data);
     }
     let created = job
         .metadata
@@ -180,11 +185,12 @@ pub fn decide(i: &Inputs) -> Decision {
     delete_on_lost_nodes(i, &exits, &mut d);
     relabel(i, &mut d);
     let data = d.plan.memory.data(d.plan.document.as_ref());
-    let config_map = resources::config_map(job, data);
-    if i.config_map
-        .is_none_or(|c| c.data != config_map.data || !owned_by(&c.metadata, &config_map.metadata))
-    {
-        d.config_map = Some(config_map);
+    // Compared as plain text: packing (gzip, for a large job) only when it is written.
+    let owner = resources::config_map(job, BTreeMap::new()).metadata;
+    if i.config_map.is_none_or(|c| {
+        resources::config_map_data(c).ok().as_ref() != Some(&data) || !owned_by(&c.metadata, &owner)
+    }) {
+        d.config_map = Some(resources::config_map(job, data));
     }
     status(i, &mut d);
     requeue(i, &mut d);

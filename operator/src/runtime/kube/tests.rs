@@ -1938,3 +1938,49 @@ async fn the_job_key_never_leaves_its_secret() {
     assert!(logs.contains("TRACE"), "logs were captured at every level");
     assert!(!leaks(&logs), "the logs show the key");
 }
+
+#[test]
+fn a_large_memory_is_gzipped_into_its_config_map_and_reads_back_the_same() {
+    let job = job(MANIFEST);
+    let small = BTreeMap::from([("state.json".to_string(), "{}".to_string())]);
+    let cm = resources::config_map(&job, small.clone());
+    assert_eq!(
+        cm.data.as_ref(),
+        Some(&small),
+        "small: plain, kubectl-readable"
+    );
+    assert!(cm.binary_data.is_none());
+    assert_eq!(resources::config_map_data(&cm).unwrap(), small);
+
+    // Past the plain limit every key is gzipped, and reads back unchanged.
+    let joins: String = (0..40_000)
+        .map(|i| format!("{{\"member\":{i},\"histogram\":[0,480,0,17,0,0,0,0,0,0]}},"))
+        .collect();
+    let large = BTreeMap::from([
+        ("joins.json".to_string(), joins),
+        ("state.json".to_string(), "{}".to_string()),
+    ]);
+    assert!(large["joins.json"].len() > resources::CONFIG_MAP_PLAIN_BYTES);
+    let cm = resources::config_map(&job, large.clone());
+    assert!(cm.data.is_none());
+    let packed = cm.binary_data.as_ref().unwrap();
+    assert_eq!(
+        packed.keys().collect::<Vec<_>>(),
+        ["joins.json.gz", "state.json.gz"]
+    );
+    assert!(packed["joins.json.gz"].0.len() < large["joins.json"].len() / 5);
+    assert_eq!(resources::config_map_data(&cm).unwrap(), large);
+
+    // A key that is not gzip is named, as the job's memory error.
+    let mut broken = cm.clone();
+    broken.metadata.namespace = Some("ml".into());
+    broken.binary_data.as_mut().unwrap().insert(
+        "state.json.gz".into(),
+        k8s_openapi::ByteString(b"not gzip".to_vec()),
+    );
+    let e = memory_of(&job, Some(&broken), &[], &[])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("ConfigMap ml/mnist-topology"), "{e}");
+    assert!(e.contains("state.json.gz: not gzipped UTF-8"), "{e}");
+}
