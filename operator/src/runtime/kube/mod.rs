@@ -481,18 +481,8 @@ async fn execute(
     if let Some(config_map) = &d.config_map {
         apply_object(ctx, &namespace, config_map, "configmap").await?;
     }
-    let jobs: Api<DecentralizedTrainingJob> = Api::namespaced(ctx.client.clone(), &namespace);
     if let Some(status) = &d.status {
-        let patch = serde_json::json!({
-            "apiVersion": DecentralizedTrainingJob::api_version(&()),
-            "kind": DecentralizedTrainingJob::kind(&()),
-            "status": status,
-        });
-        let apply = PatchParams::apply(&ctx.settings.field_manager).force();
-        jobs.patch_status(&name, &apply, &Patch::Apply(&patch))
-            .await
-            .map_err(kube_err("apply status of", name.clone()))?;
-        ctx.metrics.wrote("status", 1);
+        apply_status(ctx, job, status).await?;
     }
     // Every write above succeeded: this is now the job's memory.
     {
@@ -512,6 +502,7 @@ async fn execute(
         record_event(ctx, job, event, pod).await;
     }
     if d.delete_job {
+        let jobs: Api<DecentralizedTrainingJob> = Api::namespaced(ctx.client.clone(), &namespace);
         match jobs.delete(&name, &DeleteParams::background()).await {
             Ok(_) => {}
             Err(kube::Error::Api(e)) if e.code == 404 => {}
@@ -600,7 +591,6 @@ async fn pods_rejected(
     why: &str,
     now: Timestamp,
 ) -> Result<Action, Error> {
-    let name = resources::name(job);
     tracing::warn!(reason = why, "the API server refuses members' pods");
     let (events, conditions) = {
         let mut l = live.lock();
@@ -610,18 +600,7 @@ async fn pods_rejected(
     let mut status = d.plan.view.status.clone();
     status.conditions = conditions;
     if job.status.as_ref() != Some(&status) {
-        let jobs: Api<DecentralizedTrainingJob> =
-            Api::namespaced(ctx.client.clone(), &resources::namespace(job));
-        let patch = serde_json::json!({
-            "apiVersion": DecentralizedTrainingJob::api_version(&()),
-            "kind": DecentralizedTrainingJob::kind(&()),
-            "status": status,
-        });
-        let apply = PatchParams::apply(&ctx.settings.field_manager).force();
-        jobs.patch_status(&name, &apply, &Patch::Apply(&patch))
-            .await
-            .map_err(kube_err("apply status of", name.clone()))?;
-        ctx.metrics.wrote("status", 1);
+        apply_status(ctx, job, &status).await?;
     }
     for event in &events {
         record_event(ctx, job, event, None).await;
@@ -650,6 +629,28 @@ where
         .await
         .map_err(kube_err("apply", format!("{} {name}", K::kind(&()))))?;
     ctx.metrics.wrote(kind, 1);
+    Ok(())
+}
+
+/// Server-side apply of the job's status (its own subresource).
+async fn apply_status(
+    ctx: &Context,
+    job: &DecentralizedTrainingJob,
+    status: &murmur_core::api::DecentralizedTrainingJobStatus,
+) -> Result<(), Error> {
+    let name = resources::name(job);
+    let jobs: Api<DecentralizedTrainingJob> =
+        Api::namespaced(ctx.client.clone(), &resources::namespace(job));
+    let patch = serde_json::json!({
+        "apiVersion": DecentralizedTrainingJob::api_version(&()),
+        "kind": DecentralizedTrainingJob::kind(&()),
+        "status": status,
+    });
+    let apply = PatchParams::apply(&ctx.settings.field_manager).force();
+    jobs.patch_status(&name, &apply, &Patch::Apply(&patch))
+        .await
+        .map_err(kube_err("apply status of", name))?;
+    ctx.metrics.wrote("status", 1);
     Ok(())
 }
 
