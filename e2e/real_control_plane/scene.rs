@@ -239,6 +239,15 @@ impl<'a> Scene<'a> {
             .collect()
     }
 
+    /// Until one of the job's events satisfies `matches` (events are written after the status
+    /// and the pods, so a test that saw those may look before the event is there).
+    pub async fn event(&self, job: &str, what: &str, matches: impl Fn(&Event) -> bool) -> Event {
+        eventually(what, Duration::from_secs(30), || async {
+            self.events(job).await.into_iter().find(|e| matches(e))
+        })
+        .await
+    }
+
     /// The version of the topology document in the job's ConfigMap.
     pub async fn topology_version(&self, job: &str) -> Option<u64> {
         let out = self.env.cp.kubectl(&[
