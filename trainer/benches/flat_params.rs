@@ -4,7 +4,7 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use burn::backend::NdArray;
+use burn::backend::Flex;
 use burn::module::Module;
 use burn::nn::{Linear, LinearConfig};
 use burn::tensor::backend::Backend;
@@ -16,7 +16,7 @@ struct Big<B: Backend> {
     layers: Vec<Linear<B>>,
 }
 
-type B = NdArray<f32>;
+type B = Flex;
 
 fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(f64::total_cmp);

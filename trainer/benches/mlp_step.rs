@@ -1,69 +1,147 @@
-//! One local MLP step (784 -> 256 -> 10, batch 64, SGD with momentum) on the ndarray backend, in
-//! samples per second, beside the same step in PyTorch on CPU (bench/mlp_step_torch.py), with the
-//! ratio. Run: `cargo bench -p murmur-trainer --bench mlp_step` (set BENCH_PYTHON to choose the
-//! interpreter; the torch half is skipped, saying so, when torch is not installed).
+//! One local training step (SGD with momentum 0.9, lr 0.05, cross-entropy) of each model on each
+//! of burn's CPU backends that build offline, in samples per second, beside the same step in
+//! PyTorch on CPU (bench/mlp_step_torch.py) with the same thread count, and the ratio.
+//!
+//! Run: `cargo bench -p murmur-trainer --bench mlp_step`
+//! - `BENCH_THREADS` (default: all cores): threads for burn (its rayon pool) and for torch.
+//! - `BENCH_SECONDS` (default 3): time per backend and case.
+//! - `BENCH_CASES` (default `mlp:64,gn-lenet:32,gn-lenet:64,logistic:64`): model:batch pairs.
+//! - `BENCH_BACKENDS` (default `ndarray,flex`).
+//! - `BENCH_PYTHON` (default python3); the torch half is skipped, saying so, without torch.
 
 use std::process::Command;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use burn::backend::{Autodiff, NdArray};
+use burn::backend::{Autodiff, Flex, NdArray};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::momentum::MomentumConfig;
 use burn::optim::{GradientsParams, Optimizer, SgdConfig};
+use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Distribution, Int, Tensor};
 use murmur_core::api::ModelKind;
 use murmur_trainer::model::Model;
 
-type B = Autodiff<NdArray<f32>>;
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
 
-fn main() {
+/// Samples per second of `kind` at `batch` on backend `B`, over about `budget`.
+fn burn_rate<B: AutodiffBackend>(kind: ModelKind, batch: usize, budget: Duration) -> f64 {
     let device = Default::default();
-    let mut model = Model::<B>::new(ModelKind::Mlp, &device);
+    B::seed(&device, 0);
+    let mut model = Model::<B>::new(kind, &device);
     let mut optim = SgdConfig::new()
         .with_momentum(Some(
             MomentumConfig::new().with_momentum(0.9).with_dampening(0.0),
         ))
         .init::<B, Model<B>>();
-    let x = Tensor::<B, 2>::random([64, 784], Distribution::Uniform(0.0, 1.0), &device);
-    let y = Tensor::<B, 1, Int>::random([64], Distribution::Uniform(0.0, 10.0), &device);
+    let x = Tensor::<B, 2>::random([batch, 784], Distribution::Uniform(0.0, 1.0), &device);
+    let y = Tensor::<B, 1, Int>::random([batch], Distribution::Uniform(0.0, 10.0), &device);
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
     let mut step = |model: Model<B>| {
         let loss = loss_fn.forward(model.forward(x.clone()), y.clone());
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         optim.step(0.05, model, grads)
     };
-    for _ in 0..50 {
+    // Warm-up: allocator pools, thread pools, caches.
+    let warm = Instant::now();
+    while warm.elapsed() < budget / 10 {
         model = step(model);
     }
-    let steps: usize = std::env::var("BENCH_STEPS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(2000);
-    let start = Instant::now();
-    for _ in 0..steps {
+    let (start, mut steps) = (Instant::now(), 0usize);
+    while start.elapsed() < budget {
         model = step(model);
+        steps += 1;
     }
-    let burn_rate = (steps * 64) as f64 / start.elapsed().as_secs_f64();
-    println!("burn_ndarray_samples_per_second={burn_rate:.0}");
+    (steps * batch) as f64 / start.elapsed().as_secs_f64()
+}
 
-    let python = std::env::var("BENCH_PYTHON").unwrap_or_else(|_| "python3".into());
+fn torch_rate(
+    python: &str,
+    model: &str,
+    batch: usize,
+    steps: usize,
+    threads: usize,
+) -> Result<f64, String> {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/bench/mlp_step_torch.py");
-    match Command::new(&python).arg(script).output() {
-        Ok(out) if out.status.success() => {
-            let text = String::from_utf8_lossy(&out.stdout);
-            print!("{text}");
-            let torch_rate = text
-                .lines()
-                .find_map(|l| l.strip_prefix("torch_samples_per_second="))
-                .and_then(|v| v.parse::<f64>().ok());
-            if let Some(torch_rate) = torch_rate {
-                println!("ratio_burn_over_torch={:.2}", burn_rate / torch_rate);
+    let out = Command::new(python)
+        .arg(script)
+        .args(["--model", model, "--batch", &batch.to_string()])
+        .args([
+            "--steps",
+            &steps.to_string(),
+            "--threads",
+            &threads.to_string(),
+        ])
+        .output()
+        .map_err(|e| format!("cannot run {python}: {e}"))?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("torch_samples_per_second="))
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| "no torch_samples_per_second line".into())
+}
+
+fn main() {
+    // As murmur-trainer's main does: large freed buffers stay in the heap (no page faults).
+    murmur_trainer::runtime::keep_freed_buffers();
+    let threads = env_or(
+        "BENCH_THREADS",
+        std::thread::available_parallelism().map_or(1, |n| n.get()),
+    );
+    murmur_trainer::backend::set_threads(threads);
+    let budget = Duration::from_secs_f64(env_or("BENCH_SECONDS", 3.0));
+    let cases: String = env_or(
+        "BENCH_CASES",
+        "mlp:64,gn-lenet:32,gn-lenet:64,logistic:64".into(),
+    );
+    let backends: String = env_or("BENCH_BACKENDS", "ndarray,flex".into());
+    let python: String = env_or("BENCH_PYTHON", "python3".into());
+    println!(
+        "threads={threads} seconds_per_case={}",
+        budget.as_secs_f64()
+    );
+    println!(
+        "{:<10} {:>5} {:<8} {:>14} {:>14} {:>10}",
+        "model", "batch", "backend", "burn samples/s", "torch samples/s", "burn/torch"
+    );
+    for case in cases.split(',') {
+        let (name, batch) = case.split_once(':').expect("BENCH_CASES: model:batch");
+        let batch: usize = batch.parse().expect("BENCH_CASES: a batch size");
+        let kind = match name {
+            "mlp" => ModelKind::Mlp,
+            "gn-lenet" => ModelKind::GnLenet,
+            "logistic" => ModelKind::LogisticRegression,
+            other => panic!("BENCH_CASES: unknown model {other}"),
+        };
+        let mut torch = None;
+        for backend in backends.split(',') {
+            let rate = match backend {
+                "ndarray" => burn_rate::<Autodiff<NdArray<f32>>>(kind, batch, budget),
+                "flex" => burn_rate::<Autodiff<Flex>>(kind, batch, budget),
+                other => panic!("BENCH_BACKENDS: unknown backend {other}"),
+            };
+            // Torch runs once per case, for about as long as burn did.
+            let torch_rate = torch.get_or_insert_with(|| {
+                let steps = ((rate * budget.as_secs_f64()) / batch as f64).max(20.0) as usize;
+                torch_rate(&python, name, batch, steps, threads)
+            });
+            match torch_rate {
+                Ok(t) => println!(
+                    "{name:<10} {batch:>5} {backend:<8} {rate:>14.0} {t:>14.0} {:>10.2}",
+                    rate / *t
+                ),
+                Err(e) => println!(
+                    "{name:<10} {batch:>5} {backend:<8} {rate:>14.0} {:>14} {:>10}   (torch skipped: {e})",
+                    "-", "-"
+                ),
             }
         }
-        Ok(out) => println!(
-            "torch reference skipped: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ),
-        Err(e) => println!("torch reference skipped: cannot run {python}: {e}"),
     }
 }

@@ -118,7 +118,12 @@ struct SimulateArgs {
     topology_options: TopologyOptions,
     #[arg(long, default_value_t = 20)]
     proxy_warmup_steps: u64,
-    /// Where the tensors live: cpu (ndarray) or cuda (needs a build with --features cuda).
+    /// Threads to spread the members and their kernels over (default: every core). Results are
+    /// the same whatever the count.
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Where the tensors live: cpu (burn's flex backend) or cuda (needs a build with
+    /// --features cuda).
     #[arg(long, value_enum, default_value = "cpu")]
     backend: Backend,
     /// Training data: embedded (the 5 000-image sample), idx:DIR or csv:DIR.
@@ -254,6 +259,12 @@ fn run_member(args: RunArgs) -> Result<(), CliError> {
     };
     let key = runtime::read_key(&env.peer_key_file)?;
     let backend = env.backend;
+    // One compute thread per core of the member's CPU limit (see `backend::threads_for`).
+    let threads = murmur_trainer::backend::threads_for(
+        spec.trainer.resources.as_ref().and_then(|r| r.cpu_cores()),
+    );
+    murmur_trainer::backend::set_threads(threads);
+    tracing::info!(threads, "compute threads");
     let setup = RunSetup {
         env,
         spec,
@@ -272,7 +283,7 @@ fn run_member(args: RunArgs) -> Result<(), CliError> {
         .expect("a tokio runtime");
     let outcome = match backend {
         murmur_core::api::Backend::Cpu => tokio.block_on(runtime::run::<
-            burn::backend::Autodiff<burn::backend::NdArray<f32>>,
+            murmur_trainer::backend::Cpu,
         >(setup, Default::default()))?,
         #[cfg(feature = "cuda")]
         murmur_core::api::Backend::Cuda => {
@@ -358,7 +369,14 @@ fn simulate(args: SimulateArgs) -> Result<(), CliError> {
         seed: args.seed,
         topology: args.topology_options,
         proxy_warmup_steps: args.proxy_warmup_steps,
+        threads: args
+            .threads
+            .unwrap_or_else(|| murmur_trainer::backend::threads_for(None)),
     };
+    if config.threads == 0 {
+        return Err(CliError::Flag("--threads 0: must be at least 1".into()));
+    }
+    murmur_trainer::backend::set_threads(config.threads);
     if !(args.learning_rate > 0.0 && args.learning_rate.is_finite()) {
         return Err(CliError::Flag(format!(
             "--learning-rate {}: must be a positive number",
@@ -373,9 +391,7 @@ fn simulate(args: SimulateArgs) -> Result<(), CliError> {
     }
     let data = load_data(&args.data)?;
     let results = match args.backend {
-        Backend::Cpu => {
-            run_on::<burn::backend::Autodiff<burn::backend::NdArray<f32>>>(&config, &data)?
-        }
+        Backend::Cpu => run_on::<murmur_trainer::backend::Cpu>(&config, &data)?,
         #[cfg(feature = "cuda")]
         Backend::Cuda => {
             cuda_driver_present()?;

@@ -5,6 +5,7 @@
 #![deny(unsafe_code)]
 
 pub mod algorithms;
+pub mod backend;
 pub mod compression;
 pub mod data;
 pub mod model;

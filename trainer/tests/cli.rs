@@ -16,6 +16,63 @@ fn fails_with(args: &[&str], expected: &str) {
     assert!(err.contains(expected), "{args:?}: {err}");
 }
 
+/// The simulator's results, from processes whose kernel thread pools differ too, are
+/// bit-identical: each curve point is compared as the exact numbers JSON carries.
+#[test]
+fn simulate_gives_the_same_results_on_one_thread_and_on_two() {
+    let dir = tempfile::tempdir().unwrap();
+    // GN-LeNet's evaluations dominate: fewer members and steps for it.
+    let run = |model: &str, members: &str, steps: &str, threads: &str| {
+        let out_dir = dir.path().join(format!("{model}-{threads}"));
+        let out = trainer(&[
+            "simulate",
+            "--members",
+            members,
+            "--steps",
+            steps,
+            "--eval-every",
+            steps,
+            "--batch-size",
+            "8",
+            "--topology",
+            "dcliques,ring",
+            "--clique-size",
+            "3",
+            "--model",
+            model,
+            "--threads",
+            threads,
+            "--output",
+            out_dir.to_str().unwrap(),
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out_dir.join("results.json")).unwrap())
+                .unwrap();
+        json["curves"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                (
+                    r["topology"].clone(),
+                    r["bytes_sent"].clone(),
+                    r["curve"].clone(),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    for (model, members, steps) in [("mlp", "6", "4"), ("gn-lenet", "3", "2")] {
+        let one = run(model, members, steps, "1");
+        assert_eq!(one.len(), 2);
+        assert_eq!(one, run(model, members, steps, "2"), "{model}");
+    }
+}
+
 #[test]
 fn simulate_writes_curves_results_and_a_plot() {
     let dir = tempfile::tempdir().unwrap();
@@ -75,6 +132,7 @@ fn bad_flags_and_data_exit_2_naming_the_cause() {
     );
     fails_with(&["simulate", "--compression", "top-k:2"], "--compression");
     fails_with(&["simulate", "--learning-rate", "0"], "--learning-rate");
+    fails_with(&["simulate", "--threads", "0"], "--threads");
     fails_with(&["simulate", "--data", "parquet:/x"], "--data");
     fails_with(
         &["simulate", "--data", "idx:/nonexistent/mnist"],

@@ -7,7 +7,6 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use burn::backend::{Autodiff, NdArray};
 use murmur_core::api::{ModelKind, TopologyKind};
 use murmur_trainer::model::{Model, layout};
 use murmur_wire::frame::{self, HEADER_LEN, Header, Hello, Kind, MAX_CHUNK, NONCE_LEN, SessionMac};
@@ -38,7 +37,7 @@ fn job_id() -> u64 {
 
 fn mlp_fingerprint() -> u64 {
     let device = Default::default();
-    layout(&Model::<Autodiff<NdArray<f32>>>::new(
+    layout(&Model::<murmur_trainer::backend::Cpu>::new(
         ModelKind::Mlp,
         &device,
     ))

@@ -1,13 +1,12 @@
 //! The simulator end to end, on small jobs: same member code, in-process exchange.
 
-use burn::backend::{Autodiff, NdArray};
 use murmur_core::api::{InterClique, ModelKind, OptimizerKind};
 use murmur_core::topology::TopologyOptions;
 use murmur_trainer::compression::Compression;
 use murmur_trainer::data::{self, partition::Partition};
 use murmur_trainer::simulator::{SimulationConfig, TopologyChoice, simulate};
 
-type B = Autodiff<NdArray<f32>>;
+type B = murmur_trainer::backend::Cpu;
 
 fn config(
     members: usize,
@@ -37,6 +36,7 @@ fn config(
             group_size: 3,
         },
         proxy_warmup_steps: 5,
+        threads: 2,
     }
 }
 
@@ -132,4 +132,30 @@ fn same_seed_same_curves() {
     let a = simulate::<B>(&cfg, &data, &Default::default(), |_, _| {}).unwrap();
     let b = simulate::<B>(&cfg, &data, &Default::default(), |_, _| {}).unwrap();
     assert_eq!(a[0].curve, b[0].curve);
+}
+
+#[test]
+fn the_thread_count_changes_nothing_but_the_wall_time() {
+    let data = data::embedded();
+    let mut cfg = config(
+        10,
+        vec![TopologyChoice::DCliques, TopologyChoice::Ring],
+        Partition::ClassesPerMember { k: 2 },
+        12,
+    );
+    cfg.model = ModelKind::Mlp;
+    cfg.eval_every = 4;
+    let mut curves = Vec::new();
+    for threads in [1, 2, 5] {
+        cfg.threads = threads;
+        let results = simulate::<B>(&cfg, &data, &Default::default(), |_, _| {}).unwrap();
+        curves.push(
+            results
+                .into_iter()
+                .map(|r| (r.topology, r.bytes_sent, r.curve))
+                .collect::<Vec<_>>(),
+        );
+    }
+    assert_eq!(curves[0], curves[1], "1 thread against 2");
+    assert_eq!(curves[0], curves[2], "1 thread against 5");
 }

@@ -430,6 +430,67 @@ pub struct TrainerResources {
     pub gpus: Option<u32>,
 }
 
+impl TrainerResources {
+    /// The CPU limit in cores (`500m` is 0.5), when one is set and reads as a quantity.
+    pub fn cpu_cores(&self) -> Option<f64> {
+        quantity_value(&self.cpu.as_ref()?.0)
+    }
+}
+
+/// The value of a Kubernetes quantity: a decimal number with an optional SI (`m`, `k`, `M`, …),
+/// binary (`Ki`, `Mi`, …) or exponent (`e3`) suffix. None when it is not one.
+pub fn quantity_value(text: &str) -> Option<f64> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-'))
+        .unwrap_or(text.len());
+    let (number, suffix) = text.split_at(split);
+    let number: f64 = number.parse().ok()?;
+    let scale = match suffix {
+        "" => 1.0,
+        "n" => 1e-9,
+        "u" => 1e-6,
+        "m" => 1e-3,
+        "k" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        "P" => 1e15,
+        "E" => 1e18,
+        "Ki" => 1024f64,
+        "Mi" => 1024f64.powi(2),
+        "Gi" => 1024f64.powi(3),
+        "Ti" => 1024f64.powi(4),
+        "Pi" => 1024f64.powi(5),
+        "Ei" => 1024f64.powi(6),
+        exponent => 10f64.powi(exponent.strip_prefix(['e', 'E'])?.parse().ok()?),
+    };
+    Some(number * scale)
+}
+
+#[cfg(test)]
+mod quantity_tests {
+    use super::quantity_value;
+
+    #[test]
+    fn quantities_read_as_kubernetes_reads_them() {
+        for (text, value) in [
+            ("500m", 0.5),
+            ("2", 2.0),
+            ("1.5", 1.5),
+            ("1e3", 1000.0),
+            ("2k", 2000.0),
+            ("1Gi", 1073741824.0),
+            ("250M", 2.5e8),
+        ] {
+            assert_eq!(quantity_value(text), Some(value), "{text}");
+        }
+        for bad in ["", "m", "two", "1x", "1e", "1.5Qi"] {
+            assert_eq!(quantity_value(bad), None, "{bad}");
+        }
+    }
+}
+
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 #[serde(rename_all = "camelCase")]
 pub enum Capacity {

@@ -73,9 +73,37 @@ impl<B: Backend> ConvBlock<B> {
     fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         self.pool.forward(
             self.activation
-                .forward(self.norm.forward(self.conv.forward(x))),
+                .forward(group_norm(&self.norm, self.conv.forward(x))),
         )
     }
+}
+
+/// burn's GroupNorm arithmetic, with the scale and shift laid out for a fast kernel. burn
+/// broadcasts gamma and beta as `[1, C, 1, 1]` over `[N, C, H, W]`, a pattern the flex backend
+/// walks element by element (a quarter of a GN-LeNet step, forward and backward); here they are
+/// repeated to one value per (sample, channel) row of `[N·C, H·W]`, a per-row broadcast that flex
+/// vectorises. The same operations on the same values: results are bit-identical to
+/// `GroupNorm::forward`, and the parameters are the module's own (same names, same records).
+fn group_norm<B: Backend>(norm: &GroupNorm<B>, x: Tensor<B, 4>) -> Tensor<B, 4> {
+    let [batch, channels, height, width] = x.dims();
+    let hidden = channels / norm.num_groups * height * width;
+    let x = x.reshape([batch, norm.num_groups, hidden]);
+    let mean = x.clone().sum_dim(2) / hidden as f64;
+    let x = x.sub(mean);
+    let var = x.clone().square().sum_dim(2) / hidden as f64;
+    let x = x
+        .div(var.add_scalar(norm.epsilon).sqrt())
+        .reshape([batch * channels, height * width]);
+    let per_row = |p: Tensor<B, 1>| {
+        p.unsqueeze_dim::<2>(0)
+            .repeat_dim(0, batch)
+            .reshape([batch * channels, 1])
+    };
+    let x = match (&norm.gamma, &norm.beta) {
+        (Some(gamma), Some(beta)) => x.mul(per_row(gamma.val())).add(per_row(beta.val())),
+        _ => x,
+    };
+    x.reshape([batch, channels, height, width])
 }
 
 impl<B: Backend> Model<B> {

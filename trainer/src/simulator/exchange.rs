@@ -1,11 +1,12 @@
-//! The in-process implementation of [`Exchange`]: mailboxes shared by all simulated members of one
-//! single-threaded runtime. A member posts its payloads, wakes the recipients, and waits until
-//! everyone it expects has posted for the same round.
+//! The in-process implementation of [`Exchange`]: mailboxes shared by all simulated members,
+//! which may run on several threads. A member posts its payloads, wakes the recipients, and waits
+//! until everyone it expects has posted for the same round; what it receives is keyed by sender
+//! and round, so it does not depend on which thread ran first.
 
-use std::cell::RefCell;
 use std::collections::BTreeMap;
-use std::rc::Rc;
+use std::sync::Arc;
 
+use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use murmur_core::topology::MemberId;
@@ -16,23 +17,23 @@ type Key = (MemberId, u64, Purpose, MemberId); // (to, round, purpose, from)
 
 #[derive(Default)]
 pub struct Mailboxes {
-    letters: RefCell<BTreeMap<Key, Vec<u8>>>,
-    bells: RefCell<BTreeMap<MemberId, Rc<Notify>>>,
+    letters: Mutex<BTreeMap<Key, Vec<u8>>>,
+    bells: Mutex<BTreeMap<MemberId, Arc<Notify>>>,
 }
 
 impl Mailboxes {
-    fn bell(&self, member: MemberId) -> Rc<Notify> {
+    fn bell(&self, member: MemberId) -> Arc<Notify> {
         self.bells
-            .borrow_mut()
+            .lock()
             .entry(member)
-            .or_insert_with(|| Rc::new(Notify::new()))
+            .or_insert_with(|| Arc::new(Notify::new()))
             .clone()
     }
 }
 
 pub struct LocalExchange {
     pub me: MemberId,
-    pub boxes: Rc<Mailboxes>,
+    pub boxes: Arc<Mailboxes>,
 }
 
 impl Exchange for LocalExchange {
@@ -46,33 +47,35 @@ impl Exchange for LocalExchange {
         for (to, payload) in outgoing {
             self.boxes
                 .letters
-                .borrow_mut()
+                .lock()
                 .insert((to, round, purpose, self.me), payload);
             // notify_one keeps a permit when nobody waits yet, so no wake-up is lost.
             self.boxes.bell(to).notify_one();
         }
         let bell = self.boxes.bell(self.me);
         loop {
-            let complete = {
-                let letters = self.boxes.letters.borrow();
-                from.iter()
-                    .all(|f| letters.contains_key(&(self.me, round, purpose, *f)))
-            };
-            if complete {
-                let mut letters = self.boxes.letters.borrow_mut();
-                return from
+            // Registered before the check, so a letter posted in between still wakes us.
+            let rung = bell.notified();
+            {
+                let mut letters = self.boxes.letters.lock();
+                if from
                     .iter()
-                    .map(|f| {
-                        (
-                            *f,
-                            letters
-                                .remove(&(self.me, round, purpose, *f))
-                                .expect("checked"),
-                        )
-                    })
-                    .collect();
+                    .all(|f| letters.contains_key(&(self.me, round, purpose, *f)))
+                {
+                    return from
+                        .iter()
+                        .map(|f| {
+                            (
+                                *f,
+                                letters
+                                    .remove(&(self.me, round, purpose, *f))
+                                    .expect("checked"),
+                            )
+                        })
+                        .collect();
+                }
             }
-            bell.notified().await;
+            rung.await;
         }
     }
 }

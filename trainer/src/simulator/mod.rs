@@ -1,13 +1,17 @@
 //! The simulator: N virtual members in one process, running the same member code as the networked
-//! trainer over in-process mailboxes, on the topologies the workspace's engine builds.
+//! trainer over in-process mailboxes, on the topologies the workspace's engine builds. Members run
+//! as tasks spread over `threads` threads; what each computes depends only on its own state and
+//! the letters it receives (keyed by sender and round), and every figure is summed in member
+//! order, so results are bit-identical whatever the thread count.
 
 mod exchange;
 pub mod output;
 
-use std::cell::RefCell;
 use std::collections::BTreeMap;
-use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Instant;
+
+use parking_lot::Mutex;
 
 use burn::tensor::backend::AutodiffBackend;
 use serde::Serialize;
@@ -103,6 +107,8 @@ pub struct SimulationConfig {
     pub topology: TopologyOptions,
     /// Local steps each member takes on a throw-away copy before reporting its proxy vector.
     pub proxy_warmup_steps: u64,
+    /// Threads the members run on (at least 1); results do not depend on it.
+    pub threads: usize,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -141,6 +147,7 @@ pub enum SimulationError {
 
 /// One member's evaluation at one step.
 struct Evaluation {
+    member: MemberId,
     accuracy: f64,
     test_loss: f64,
     train_loss: Option<f64>,
@@ -154,7 +161,7 @@ struct Collector {
     curve: Vec<CurvePoint>,
     finished: usize,
     /// Rung when a curve point completes or a member finishes, so progress prints live.
-    bell: Rc<tokio::sync::Notify>,
+    bell: Arc<tokio::sync::Notify>,
 }
 
 impl Collector {
@@ -162,7 +169,9 @@ impl Collector {
         let entries = self.pending.entry(step).or_default();
         entries.push(evaluation);
         if entries.len() == members {
-            let entries = self.pending.remove(&step).expect("present");
+            let mut entries = self.pending.remove(&step).expect("present");
+            // Arrival order depends on the threads; floating-point sums must not.
+            entries.sort_by_key(|e| e.member);
             let n = entries.len() as f64;
             let accs: Vec<f64> = entries.iter().map(|e| e.accuracy).collect();
             let params: Vec<&[f32]> = entries.iter().map(|e| e.params.as_slice()).collect();
@@ -285,9 +294,11 @@ pub fn simulate<B: AutodiffBackend>(
             .all(|(ix, s)| label_histogram(&data.train.labels, ix) == s.label_histogram())
     );
     let proxy_batch = data.proxy_batch();
-    let runtime = tokio::runtime::Builder::new_current_thread()
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(config.threads.max(1))
+        .thread_name("member")
         .build()
-        .expect("a current-thread runtime");
+        .expect("a tokio runtime");
 
     let mut results = Vec::new();
     for &choice in &config.topologies {
@@ -300,9 +311,8 @@ pub fn simulate<B: AutodiffBackend>(
             .unwrap_or_else(|| choice.default_algorithm());
         let started = Instant::now();
 
-        let boxes = Rc::new(Mailboxes::default());
-        let collector = Rc::new(RefCell::new(Collector::default()));
-        let local = tokio::task::LocalSet::new();
+        let boxes = Arc::new(Mailboxes::default());
+        let collector = Arc::new(Mutex::new(Collector::default()));
         let mut handles = Vec::new();
         for id in 0..config.members as MemberId {
             let hood =
@@ -325,18 +335,19 @@ pub fn simulate<B: AutodiffBackend>(
                 config.eval_every.max(1),
                 data.test.clone(),
             );
-            handles.push(local.spawn_local(async move {
+            handles.push(runtime.spawn(async move {
                 let outcome = async {
                     // Step 0: where every topology starts from (the shared initial model).
                     let (accuracy, test_loss) = member.evaluate(&test);
                     let params = member.parameters();
                     let evaluation = Evaluation {
+                        member: id,
                         accuracy,
                         test_loss,
                         train_loss: None,
                         params,
                     };
-                    collector.borrow_mut().deposit(members, 0, evaluation);
+                    collector.lock().deposit(members, 0, evaluation);
                     let mut recent = Vec::new();
                     for step in 0..steps {
                         let report = member.step(step, &hood, &mut exchange).await?;
@@ -347,10 +358,11 @@ pub fn simulate<B: AutodiffBackend>(
                                 Some(recent.iter().sum::<f64>() / recent.len().max(1) as f64);
                             recent.clear();
                             let params = member.parameters();
-                            collector.borrow_mut().deposit(
+                            collector.lock().deposit(
                                 members,
                                 step + 1,
                                 Evaluation {
+                                    member: id,
                                     accuracy,
                                     test_loss,
                                     train_loss,
@@ -363,20 +375,20 @@ pub fn simulate<B: AutodiffBackend>(
                 }
                 .await;
                 // Counted even on error, so the driver never waits for a member that is gone.
-                let mut c = collector.borrow_mut();
+                let mut c = collector.lock();
                 c.finished += 1;
                 c.bell.notify_one();
                 outcome
             }));
         }
         let name = choice.name();
-        let bytes_sent = local.block_on(&runtime, async {
+        let bytes_sent = runtime.block_on(async {
             let mut reported = 0;
             loop {
-                let bell = collector.borrow().bell.clone();
+                let bell = collector.lock().bell.clone();
                 let rung = bell.notified();
                 let all_done = {
-                    let c = collector.borrow();
+                    let c = collector.lock();
                     for point in &c.curve[reported..] {
                         progress(&name, point);
                     }
@@ -394,7 +406,7 @@ pub fn simulate<B: AutodiffBackend>(
             }
             Ok::<u64, MemberError>(total)
         })?;
-        let curve = std::mem::take(&mut collector.borrow_mut().curve);
+        let curve = std::mem::take(&mut collector.lock().curve);
         results.push(TopologyResult {
             topology: name,
             algorithm: format!("{algorithm:?}"),

@@ -1,0 +1,46 @@
+//! The CPU backend the trainer computes on, and how many threads it may use.
+//!
+//! burn's `flex` backend (pure Rust, on the `gemm` crate), chosen by `cargo bench -p murmur-trainer
+//! --bench mlp_step`, which runs every model on both CPU backends that build offline (flex and
+//! ndarray) beside PyTorch: flex was the faster on every model, by 15× on GN-LeNet, whose
+//! convolutions ndarray runs naively. The figures are in the README.
+
+/// The CPU training backend (autodiff over flex).
+pub type Cpu = burn::backend::Autodiff<burn::backend::Flex>;
+
+/// Threads for the backend's kernels (its rayon pool). Call once, before the first tensor
+/// operation; a later call keeps the first setting.
+pub fn set_threads(threads: usize) {
+    if let Err(e) = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads.max(1))
+        .build_global()
+    {
+        tracing::debug!(error = %e, "the compute thread pool was already set up");
+    }
+}
+
+/// Threads for one trainer: its CPU limit rounded up (`500m` is one thread, `1.5` two), so that
+/// trainers packed one per core on a node do not oversubscribe it; without a limit, every core
+/// this process may run on.
+pub fn threads_for(cpu_limit: Option<f64>) -> usize {
+    match cpu_limit {
+        Some(cores) if cores.is_finite() && cores > 0.0 => (cores.ceil() as usize).max(1),
+        _ => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::threads_for;
+
+    #[test]
+    fn a_trainer_gets_its_cpu_limit_rounded_up_and_at_least_one_thread() {
+        assert_eq!(threads_for(Some(0.5)), 1);
+        assert_eq!(threads_for(Some(1.0)), 1);
+        assert_eq!(threads_for(Some(1.5)), 2);
+        assert_eq!(threads_for(Some(4.0)), 4);
+        let all = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert_eq!(threads_for(None), all);
+        assert_eq!(threads_for(Some(0.0)), all);
+    }
+}
