@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use murmur_core::topology::MemberId;
 use murmur_trainer::algorithms::mixing::weighted_average;
-use murmur_trainer::algorithms::{Exchange, Purpose};
+use murmur_trainer::algorithms::{Exchange, Payload, Purpose};
 use murmur_trainer::compression::{Compression, Decoder, Encoder};
 use murmur_trainer::transport::{Transport, TransportConfig, frame};
 
@@ -39,21 +39,11 @@ async fn round(
     round: u64,
     own: &[f32],
     peers: &[MemberId],
-    encoders: &mut BTreeMap<MemberId, Encoder>,
     decoders: &mut BTreeMap<MemberId, Decoder>,
 ) -> Vec<f32> {
-    let outgoing = peers
-        .iter()
-        .map(|&p| {
-            (
-                p,
-                encoders
-                    .entry(p)
-                    .or_default()
-                    .encode(Compression::None, own),
-            )
-        })
-        .collect();
+    // As the member does: one encoding, shared by every neighbour.
+    let shared = Payload::new(Encoder::default().encode(Compression::None, own));
+    let outgoing = peers.iter().map(|&p| (p, shared.clone())).collect();
     let got = t
         .exchange(round, Purpose::Parameters, outgoing, peers)
         .await;
@@ -107,7 +97,12 @@ fn pair(params: usize) {
             let payload = Encoder::default().encode(Compression::None, x);
             async move {
                 let got = t
-                    .exchange(r, Purpose::Parameters, vec![(peer, payload)], &[peer])
+                    .exchange(
+                        r,
+                        Purpose::Parameters,
+                        vec![(peer, payload.into())],
+                        &[peer],
+                    )
                     .await;
                 assert_eq!(got.len(), 1);
             }
@@ -129,28 +124,21 @@ fn pair(params: usize) {
         }
         let wire = started.elapsed().as_secs_f64() / ROUNDS as f64;
         // The whole round as a member runs it: plus decoding and averaging.
-        let mut codecs = (
-            BTreeMap::new(),
-            BTreeMap::new(),
-            BTreeMap::new(),
-            BTreeMap::new(),
-        );
+        let mut codecs = (BTreeMap::new(), BTreeMap::new());
         let started = Instant::now();
         for r in ROUNDS + 1..=2 * ROUNDS {
             let (mut ta, mut tb) = (a.clone(), b.clone());
             let (xa2, xb2) = (xa.clone(), xb.clone());
-            let (mut ea, mut da) = (std::mem::take(&mut codecs.0), std::mem::take(&mut codecs.1));
-            let (mut eb, mut db) = (std::mem::take(&mut codecs.2), std::mem::take(&mut codecs.3));
+            let (mut da, mut db) = (std::mem::take(&mut codecs.0), std::mem::take(&mut codecs.1));
             let ja = tokio::spawn(async move {
-                round(&mut ta, r, &xa2, &[1], &mut ea, &mut da).await;
-                (ea, da)
+                round(&mut ta, r, &xa2, &[1], &mut da).await;
+                da
             });
             let jb = tokio::spawn(async move {
-                round(&mut tb, r, &xb2, &[0], &mut eb, &mut db).await;
-                (eb, db)
+                round(&mut tb, r, &xb2, &[0], &mut db).await;
+                db
             });
-            let ((ea, da), (eb, db)) = (ja.await.unwrap(), jb.await.unwrap());
-            codecs = (ea, da, eb, db);
+            codecs = (ja.await.unwrap(), jb.await.unwrap());
         }
         let full = started.elapsed().as_secs_f64() / ROUNDS as f64;
         let bytes = 2.0 * params as f64 * 4.0;
@@ -187,13 +175,13 @@ fn ring_member(me: MemberId, ports: &[u16], params: usize) {
         let mut own: Vec<f32> = (0..params)
             .map(|i| (i as f32) * (me as f32 + 1.0))
             .collect();
-        let (mut enc, mut dec) = (BTreeMap::new(), BTreeMap::new());
+        let mut dec = BTreeMap::new();
         // Round 0 waits for everyone to be up and connected.
-        own = round(&mut t, 0, &own, &peers, &mut enc, &mut dec).await;
+        own = round(&mut t, 0, &own, &peers, &mut dec).await;
         let mut times = Vec::new();
         for r in 1..=ROUNDS {
             let started = Instant::now();
-            own = round(&mut t, r, &own, &peers, &mut enc, &mut dec).await;
+            own = round(&mut t, r, &own, &peers, &mut dec).await;
             times.push(started.elapsed().as_secs_f64());
         }
         times.sort_by(f64::total_cmp);

@@ -18,8 +18,8 @@ use rand_chacha::ChaCha8Rng;
 use murmur_core::api::{AlgorithmKind, OptimizerKind};
 use murmur_core::topology::MemberId;
 
-use super::mixing::{distance, gossip_partner, mean, weighted_average};
-use super::{Exchange, Neighbourhood, Purpose};
+use super::mixing::{distance, gossip_partner, mean, weighted_average_and_disagreement};
+use super::{Exchange, Neighbourhood, Payload, Purpose};
 use crate::compression::{Compression, Decoder, Encoder};
 use crate::data::{Dataset, IMAGE_PIXELS};
 use crate::model::{self, FlatError, Layout, Model};
@@ -334,28 +334,41 @@ impl<B: AutodiffBackend> Member<B> {
         probs.into_data().iter::<f32>().collect()
     }
 
-    /// Payload of `values` for `to`; per-destination codec state keeps top-k estimates exact.
+    /// Payloads of `values` for each of `peers`. Top-k keeps codec state per destination, so its
+    /// estimates stay exact; the other codecs are stateless, so one encoding is shared by all.
     fn encode(
         &mut self,
-        to: MemberId,
+        peers: &[MemberId],
         purpose: Purpose,
         compression: Compression,
         values: &[f32],
-    ) -> Vec<u8> {
-        let bytes = self
-            .encoders
-            .entry((to, purpose))
-            .or_default()
-            .encode(compression, values);
-        self.bytes_sent += bytes.len() as u64;
-        bytes
+    ) -> Vec<(MemberId, Payload)> {
+        let outgoing: Vec<(MemberId, Payload)> = match compression {
+            Compression::TopK { .. } => peers
+                .iter()
+                .map(|&to| {
+                    let bytes = self
+                        .encoders
+                        .entry((to, purpose))
+                        .or_default()
+                        .encode(compression, values);
+                    (to, Payload::new(bytes))
+                })
+                .collect(),
+            Compression::None | Compression::Fp16 | Compression::Int8 => {
+                let shared = Payload::new(Encoder::default().encode(compression, values));
+                peers.iter().map(|&to| (to, shared.clone())).collect()
+            }
+        };
+        self.bytes_sent += outgoing.iter().map(|(_, b)| b.len() as u64).sum::<u64>();
+        outgoing
     }
 
     fn decode_all(
         &mut self,
         purpose: Purpose,
         compression: Compression,
-        received: Vec<(MemberId, Vec<u8>)>,
+        received: Vec<(MemberId, Payload)>,
     ) -> Vec<(MemberId, Vec<f32>)> {
         let values = self.layout.len();
         received
@@ -387,10 +400,7 @@ impl<B: AutodiffBackend> Member<B> {
             (Purpose::Gradients, Compression::TopK { .. }) => Compression::None,
             (_, c) => c,
         };
-        let outgoing = peers
-            .iter()
-            .map(|&p| (p, self.encode(p, purpose, compression, values)))
-            .collect();
+        let outgoing = self.encode(peers, purpose, compression, values);
         let received = ex.exchange(round, purpose, outgoing, peers).await;
         self.decode_all(purpose, compression, received)
     }
@@ -449,11 +459,9 @@ impl<B: AutodiffBackend> Member<B> {
                     .share(ex, round, Purpose::Parameters, &peers, &own)
                     .await;
                 heard_from += received.len();
-                if !received.is_empty() {
-                    let refs: Vec<&[f32]> = received.iter().map(|(_, x)| x.as_slice()).collect();
-                    local_disagreement = Some(distance(&own, &mean(&own, &refs)));
-                }
-                Some(if weighted {
+                // The local disagreement is the distance to the plain mean of what was averaged;
+                // computed in the same pass over the received models as the mix itself.
+                let (mixed, disagreement) = if weighted {
                     let weight = |id: MemberId| {
                         hood.neighbours
                             .iter()
@@ -464,11 +472,17 @@ impl<B: AutodiffBackend> Member<B> {
                         .iter()
                         .map(|(id, x)| (weight(*id), x.as_slice()))
                         .collect();
-                    weighted_average(&own, hood.self_weight, &weighted)
+                    weighted_average_and_disagreement(&own, hood.self_weight, &weighted)
                 } else {
                     let refs: Vec<&[f32]> = received.iter().map(|(_, x)| x.as_slice()).collect();
-                    mean(&own, &refs)
-                })
+                    let mixed = mean(&own, &refs);
+                    let disagreement = distance(&own, &mixed);
+                    (mixed, disagreement)
+                };
+                if !received.is_empty() {
+                    local_disagreement = Some(disagreement);
+                }
+                Some(mixed)
             };
             self.scratch = own;
             if let Some(mixed) = mixed {

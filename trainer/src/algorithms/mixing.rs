@@ -35,6 +35,50 @@ pub fn weighted_average(own: &[f32], self_weight: f64, received: &[(f64, &[f32])
     out
 }
 
+/// [`weighted_average`] together with `distance(own, &mean(own, ..))` (the member's local
+/// disagreement), in one pass over the received models instead of two: with many neighbours the
+/// round is bound by reading them. Both results are bit-identical to the two separate calls.
+pub fn weighted_average_and_disagreement(
+    own: &[f32],
+    self_weight: f64,
+    received: &[(f64, &[f32])],
+) -> (Vec<f32>, f64) {
+    let total: f64 = self_weight + received.iter().map(|(w, _)| w).sum::<f64>();
+    let count: f64 = 1.0 + received.iter().map(|_| 1.0).sum::<f64>();
+    const BLOCK: usize = 2048;
+    let (mut weighted, mut plain) = ([0f64; BLOCK], [0f64; BLOCK]);
+    let mut out = Vec::with_capacity(own.len());
+    let mut squares = -0.0f64;
+    for start in (0..own.len()).step_by(BLOCK) {
+        let end = (start + BLOCK).min(own.len());
+        let (weighted, plain) = (&mut weighted[..end - start], &mut plain[..end - start]);
+        for ((w, p), v) in weighted
+            .iter_mut()
+            .zip(plain.iter_mut())
+            .zip(&own[start..end])
+        {
+            *w = f64::from(*v) * self_weight;
+            *p = f64::from(*v) * 1.0;
+        }
+        for (weight, x) in received {
+            for ((w, p), v) in weighted
+                .iter_mut()
+                .zip(plain.iter_mut())
+                .zip(&x[start..end])
+            {
+                *w += weight * f64::from(*v);
+                *p += 1.0 * f64::from(*v);
+            }
+        }
+        out.extend(weighted.iter().map(|a| (a / total) as f32));
+        for (p, v) in plain.iter().zip(&own[start..end]) {
+            let mean = (p / count) as f32;
+            squares += (f64::from(*v) - f64::from(mean)).powi(2);
+        }
+    }
+    (out, squares.sqrt())
+}
+
 /// Uniform mean of `own` and everything received (clique gradients, Moshpit groups).
 pub fn mean(own: &[f32], received: &[&[f32]]) -> Vec<f32> {
     let weighted: Vec<(f64, &[f32])> = received.iter().map(|x| (1.0, *x)).collect();
@@ -107,6 +151,28 @@ pub fn consensus_distance(models: &[&[f32]]) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn the_fused_round_equals_the_two_separate_calls_bit_for_bit(
+            len in 0usize..5000,
+            seeds in proptest::collection::vec((0.0f64..1.0, any::<u64>()), 0..5),
+            self_weight in 0.01f64..1.0,
+        ) {
+            let values = |seed: u64| -> Vec<f32> {
+                let mut rng = ChaCha8Rng::seed_from_u64(seed);
+                (0..len).map(|_| rand::Rng::random_range(&mut rng, -3.0f32..3.0)).collect()
+            };
+            let own = values(1);
+            let others: Vec<(f64, Vec<f32>)> = seeds.iter().map(|(w, s)| (*w, values(*s))).collect();
+            let received: Vec<(f64, &[f32])> = others.iter().map(|(w, x)| (*w, x.as_slice())).collect();
+            let refs: Vec<&[f32]> = others.iter().map(|(_, x)| x.as_slice()).collect();
+            let (mixed, disagreement) = weighted_average_and_disagreement(&own, self_weight, &received);
+            prop_assert_eq!(mixed, weighted_average(&own, self_weight, &received));
+            prop_assert_eq!(disagreement.to_bits(), distance(&own, &mean(&own, &refs)).to_bits());
+        }
+    }
 
     #[test]
     fn full_rounds_apply_w_and_missing_neighbours_renormalise() {

@@ -24,6 +24,10 @@ impl Purpose {
     pub const ALL: [Purpose; 2] = [Purpose::Parameters, Purpose::Gradients];
 }
 
+/// A payload as the exchange carries it: shared, so one encoding sent to several neighbours is
+/// one buffer, not a copy per neighbour.
+pub type Payload = std::sync::Arc<Vec<u8>>;
+
 /// The only thing the algorithms need from a network.
 #[allow(async_fn_in_trait)]
 pub trait Exchange {
@@ -34,7 +38,7 @@ pub trait Exchange {
         &mut self,
         round: u64,
         purpose: Purpose,
-        outgoing: Vec<(MemberId, Vec<u8>)>,
+        outgoing: Vec<(MemberId, Payload)>,
         from: &[MemberId],
-    ) -> Vec<(MemberId, Vec<u8>)>;
+    ) -> Vec<(MemberId, Payload)>;
 }

@@ -25,7 +25,7 @@ use murmur_core::contract::{
 };
 use murmur_core::topology::MemberId;
 
-use crate::algorithms::{Exchange, Member, MemberError, Neighbourhood, Purpose};
+use crate::algorithms::{Exchange, Member, MemberError, Neighbourhood, Payload, Purpose};
 use crate::data::{self, DataError, Dataset};
 use crate::model::{Layout, Model};
 use crate::transport::{StateReply, Transport, TransportConfig, frame};
@@ -212,9 +212,9 @@ impl Exchange for Timed<'_> {
         &mut self,
         round: u64,
         purpose: Purpose,
-        outgoing: Vec<(MemberId, Vec<u8>)>,
+        outgoing: Vec<(MemberId, Payload)>,
         from: &[MemberId],
-    ) -> Vec<(MemberId, Vec<u8>)> {
+    ) -> Vec<(MemberId, Payload)> {
         let started = Instant::now();
         let got = self
             .transport

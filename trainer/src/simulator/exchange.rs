@@ -11,13 +11,13 @@ use tokio::sync::Notify;
 
 use murmur_core::topology::MemberId;
 
-use crate::algorithms::{Exchange, Purpose};
+use crate::algorithms::{Exchange, Payload, Purpose};
 
 type Key = (MemberId, u64, Purpose, MemberId); // (to, round, purpose, from)
 
 #[derive(Default)]
 pub struct Mailboxes {
-    letters: Mutex<BTreeMap<Key, Vec<u8>>>,
+    letters: Mutex<BTreeMap<Key, Payload>>,
     bells: Mutex<BTreeMap<MemberId, Arc<Notify>>>,
 }
 
@@ -41,9 +41,9 @@ impl Exchange for LocalExchange {
         &mut self,
         round: u64,
         purpose: Purpose,
-        outgoing: Vec<(MemberId, Vec<u8>)>,
+        outgoing: Vec<(MemberId, Payload)>,
         from: &[MemberId],
-    ) -> Vec<(MemberId, Vec<u8>)> {
+    ) -> Vec<(MemberId, Payload)> {
         for (to, payload) in outgoing {
             self.boxes
                 .letters

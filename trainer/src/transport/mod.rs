@@ -29,7 +29,7 @@ use tokio::time::{Instant, timeout};
 use murmur_core::contract::DropReason;
 use murmur_core::topology::MemberId;
 
-use crate::algorithms::{Exchange, Purpose};
+use crate::algorithms::{Exchange, Payload, Purpose};
 use book::{Deposit, RoundBook, Standing};
 use frame::{Assembler, Hello, Kind, Reject, SessionMac};
 use session::{ReadError, read_message, template, write_message};
@@ -83,18 +83,18 @@ struct Outgoing {
     kind: Kind,
     round: u64,
     version: u64,
-    payload: Arc<Vec<u8>>,
+    payload: Payload,
     /// Told once the message is written (leave waits on it before the process exits).
     written: Option<oneshot::Sender<()>>,
 }
 
 impl Outgoing {
-    fn new(kind: Kind, round: u64, version: u64, payload: Vec<u8>) -> Self {
+    fn new(kind: Kind, round: u64, version: u64, payload: impl Into<Payload>) -> Self {
         Self {
             kind,
             round,
             version,
-            payload: Arc::new(payload),
+            payload: payload.into(),
             written: None,
         }
     }
@@ -314,7 +314,7 @@ impl Transport {
 
     /// Queue a message for `to`; false when `to` has no address. A payload pushed out of a full
     /// queue is no longer counted as sent, so its peer is answered "skip" if it asks.
-    fn send(&self, to: MemberId, kind: Kind, round: u64, payload: Vec<u8>) -> bool {
+    fn send(&self, to: MemberId, kind: Kind, round: u64, payload: impl Into<Payload>) -> bool {
         let Some(queue) = self.queue(to) else {
             return false;
         };
@@ -429,9 +429,9 @@ impl Exchange for Transport {
         &mut self,
         round: u64,
         purpose: Purpose,
-        outgoing: Vec<(MemberId, Vec<u8>)>,
+        outgoing: Vec<(MemberId, Payload)>,
         from: &[MemberId],
-    ) -> Vec<(MemberId, Vec<u8>)> {
+    ) -> Vec<(MemberId, Payload)> {
         let version = self.topology_version();
         for (to, payload) in outgoing {
             // Recorded before it can arrive, so a quick answer finds it; undone if not queued.
@@ -486,6 +486,9 @@ impl Exchange for Transport {
                 reason,
             }));
         done.delivered
+            .into_iter()
+            .map(|(from, payload)| (from, Payload::new(payload)))
+            .collect()
     }
 }
 

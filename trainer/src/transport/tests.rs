@@ -38,9 +38,15 @@ async fn members(n: u32) -> Vec<Transport> {
 /// Every member sends `me` to each of `peers` and collects from them.
 async fn round(t: &mut Transport, round: u64, peers: &[MemberId]) -> Vec<(MemberId, Vec<u8>)> {
     let me = t.me() as u8;
-    let outgoing = peers.iter().map(|&p| (p, vec![me; 3])).collect();
+    let outgoing = peers
+        .iter()
+        .map(|&p| (p, crate::algorithms::Payload::new(vec![me; 3])))
+        .collect();
     t.exchange(round, Purpose::Parameters, outgoing, peers)
         .await
+        .into_iter()
+        .map(|(from, payload)| (from, payload.to_vec()))
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
