@@ -2,7 +2,7 @@
 
 mod flat;
 
-use burn::module::Module;
+use burn::module::{Module, ModuleVisitor, Param};
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
 use burn::nn::{GroupNorm, GroupNormConfig, Linear, LinearConfig, PaddingConfig2d, Relu};
@@ -106,9 +106,27 @@ fn group_norm<B: Backend>(norm: &GroupNorm<B>, x: Tensor<B, 4>) -> Tensor<B, 4> 
     x.reshape([batch, channels, height, width])
 }
 
+/// Draws every lazily initialised parameter.
+struct Materialize;
+
+impl<B: Backend> ModuleVisitor<B> for Materialize {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let _ = param.val();
+    }
+}
+
 impl<B: Backend> Model<B> {
     /// A freshly initialised model (burn's default initialisers, seeded through the backend).
+    /// burn initialises parameters lazily, on first use, from one process-wide generator; the
+    /// values are drawn here, in module order, so they do not depend on which thread touches a
+    /// parameter first.
     pub fn new(kind: ModelKind, device: &B::Device) -> Self {
+        let model = Self::declare(kind, device);
+        model.visit(&mut Materialize);
+        model
+    }
+
+    fn declare(kind: ModelKind, device: &B::Device) -> Self {
         match kind {
             ModelKind::LogisticRegression => Model::LogisticRegression(LogisticRegression {
                 linear: LinearConfig::new(IMAGE_PIXELS, CLASSES).init(device),

@@ -271,6 +271,10 @@ fn member_config(config: &SimulationConfig, algorithm: AlgorithmKind) -> MemberC
     }
 }
 
+/// burn draws initial weights from one process-wide generator: seeding it and drawing a model
+/// must not interleave with another simulation's in the same process (tests run several at once).
+static MODEL_INIT: Mutex<()> = Mutex::new(());
+
 /// Run every configured topology on the same data, seed and steps.
 pub fn simulate<B: AutodiffBackend>(
     config: &SimulationConfig,
@@ -302,8 +306,11 @@ pub fn simulate<B: AutodiffBackend>(
 
     let mut results = Vec::new();
     for &choice in &config.topologies {
-        B::seed(device, config.seed);
-        let initial = Model::<B>::new(config.model, device);
+        let initial = {
+            let _alone = MODEL_INIT.lock();
+            B::seed(device, config.seed);
+            Model::<B>::new(config.model, device)
+        };
         let topo = build_topology(config, choice, &shards, &proxy_batch, &initial, device)?;
         let doc = topo.to_document(|_| None);
         let algorithm = config
