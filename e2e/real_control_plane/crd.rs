@@ -442,7 +442,26 @@ pub async fn crd(env: &Env) {
         "  {} CRD rules, each refused by the API server and by murmur validate",
         cases.len()
     );
-    cp.kubectl_ok(&["delete", "namespace", "crd", "--wait=false"]);
+    // Gone before the next scenario: every later operator watches all namespaces, and pods of
+    // these spot jobs landed on the next scenarios' spot nodes, taking the CPU their own
+    // members were sized for ("Insufficient cpu" in `placement`, 3 of 4 pods in
+    // `defect-same-name`).
+    cp.kubectl_ok(&[
+        "delete",
+        "dtj",
+        "--all",
+        "-n",
+        "crd",
+        "--wait=true",
+        "--timeout=120s",
+    ]);
+    cp.kubectl_ok(&[
+        "delete",
+        "namespace",
+        "crd",
+        "--wait=true",
+        "--timeout=120s",
+    ]);
 }
 
 fn control_plane_path(relative: &str) -> std::path::PathBuf {
