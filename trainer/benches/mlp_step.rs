@@ -91,10 +91,7 @@ fn torch_rate(
 fn main() {
     // As murmur-trainer's main does: large freed buffers stay in the heap (no page faults).
     murmur_trainer::runtime::keep_freed_buffers();
-    let threads = env_or(
-        "BENCH_THREADS",
-        std::thread::available_parallelism().map_or(1, |n| n.get()),
-    );
+    let threads = env_or("BENCH_THREADS", murmur_trainer::backend::all_cores());
     murmur_trainer::backend::set_threads(threads);
     let budget = Duration::from_secs_f64(env_or("BENCH_SECONDS", 3.0));
     let cases: String = env_or(

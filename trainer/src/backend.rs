@@ -20,13 +20,19 @@ pub fn set_threads(threads: usize) {
 }
 
 /// Threads for one trainer: its CPU limit rounded up (`500m` is one thread, `1.5` two), so that
-/// trainers packed one per core on a node do not oversubscribe it; without a limit, every core
-/// this process may run on.
+/// trainers packed one per core on a node do not oversubscribe it; without a limit, one. (Every
+/// core for each trainer made four trainers of one `murmur run` fight over two cores: rayon's
+/// workers spin while they wait for work.)
 pub fn threads_for(cpu_limit: Option<f64>) -> usize {
     match cpu_limit {
         Some(cores) if cores.is_finite() && cores > 0.0 => (cores.ceil() as usize).max(1),
-        _ => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        _ => 1,
     }
+}
+
+/// Every core this process may run on (the simulator's default).
+pub fn all_cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 #[cfg(test)]
@@ -34,13 +40,12 @@ mod tests {
     use super::threads_for;
 
     #[test]
-    fn a_trainer_gets_its_cpu_limit_rounded_up_and_at_least_one_thread() {
+    fn a_trainer_gets_its_cpu_limit_rounded_up_and_one_thread_without_a_limit() {
         assert_eq!(threads_for(Some(0.5)), 1);
         assert_eq!(threads_for(Some(1.0)), 1);
         assert_eq!(threads_for(Some(1.5)), 2);
         assert_eq!(threads_for(Some(4.0)), 4);
-        let all = std::thread::available_parallelism().map_or(1, |n| n.get());
-        assert_eq!(threads_for(None), all);
-        assert_eq!(threads_for(Some(0.0)), all);
+        assert_eq!(threads_for(None), 1);
+        assert_eq!(threads_for(Some(0.0)), 1);
     }
 }

@@ -371,7 +371,7 @@ fn simulate(args: SimulateArgs) -> Result<(), CliError> {
         proxy_warmup_steps: args.proxy_warmup_steps,
         threads: args
             .threads
-            .unwrap_or_else(|| murmur_trainer::backend::threads_for(None)),
+            .unwrap_or_else(murmur_trainer::backend::all_cores),
     };
     if config.threads == 0 {
         return Err(CliError::Flag("--threads 0: must be at least 1".into()));

@@ -342,6 +342,10 @@ impl Local {
         let mut stopping_since: Option<tokio::time::Instant> = None;
         let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .map_err(io(Path::new("SIGTERM handler")))?;
+        // One listener for the whole run: a `ctrl_c()` future made afresh in each turn of the loop
+        // missed a Ctrl-C that came while the loop was busy (the job then ran on, chaos and all).
+        let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+            .map_err(io(Path::new("SIGINT handler")))?;
         loop {
             tokio::select! {
                 biased;
@@ -349,7 +353,7 @@ impl Local {
                     self.driver.receive(message, Timestamp::now());
                 }
                 Some(h) = happenings.recv() => self.happened(h),
-                _ = tokio::signal::ctrl_c(), if !interrupted => {
+                _ = sigint.recv(), if !interrupted => {
                     interrupted = true;
                     self.progress.line("murmur: interrupted; asking members to leave");
                     self.stop_all(Signal::SIGTERM);
