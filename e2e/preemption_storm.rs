@@ -104,6 +104,12 @@ fn a_two_minute_storm_of_kills_costs_at_most_two_points() {
     assert_eq!(summary["phase"], "Succeeded");
     assert_eq!(summary["restarts"], 0, "a kill was counted as a crash");
 
+    // A job that ends first cuts the storm short (faster training did once): say so plainly.
+    let wall = summary["wallSeconds"].as_f64().unwrap();
+    assert!(
+        wall > 125.0,
+        "the job ended after {wall} s, before the two-minute storm did: give {MANIFEST} more steps"
+    );
     let events = storm.events();
     let kills: Vec<&serde_json::Value> = events.iter().filter(|e| e["reason"] == "Chaos").collect();
     let killed: BTreeSet<u64> = kills
