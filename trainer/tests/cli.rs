@@ -9,6 +9,22 @@ fn trainer(args: &[&str]) -> Output {
         .expect("murmur-trainer runs")
 }
 
+/// Runs `murmur-trainer`, which must succeed (its stderr otherwise says why).
+fn succeeds(args: &[&str]) -> Output {
+    let out = trainer(args);
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// What `simulate --output DIR` wrote to `DIR/results.json`.
+fn results_json(dir: &std::path::Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("results.json")).unwrap()).unwrap()
+}
+
 fn fails_with(args: &[&str], expected: &str) {
     let out = trainer(args);
     let err = String::from_utf8_lossy(&out.stderr);
@@ -24,7 +40,7 @@ fn simulate_gives_the_same_results_on_one_thread_and_on_two() {
     // GN-LeNet's evaluations dominate: fewer members and steps for it.
     let run = |model: &str, members: &str, steps: &str, threads: &str| {
         let out_dir = dir.path().join(format!("{model}-{threads}"));
-        let out = trainer(&[
+        succeeds(&[
             "simulate",
             "--members",
             members,
@@ -45,15 +61,7 @@ fn simulate_gives_the_same_results_on_one_thread_and_on_two() {
             "--output",
             out_dir.to_str().unwrap(),
         ]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let json: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(out_dir.join("results.json")).unwrap())
-                .unwrap();
-        json["curves"]
+        results_json(&out_dir)["curves"]
             .as_array()
             .unwrap()
             .iter()
@@ -77,7 +85,7 @@ fn simulate_gives_the_same_results_on_one_thread_and_on_two() {
 fn simulate_writes_curves_results_and_a_plot() {
     let dir = tempfile::tempdir().unwrap();
     let out_dir = dir.path().join("out");
-    let out = trainer(&[
+    let out = succeeds(&[
         "simulate",
         "--members",
         "6",
@@ -92,11 +100,6 @@ fn simulate_writes_curves_results_and_a_plot() {
         "--output",
         out_dir.to_str().unwrap(),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         stdout.contains("dcliques") && stdout.contains("CliqueAveraging"),
@@ -109,9 +112,7 @@ fn simulate_writes_curves_results_and_a_plot() {
         1 + 2 * 3,
         "steps 0, 3 and 6 for two topologies"
     );
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out_dir.join("results.json")).unwrap())
-            .unwrap();
+    let json = results_json(&out_dir);
     let results = json["results"].as_array().unwrap();
     assert_eq!(results.len(), 2);
     for r in results {
