@@ -122,7 +122,8 @@ impl Run {
                 };
             }
             if self.started.elapsed() > RUN_LIMIT {
-                let _ = self.child.kill();
+                // No SIGKILL here: `Drop` stops murmur with SIGTERM first, so murmur stops its
+                // trainers. Killed outright, it left them training on, loading later tests.
                 panic!(
                     "murmur run took over {RUN_LIMIT:?}:\n{}",
                     self.stdout.lock().unwrap()
