@@ -20,12 +20,12 @@ pub fn set_threads(threads: usize) {
 }
 
 /// Threads for one trainer: its CPU limit rounded up (`500m` is one thread, `1.5` two), so that
-/// trainers packed one per core on a node do not oversubscribe it; without a limit, one. (Every
-/// core for each trainer made four trainers of one `murmur run` fight over two cores: rayon's
-/// workers spin while they wait for work.)
+/// trainers packed one per core on a node do not oversubscribe it; without a limit, one: a
+/// trainer cannot tell how many others share its cores (`murmur run` starts them all on one
+/// machine), and rayon's workers spin while they wait for work.
 pub fn threads_for(cpu_limit: Option<f64>) -> usize {
     match cpu_limit {
-        Some(cores) if cores.is_finite() && cores > 0.0 => (cores.ceil() as usize).max(1),
+        Some(cores) if cores.is_finite() && cores > 0.0 => cores.ceil() as usize,
         _ => 1,
     }
 }

@@ -37,7 +37,9 @@ pub fn weighted_average(own: &[f32], self_weight: f64, received: &[(f64, &[f32])
 
 /// [`weighted_average`] together with `distance(own, &mean(own, ..))` (the member's local
 /// disagreement), in one pass over the received models instead of two: with many neighbours the
-/// round is bound by reading them. Both results are bit-identical to the two separate calls.
+/// round is bound by reading them. Both results are bit-identical to the two separate calls (a
+/// proptest checks it), so a change to one of the two kernels belongs in both. One const-generic
+/// kernel for both was tried and measured slower on the 100-member fully connected simulation.
 pub fn weighted_average_and_disagreement(
     own: &[f32],
     self_weight: f64,
