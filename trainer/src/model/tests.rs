@@ -181,3 +181,58 @@ fn the_fast_group_norm_matches_burns_bit_for_bit_forward_and_backward() {
         }
     }
 }
+
+#[test]
+fn the_conv_block_matches_burns_modules_forward_and_backward() {
+    use burn::tensor::Distribution;
+    let device = Default::default();
+    <AB as burn::tensor::backend::Backend>::seed(&device, 11);
+    let mut block = ConvBlock::<AB>::new(3, 8, &device);
+    // A bias away from its initial values, so it matters.
+    block.conv.bias = block
+        .conv
+        .bias
+        .map(|b| b.map(|t| t.random_like(Distribution::Normal(0.0, 0.5)).require_grad()));
+    let x = Tensor::<AB, 4>::random([4, 3, 7, 7], Distribution::Normal(0.0, 1.0), &device)
+        .require_grad();
+    let weights = Tensor::<AB, 4>::random([4, 8, 3, 3], Distribution::Uniform(-1.0, 1.0), &device);
+    let ours = block.forward(x.clone());
+    // burn's modules in the documented order: conv (bias inside), GroupNorm, ReLU, pool.
+    let theirs = block.pool.forward(
+        block
+            .activation
+            .forward(block.norm.forward(block.conv.forward(x.clone()))),
+    );
+    fn values<B2: burn::tensor::backend::Backend, const D: usize>(t: Tensor<B2, D>) -> Vec<f32> {
+        t.into_data().to_vec::<f32>().unwrap()
+    }
+    let close = |ours: Vec<f32>, theirs: Vec<f32>, what: &str| {
+        assert_eq!(ours.len(), theirs.len());
+        for (a, b) in ours.iter().zip(&theirs) {
+            assert!(
+                (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                "{what}: {a} vs {b}"
+            );
+        }
+    };
+    close(values(ours.clone()), values(theirs.clone()), "output");
+    let grads_ours = (ours * weights.clone()).sum().backward();
+    let grads_theirs = (theirs * weights).sum().backward();
+    close(
+        values(x.grad(&grads_ours).unwrap()),
+        values(x.grad(&grads_theirs).unwrap()),
+        "input gradient",
+    );
+    let weight = block.conv.weight.val();
+    close(
+        values(weight.grad(&grads_ours).unwrap()),
+        values(weight.grad(&grads_theirs).unwrap()),
+        "weight gradient",
+    );
+    let bias = block.conv.bias.as_ref().unwrap().val();
+    close(
+        values(bias.grad(&grads_ours).unwrap()),
+        values(bias.grad(&grads_theirs).unwrap()),
+        "bias gradient",
+    );
+}
