@@ -8,6 +8,10 @@
 //! - `BENCH_CASES` (default `mlp:64,gn-lenet:32,gn-lenet:64,logistic:64`): model:batch pairs.
 //! - `BENCH_BACKENDS` (default `ndarray,flex`).
 //! - `BENCH_PYTHON` (default python3); the torch half is skipped, saying so, without torch.
+//!
+//! ndarray as built for the trainer runs on one thread; `--features ndarray-threads` turns on
+//! its rayon threads and `--features openblas` also its matmul on Debian's OpenBLAS (threads:
+//! `OPENBLAS_NUM_THREADS`, default every core). The table names the build in its backend column.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -105,7 +109,7 @@ fn main() {
         budget.as_secs_f64()
     );
     println!(
-        "{:<10} {:>5} {:<8} {:>14} {:>14} {:>10}",
+        "{:<10} {:>5} {:<16} {:>14} {:>14} {:>10}",
         "model", "batch", "backend", "burn samples/s", "torch samples/s", "burn/torch"
     );
     for case in cases.split(',') {
@@ -129,13 +133,18 @@ fn main() {
                 let steps = ((rate * budget.as_secs_f64()) / batch as f64).max(20.0) as usize;
                 torch_rate(&python, name, batch, steps, threads)
             });
+            let backend = match backend {
+                "ndarray" if cfg!(feature = "openblas") => "ndarray+openblas",
+                "ndarray" if cfg!(feature = "ndarray-threads") => "ndarray+threads",
+                other => other,
+            };
             match torch_rate {
                 Ok(t) => println!(
-                    "{name:<10} {batch:>5} {backend:<8} {rate:>14.0} {t:>14.0} {:>10.2}",
+                    "{name:<10} {batch:>5} {backend:<16} {rate:>14.0} {t:>14.0} {:>10.2}",
                     rate / *t
                 ),
                 Err(e) => println!(
-                    "{name:<10} {batch:>5} {backend:<8} {rate:>14.0} {:>14} {:>10}   (torch skipped: {e})",
+                    "{name:<10} {batch:>5} {backend:<16} {rate:>14.0} {:>14} {:>10}   (torch skipped: {e})",
                     "-", "-"
                 ),
             }
