@@ -154,31 +154,41 @@ fn the_fast_group_norm_matches_burns_bit_for_bit_forward_and_backward() {
     let weights = Tensor::<AB, 4>::random([3, 6, 5, 4], Distribution::Uniform(-1.0, 1.0), &device);
     let ours = super::group_norm(&norm, x.clone());
     let theirs = norm.forward(x.clone());
-    assert_eq!(
-        ours.clone().into_data().to_vec::<f32>().unwrap(),
-        theirs.clone().into_data().to_vec::<f32>().unwrap()
-    );
+    assert_eq!(values(ours.clone()), values(theirs.clone()));
     let grads_ours = (ours * weights.clone()).sum().backward();
     let grads_theirs = (theirs * weights).sum().backward();
-    let grad = |t: &Tensor<AB, 4>,
-                g: &<AB as burn::tensor::backend::AutodiffBackend>::Gradients| {
-        t.grad(g).unwrap().into_data().to_vec::<f32>().unwrap()
-    };
-    assert_eq!(grad(&x, &grads_ours), grad(&x, &grads_theirs));
-    for p in [norm.gamma.as_ref().unwrap(), norm.beta.as_ref().unwrap()] {
-        let ours = p.val().grad(&grads_ours).unwrap().into_data();
-        let theirs = p.val().grad(&grads_theirs).unwrap().into_data();
-        let (ours, theirs) = (
-            ours.to_vec::<f32>().unwrap(),
-            theirs.to_vec::<f32>().unwrap(),
-        );
+    assert_eq!(
+        values(x.grad(&grads_ours).unwrap()),
+        values(x.grad(&grads_theirs).unwrap())
+    );
+    for (p, what) in [
+        (&norm.gamma, "scale gradient"),
+        (&norm.beta, "shift gradient"),
+    ] {
+        let p = p.as_ref().unwrap().val();
         // The per-channel sums run over rows in another order: equal to rounding.
-        for (a, b) in ours.iter().zip(&theirs) {
-            assert!(
-                (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
-                "{ours:?} vs {theirs:?}"
-            );
-        }
+        assert_close(
+            values(p.grad(&grads_ours).unwrap()),
+            values(p.grad(&grads_theirs).unwrap()),
+            1e-4,
+            what,
+        );
+    }
+}
+
+/// A tensor's values, on any backend (gradients live on the inner one).
+fn values<B2: burn::tensor::backend::Backend, const D: usize>(t: Tensor<B2, D>) -> Vec<f32> {
+    t.into_data().to_vec::<f32>().unwrap()
+}
+
+/// Equal up to `tolerance`, relative to the expected value (absolute near zero).
+fn assert_close(ours: Vec<f32>, theirs: Vec<f32>, tolerance: f32, what: &str) {
+    assert_eq!(ours.len(), theirs.len(), "{what}: lengths");
+    for (a, b) in ours.iter().zip(&theirs) {
+        assert!(
+            (a - b).abs() <= tolerance * (1.0 + b.abs()),
+            "{what}: {a} vs {b}\n{ours:?}\nvs {theirs:?}"
+        );
     }
 }
 
@@ -203,18 +213,7 @@ fn the_conv_block_matches_burns_modules_forward_and_backward() {
             .activation
             .forward(block.norm.forward(block.conv.forward(x.clone()))),
     );
-    fn values<B2: burn::tensor::backend::Backend, const D: usize>(t: Tensor<B2, D>) -> Vec<f32> {
-        t.into_data().to_vec::<f32>().unwrap()
-    }
-    let close = |ours: Vec<f32>, theirs: Vec<f32>, what: &str| {
-        assert_eq!(ours.len(), theirs.len());
-        for (a, b) in ours.iter().zip(&theirs) {
-            assert!(
-                (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
-                "{what}: {a} vs {b}"
-            );
-        }
-    };
+    let close = |ours, theirs, what| assert_close(ours, theirs, 1e-5, what);
     close(values(ours.clone()), values(theirs.clone()), "output");
     let grads_ours = (ours * weights.clone()).sum().backward();
     let grads_theirs = (theirs * weights).sum().backward();
