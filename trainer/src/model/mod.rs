@@ -1,5 +1,6 @@
 //! The models (burn), and their parameters as one flat f32 buffer for averaging and transfer.
 
+mod cpu;
 mod flat;
 
 use burn::module::{Module, ModuleVisitor, Param};
@@ -8,7 +9,6 @@ use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
 use burn::nn::{GroupNorm, GroupNormConfig, Linear, LinearConfig, PaddingConfig2d, Relu};
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
-use burn::tensor::ops::ConvOptions;
 use murmur_core::api::ModelKind;
 
 pub use flat::{
@@ -80,20 +80,20 @@ impl<B: Backend> ConvBlock<B> {
     }
 
     fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
-        self.activation.forward(
-            self.pool
-                .forward(group_norm(&self.norm, conv_row_bias(&self.conv, x))),
-        )
+        // `self.pool` is a 2x2, stride-2 max-pool; `cpu::max_pool_2x2` computes the same.
+        self.activation.forward(cpu::max_pool_2x2(group_norm(
+            &self.norm,
+            conv_row_bias(&self.conv, x),
+        )))
     }
 }
 
-/// `Conv2d::forward` for the blocks' convolutions, with the bias added as one value per
-/// (sample, channel) row of `[N·C, H·W]`. burn adds it inside the convolution, and its gradient
-/// then swaps the batch and channel axes of the output gradient, a strided copy that took 8% of a
-/// GN-LeNet step on flex; a per-row broadcast sums contiguous rows instead. Same parameters.
+/// `Conv2d::forward` for the blocks' convolutions (stride 1, "same" padding): the convolution is
+/// `cpu::conv2d`, and the bias is added as one value per (sample, channel) row of `[N·C, H·W]`,
+/// whose gradient sums contiguous rows (burn's own bias gradient swaps the batch and channel axes
+/// first, a strided copy that took 8% of a GN-LeNet step on flex). Same parameters.
 fn conv_row_bias<B: Backend>(conv: &Conv2d<B>, x: Tensor<B, 4>) -> Tensor<B, 4> {
-    let options = ConvOptions::new(conv.stride, [PADDING, PADDING], conv.dilation, conv.groups);
-    let y = burn::tensor::module::conv2d(x, conv.weight.val(), None, options);
+    let y = cpu::conv2d(x, conv.weight.val(), PADDING);
     let Some(bias) = &conv.bias else {
         return y;
     };

@@ -1,0 +1,87 @@
+//! GN-LeNet's convolution and max-pool on the CPU backend, with their own backward passes.
+//!
+//! burn's flex backend computes a 2-D convolution as a 3-D one and derives its gradients
+//! generically: the weight gradient through a convolution of axis-swapped (strided, copied)
+//! tensors, the input gradient through a transposed convolution, and its 2x2 max-pool through the
+//! 3-D pool with indices. In a `perf` profile of a GN-LeNet step those took about three quarters
+//! of the time, with the matrix products themselves a quarter. Here the convolution is im2col
+//! and one matrix product (flex's, on the `gemm` crate) over the whole batch, the column matrix
+//! is kept for the weight gradient, and the input gradient is a second product and col2im.
+//!
+//! The model stays generic over the backend: `conv2d` and `max_pool_2x2` take this path when the
+//! backend is the trainer's CPU backend (with or without autodiff) and the tensors are f32, and
+//! burn's own operations otherwise (CUDA, ndarray).
+
+mod kernels;
+mod ops;
+#[cfg(test)]
+mod tests;
+
+use std::any::Any;
+
+use burn::tensor::backend::Backend;
+use burn::tensor::module::{conv2d as burn_conv2d, max_pool2d};
+use burn::tensor::ops::ConvOptions;
+use burn::tensor::{DType, Tensor};
+
+use crate::backend::Cpu;
+
+type Flex = burn::backend::Flex;
+
+/// `value` as a `T` when it is one (the backend type is known only at run time here; Rust has no
+/// specialisation), else `value` back.
+fn exactly<A: 'static, T: 'static>(value: A) -> Result<T, A> {
+    let mut slot = Some(value);
+    match (&mut slot as &mut dyn Any).downcast_mut::<Option<T>>() {
+        Some(t) => Ok(t.take().expect("the slot was just filled")),
+        None => Err(slot.expect("the slot was not taken")),
+    }
+}
+
+/// Runs `cpu` when `input` is the trainer's backend's (`CI`), `plain` when it is flex's without
+/// autodiff (`FI`), and `other` otherwise. The result has the input's backend, so the casts back
+/// cannot fail.
+fn dispatch<I: 'static, O: 'static, CI: 'static, CO: 'static, FI: 'static, FO: 'static>(
+    input: I,
+    cpu: impl FnOnce(CI) -> CO,
+    plain: impl FnOnce(FI) -> FO,
+    other: impl FnOnce(I) -> O,
+) -> O {
+    let input = match exactly::<I, CI>(input) {
+        Ok(input) => {
+            return exactly(cpu(input)).unwrap_or_else(|_| unreachable!("the input was Cpu's"));
+        }
+        Err(input) => input,
+    };
+    match exactly::<I, FI>(input) {
+        Ok(input) => exactly(plain(input)).unwrap_or_else(|_| unreachable!("the input was Flex's")),
+        Err(input) => other(input),
+    }
+}
+
+/// A stride-1 convolution with `padding` zeros on every side and no bias.
+pub fn conv2d<B: Backend>(x: Tensor<B, 4>, weight: Tensor<B, 4>, padding: usize) -> Tensor<B, 4> {
+    if x.dtype() != DType::F32 || weight.dtype() != DType::F32 {
+        return burn_conv2d(x, weight, None, options(padding));
+    }
+    dispatch(
+        (x, weight),
+        |(x, w): (Tensor<Cpu, 4>, Tensor<Cpu, 4>)| ops::conv_autodiff(x, w, padding),
+        |(x, w): (Tensor<Flex, 4>, Tensor<Flex, 4>)| ops::conv_plain(x, w, padding),
+        |(x, w)| burn_conv2d(x, w, None, options(padding)),
+    )
+}
+
+fn options(padding: usize) -> ConvOptions<2> {
+    ConvOptions::new([1, 1], [padding, padding], [1, 1], 1)
+}
+
+/// A 2x2 max-pool with stride 2 (an odd last row or column dropped).
+pub fn max_pool_2x2<B: Backend>(x: Tensor<B, 4>) -> Tensor<B, 4> {
+    if x.dtype() != DType::F32 {
+        return max_pool2d(x, [2, 2], [2, 2], [0, 0], [1, 1], false);
+    }
+    dispatch(x, ops::pool_autodiff, ops::pool_plain, |x| {
+        max_pool2d(x, [2, 2], [2, 2], [0, 0], [1, 1], false)
+    })
+}

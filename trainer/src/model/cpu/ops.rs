@@ -1,0 +1,203 @@
+//! The convolution and the max-pool as burn operations on flex, with and without autodiff. The
+//! forward pass keeps what the backward pass needs (the column matrix, the pool's argmax), so the
+//! backward pass is two matrix products and two linear passes over memory.
+
+use std::sync::Arc;
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::flex::FlexTensor;
+use burn::tensor::{Tensor, TensorData, TensorPrimitive};
+
+use super::kernels::{self, ConvShape};
+use crate::backend::Cpu;
+
+type Flex = burn::backend::Flex;
+
+/// The flex tensor's values, contiguous, in row-major order.
+fn values(t: &FlexTensor) -> std::borrow::Cow<'_, [f32]> {
+    match t.as_slice::<f32>() {
+        Some(s) => s.into(),
+        None => t
+            .to_contiguous()
+            .as_slice::<f32>()
+            .map(|s| s.to_vec())
+            .unwrap_or_default()
+            .into(),
+    }
+}
+
+fn tensor(values: Vec<f32>, shape: &[usize]) -> FlexTensor {
+    FlexTensor::from_data(TensorData::new(values, shape.to_vec()))
+}
+
+fn primitive<const D: usize>(t: Tensor<Flex, D>) -> FlexTensor {
+    t.into_primitive().tensor()
+}
+
+/// What the convolution's backward pass needs.
+#[derive(Clone, Debug)]
+pub struct ConvSaved {
+    shape: ConvShape,
+    /// `[C_out, C_in, K, K]`.
+    weight: Arc<Vec<f32>>,
+    /// The column matrices `[N, C_in·K·K, H_out·W_out]`.
+    col: Arc<Vec<f32>>,
+}
+
+/// `x` `[N, C_in, H, W]` convolved with `weight` `[C_out, C_in, K, K]`, stride 1, no bias.
+pub fn conv_forward(
+    x: &FlexTensor,
+    weight: &FlexTensor,
+    padding: usize,
+) -> (FlexTensor, ConvSaved) {
+    let [batch, channels_in, height, width] = x.layout().shape().dims();
+    let [channels_out, _, kernel, _] = weight.layout().shape().dims();
+    let shape = ConvShape {
+        batch,
+        channels_in,
+        height,
+        width,
+        kernel,
+        padding,
+    };
+    let weight = values(weight).into_owned();
+    let (y, col) = kernels::conv_forward(&values(x), &weight, &shape);
+    let y = tensor(
+        y,
+        &[batch, channels_out, shape.out_height(), shape.out_width()],
+    );
+    let saved = ConvSaved {
+        shape,
+        weight: Arc::new(weight),
+        col: Arc::new(col),
+    };
+    (y, saved)
+}
+
+/// The gradients of the input and of the weight, each only when asked for.
+pub fn conv_backward(
+    grad: &FlexTensor,
+    saved: &ConvSaved,
+    want_x: bool,
+    want_weight: bool,
+) -> (Option<FlexTensor>, Option<FlexTensor>) {
+    let s = &saved.shape;
+    let (x, weight) = kernels::conv_backward(
+        &values(grad),
+        &saved.col,
+        &saved.weight,
+        s,
+        want_x,
+        want_weight,
+    );
+    let channels_out = saved.weight.len() / s.col_rows();
+    (
+        x.map(|x| tensor(x, &[s.batch, s.channels_in, s.height, s.width])),
+        weight.map(|w| tensor(w, &[channels_out, s.channels_in, s.kernel, s.kernel])),
+    )
+}
+
+/// What the pool's backward pass needs: where each output came from, and the input's shape.
+#[derive(Clone, Debug)]
+pub struct PoolSaved {
+    from: Arc<Vec<u32>>,
+    shape: [usize; 4],
+}
+
+/// 2x2 max-pool, stride 2, of `[N, C, H, W]`.
+pub fn pool_forward(x: &FlexTensor) -> (FlexTensor, PoolSaved) {
+    let shape: [usize; 4] = x.layout().shape().dims();
+    let [batch, channels, height, width] = shape;
+    let (y, from) = kernels::max_pool_2x2(&values(x), height, width);
+    let y = tensor(y, &[batch, channels, height / 2, width / 2]);
+    let from = Arc::new(from);
+    (y, PoolSaved { from, shape })
+}
+
+pub fn pool_backward(grad: &FlexTensor, saved: &PoolSaved) -> FlexTensor {
+    let [_, _, height, width] = saved.shape;
+    tensor(
+        kernels::max_pool_2x2_backward(&values(grad), &saved.from, height, width),
+        &saved.shape,
+    )
+}
+
+#[derive(Debug)]
+struct ConvOp;
+
+impl Backward<Flex, 2> for ConvOp {
+    type State = ConvSaved;
+
+    fn backward(self, ops: Ops<ConvSaved, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [node_x, node_weight] = ops.parents;
+        let grad = grads.consume::<Flex>(&ops.node);
+        let (x, weight) = conv_backward(&grad, &ops.state, node_x.is_some(), node_weight.is_some());
+        for (node, g) in [(node_x, x), (node_weight, weight)] {
+            if let (Some(node), Some(g)) = (node, g) {
+                grads.register::<Flex>(node.id, g);
+            }
+        }
+    }
+}
+
+#[derive(Debug)]
+struct PoolOp;
+
+impl Backward<Flex, 1> for PoolOp {
+    type State = PoolSaved;
+
+    fn backward(self, ops: Ops<PoolSaved, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [node_x] = ops.parents;
+        let grad = grads.consume::<Flex>(&ops.node);
+        if let Some(node) = node_x {
+            grads.register::<Flex>(node.id, pool_backward(&grad, &ops.state));
+        }
+    }
+}
+
+type Checkpointing = burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
+
+/// The convolution on the autodiff backend: the graph records one node with its own backward.
+pub fn conv_autodiff(x: Tensor<Cpu, 4>, weight: Tensor<Cpu, 4>, padding: usize) -> Tensor<Cpu, 4> {
+    let x = x.into_primitive().tensor();
+    let weight = weight.into_primitive().tensor();
+    let (y, saved) = conv_forward(&x.primitive, &weight.primitive, padding);
+    let out = match ConvOp
+        .prepare::<Checkpointing>([x.node.clone(), weight.node.clone()])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => prep.finish(saved, y),
+        OpsKind::UnTracked(prep) => prep.finish(y),
+    };
+    Tensor::from_primitive(TensorPrimitive::Float(out))
+}
+
+/// The 2x2 max-pool on the autodiff backend.
+pub fn pool_autodiff(x: Tensor<Cpu, 4>) -> Tensor<Cpu, 4> {
+    let x = x.into_primitive().tensor();
+    let (y, saved) = pool_forward(&x.primitive);
+    let out = match PoolOp
+        .prepare::<Checkpointing>([x.node.clone()])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => prep.finish(saved, y),
+        OpsKind::UnTracked(prep) => prep.finish(y),
+    };
+    Tensor::from_primitive(TensorPrimitive::Float(out))
+}
+
+/// The convolution without autodiff (evaluation).
+pub fn conv_plain(x: Tensor<Flex, 4>, weight: Tensor<Flex, 4>, padding: usize) -> Tensor<Flex, 4> {
+    let (y, _) = conv_forward(&primitive(x), &primitive(weight), padding);
+    Tensor::from_primitive(TensorPrimitive::Float(y))
+}
+
+/// The max-pool without autodiff (evaluation).
+pub fn pool_plain(x: Tensor<Flex, 4>) -> Tensor<Flex, 4> {
+    let (y, _) = pool_forward(&primitive(x));
+    Tensor::from_primitive(TensorPrimitive::Float(y))
+}
