@@ -24,6 +24,11 @@ impl ConvShape {
         self.width + 2 * self.padding + 1 - self.kernel
     }
 
+    /// Values per input sample, `C_in·H·W`.
+    pub fn sample_len(&self) -> usize {
+        (self.channels_in * self.height * self.width).max(1)
+    }
+
     /// Rows of the column matrix: one per (input channel, kernel row, kernel column).
     pub fn col_rows(&self) -> usize {
         self.channels_in * self.kernel * self.kernel
@@ -90,36 +95,41 @@ fn col2im(col: &[f32], s: &ConvShape, x: &mut [f32]) {
     }
 }
 
-/// The convolution of `x` (`[N, C_in, H, W]`) with `weight` (`[C_out, C_in, K, K]`): the output
-/// `[N, C_out, H_out, W_out]` and the column matrices `[N, C_in·K·K, H_out·W_out]`, which the
-/// weight gradient needs. One task per sample: its column matrix, then one product.
-pub fn conv_forward(x: &[f32], weight: &[f32], s: &ConvShape) -> (Vec<f32>, Vec<f32>) {
-    let channels_out = weight.len() / s.col_rows();
+/// The convolution of `x` (`[N, C_in, H, W]`) with `weight` (`[C_out, C_in, K, K]`), giving
+/// `[N, C_out, H_out, W_out]`. One task per sample: its column matrix (in a buffer each thread
+/// reuses, small enough to stay in cache), then one product.
+pub fn conv_forward(x: &[f32], weight: &[f32], s: &ConvShape) -> Vec<f32> {
+    let rows = s.col_rows();
+    let channels_out = weight.len() / rows;
     let pixels = s.out_height() * s.out_width();
     let mut y = vec![0.0f32; s.batch * channels_out * pixels];
-    let mut col = vec![0.0f32; s.batch * s.col_rows() * pixels];
-    let weight = Matrix::rows(weight, channels_out, s.col_rows());
-    y.par_chunks_mut(channels_out * pixels.max(1))
-        .zip(col.par_chunks_mut(s.col_rows() * pixels.max(1)))
-        .zip(x.par_chunks(s.channels_in * s.height * s.width))
-        .for_each(|((y, col), x)| {
-            im2col(x, s, col);
-            gemm(
-                y,
-                Out::RowMajor,
-                weight,
-                Matrix::rows(col, s.col_rows(), pixels),
-                false,
-            );
-        });
-    (y, col)
+    let weight = Matrix::rows(weight, channels_out, rows);
+    y.par_chunks_mut((channels_out * pixels).max(1))
+        .zip(x.par_chunks(s.sample_len()))
+        .for_each_init(
+            || vec![0.0f32; rows * pixels],
+            |col, (y, x)| {
+                im2col(x, s, col);
+                gemm(
+                    y,
+                    Out::RowMajor,
+                    weight,
+                    Matrix::rows(col, rows, pixels),
+                    false,
+                );
+            },
+        );
+    y
 }
 
 /// The gradients of the convolution's input and weight from the output's gradient `grad`
-/// (`[N, C_out, H_out, W_out]`) and the forward pass's column matrices, each only when asked.
+/// (`[N, C_out, H_out, W_out]`), each only when asked for. Samples go to tasks in fixed groups
+/// of `SAMPLES_PER_TASK`; each task rebuilds its samples' column matrices (cheaper than keeping
+/// them: they would not fit in cache), adds their weight-gradient products, and writes their
+/// input gradients. The groups' sums are then added in order.
 pub fn conv_backward(
     grad: &[f32],
-    col: &[f32],
+    x: &[f32],
     weight: &[f32],
     s: &ConvShape,
     want_x: bool,
@@ -127,48 +137,54 @@ pub fn conv_backward(
 ) -> (Option<Vec<f32>>, Option<Vec<f32>>) {
     let (rows, pixels) = (s.col_rows(), s.out_height() * s.out_width());
     let channels_out = weight.len() / rows;
-    let sample_grad = channels_out * pixels.max(1);
-    let sample_col = rows * pixels.max(1);
-    let x = want_x.then(|| {
-        let mut x = vec![0.0f32; s.batch * s.channels_in * s.height * s.width];
-        let weight_t = Matrix::rows(weight, channels_out, rows).transpose();
-        x.par_chunks_mut(s.channels_in * s.height * s.width)
-            .zip(grad.par_chunks(sample_grad))
-            .for_each_init(
-                || vec![0.0f32; rows * pixels],
-                |scratch, (x, grad)| {
-                    let grad = Matrix::rows(grad, channels_out, pixels);
-                    gemm(scratch, Out::RowMajor, weight_t, grad, false);
-                    col2im(scratch, s, x);
-                },
-            );
-        x
-    });
-    let weight = want_weight.then(|| {
-        // Summed as dWᵀ = Σ colₙ · gradₙᵀ, `[C_in·K·K, C_out]`: in this orientation gemm reads
-        // the column matrix where it lies; for dW itself it would first repack all of it (14% of
-        // a GN-LeNet step in a profile).
-        let partials: Vec<Vec<f32>> = grad
-            .par_chunks(sample_grad * SAMPLES_PER_TASK)
-            .zip(col.par_chunks(sample_col * SAMPLES_PER_TASK))
-            .map(|(grads, cols)| {
-                let mut sum = vec![0.0f32; channels_out * rows];
-                for (i, (grad, col)) in grads
-                    .chunks(sample_grad)
-                    .zip(cols.chunks(sample_col))
-                    .enumerate()
-                {
-                    let lhs = Matrix::rows(grad, channels_out, pixels);
-                    let rhs = Matrix::rows(col, rows, pixels).transpose();
-                    gemm(&mut sum, Out::Transposed, lhs, rhs, i > 0);
+    let sample_grad = (channels_out * pixels).max(1);
+    let groups = s.batch.div_ceil(SAMPLES_PER_TASK);
+    let mut dx = vec![0.0f32; if want_x { s.batch * s.sample_len() } else { 0 }];
+    let dx_groups: Vec<Option<&mut [f32]>> = if want_x {
+        dx.chunks_mut(s.sample_len() * SAMPLES_PER_TASK)
+            .map(Some)
+            .collect()
+    } else {
+        (0..groups).map(|_| None).collect()
+    };
+    let weight_t = Matrix::rows(weight, channels_out, rows).transpose();
+    let partials: Vec<Vec<f32>> = dx_groups
+        .into_par_iter()
+        .zip(grad.par_chunks(sample_grad * SAMPLES_PER_TASK))
+        .zip(x.par_chunks(s.sample_len() * SAMPLES_PER_TASK))
+        .map(|((mut dx, grads), xs)| {
+            // The column matrix (its padding entries stay zero) and the input gradient's.
+            let mut col = vec![0.0f32; if want_weight { rows * pixels } else { 0 }];
+            let mut grad_col = vec![0.0f32; if want_x { rows * pixels } else { 0 }];
+            // dWᵀ = Σ colₙ · gradₙᵀ, `[C_in·K·K, C_out]`: in this orientation gemm reads the
+            // column matrix where it lies; for dW itself it would first repack all of it (14% of
+            // a GN-LeNet step in a profile).
+            let mut sum = vec![0.0f32; if want_weight { rows * channels_out } else { 0 }];
+            let samples = grads.chunks(sample_grad).zip(xs.chunks(s.sample_len()));
+            for (i, (grad, x)) in samples.enumerate() {
+                let grad = Matrix::rows(grad, channels_out, pixels);
+                if want_weight {
+                    im2col(x, s, &mut col);
+                    let col_t = Matrix::rows(&col, rows, pixels).transpose();
+                    gemm(&mut sum, Out::Transposed, grad, col_t, i > 0);
                 }
-                sum
-            })
-            .collect();
+                if let Some(dx) = dx.as_deref_mut() {
+                    gemm(&mut grad_col, Out::RowMajor, weight_t, grad, false);
+                    col2im(
+                        &grad_col,
+                        s,
+                        &mut dx[i * s.sample_len()..][..s.sample_len()],
+                    );
+                }
+            }
+            sum
+        })
+        .collect();
+    let weight = want_weight.then(|| {
         let mut partials = partials.into_iter();
         let mut total = partials
             .next()
-            .unwrap_or_else(|| vec![0.0; channels_out * rows]);
+            .unwrap_or_else(|| vec![0.0; rows * channels_out]);
         for p in partials {
             for (t, v) in total.iter_mut().zip(&p) {
                 *t += v;
@@ -182,7 +198,7 @@ pub fn conv_backward(
         }
         weight
     });
-    (x, weight)
+    (want_x.then_some(dx), weight)
 }
 
 /// A read-only matrix over a slice: element (i, j) at `i * row_stride + j * col_stride`.
@@ -301,17 +317,22 @@ pub fn max_pool_2x2(x: &[f32], height: usize, width: usize) -> (Vec<f32>, Vec<u3
         .enumerate()
         .for_each(|(p, (values, from))| {
             let plane = &x[p * height * width..][..height * width];
-            for oh in 0..ho {
-                for ow in 0..wo {
-                    let top = 2 * oh * width + 2 * ow;
-                    let mut best = top;
-                    for i in [top + 1, top + width, top + width + 1] {
-                        if plane[i] > plane[best] {
-                            best = i;
+            let rows = values.chunks_mut(wo).zip(from.chunks_mut(wo));
+            for (oh, (values, from)) in rows.enumerate() {
+                let top = &plane[2 * oh * width..][..width];
+                let bottom = &plane[(2 * oh + 1) * width..][..width];
+                let windows = top.chunks_exact(2).zip(bottom.chunks_exact(2));
+                let outputs = values.iter_mut().zip(from.iter_mut());
+                for (ow, ((t, b), (value, from))) in windows.zip(outputs).enumerate() {
+                    // Offsets from the window's top-left input, in row-major order.
+                    let mut best = (t[0], 0);
+                    for (v, offset) in [(t[1], 1), (b[0], width), (b[1], width + 1)] {
+                        if v > best.0 {
+                            best = (v, offset);
                         }
                     }
-                    values[oh * wo + ow] = plane[best];
-                    from[oh * wo + ow] = best as u32;
+                    *value = best.0;
+                    *from = (2 * oh * width + 2 * ow + best.1) as u32;
                 }
             }
         });

@@ -36,22 +36,16 @@ fn primitive<const D: usize>(t: Tensor<Flex, D>) -> FlexTensor {
     t.into_primitive().tensor()
 }
 
-/// What the convolution's backward pass needs.
+/// What the convolution's backward pass needs: its input and weight (shared, not copied).
 #[derive(Clone, Debug)]
 pub struct ConvSaved {
     shape: ConvShape,
-    /// `[C_out, C_in, K, K]`.
-    weight: Arc<Vec<f32>>,
-    /// The column matrices `[N, C_in·K·K, H_out·W_out]`.
-    col: Arc<Vec<f32>>,
+    x: FlexTensor,
+    weight: FlexTensor,
 }
 
 /// `x` `[N, C_in, H, W]` convolved with `weight` `[C_out, C_in, K, K]`, stride 1, no bias.
-pub fn conv_forward(
-    x: &FlexTensor,
-    weight: &FlexTensor,
-    padding: usize,
-) -> (FlexTensor, ConvSaved) {
+pub fn conv_forward(x: FlexTensor, weight: FlexTensor, padding: usize) -> (FlexTensor, ConvSaved) {
     let [batch, channels_in, height, width] = x.layout().shape().dims();
     let [channels_out, _, kernel, _] = weight.layout().shape().dims();
     let shape = ConvShape {
@@ -62,18 +56,12 @@ pub fn conv_forward(
         kernel,
         padding,
     };
-    let weight = values(weight).into_owned();
-    let (y, col) = kernels::conv_forward(&values(x), &weight, &shape);
+    let y = kernels::conv_forward(&values(&x), &values(&weight), &shape);
     let y = tensor(
         y,
         &[batch, channels_out, shape.out_height(), shape.out_width()],
     );
-    let saved = ConvSaved {
-        shape,
-        weight: Arc::new(weight),
-        col: Arc::new(col),
-    };
-    (y, saved)
+    (y, ConvSaved { shape, x, weight })
 }
 
 /// The gradients of the input and of the weight, each only when asked for.
@@ -86,16 +74,16 @@ pub fn conv_backward(
     let s = &saved.shape;
     let (x, weight) = kernels::conv_backward(
         &values(grad),
-        &saved.col,
-        &saved.weight,
+        &values(&saved.x),
+        &values(&saved.weight),
         s,
         want_x,
         want_weight,
     );
-    let channels_out = saved.weight.len() / s.col_rows();
+    let weight_shape = saved.weight.layout().shape().to_vec();
     (
         x.map(|x| tensor(x, &[s.batch, s.channels_in, s.height, s.width])),
-        weight.map(|w| tensor(w, &[channels_out, s.channels_in, s.kernel, s.kernel])),
+        weight.map(|w| tensor(w, &weight_shape)),
     )
 }
 
@@ -163,7 +151,7 @@ type Checkpointing = burn::backend::autodiff::checkpoint::strategy::NoCheckpoint
 pub fn conv_autodiff(x: Tensor<Cpu, 4>, weight: Tensor<Cpu, 4>, padding: usize) -> Tensor<Cpu, 4> {
     let x = x.into_primitive().tensor();
     let weight = weight.into_primitive().tensor();
-    let (y, saved) = conv_forward(&x.primitive, &weight.primitive, padding);
+    let (y, saved) = conv_forward(x.primitive.clone(), weight.primitive.clone(), padding);
     let out = match ConvOp
         .prepare::<Checkpointing>([x.node.clone(), weight.node.clone()])
         .compute_bound()
@@ -192,7 +180,7 @@ pub fn pool_autodiff(x: Tensor<Cpu, 4>) -> Tensor<Cpu, 4> {
 
 /// The convolution without autodiff (evaluation).
 pub fn conv_plain(x: Tensor<Flex, 4>, weight: Tensor<Flex, 4>, padding: usize) -> Tensor<Flex, 4> {
-    let (y, _) = conv_forward(&primitive(x), &primitive(weight), padding);
+    let (y, _) = conv_forward(primitive(x), primitive(weight), padding);
     Tensor::from_primitive(TensorPrimitive::Float(y))
 }
 

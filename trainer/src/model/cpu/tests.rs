@@ -96,7 +96,7 @@ fn the_convolution_is_the_direct_loops() {
     for (seed, (s, channels_out)) in shapes().into_iter().enumerate() {
         let x = noise(s.batch * s.channels_in * s.height * s.width, seed as u64);
         let weight = noise(channels_out * s.col_rows(), seed as u64 + 100);
-        let (y, _) = kernels::conv_forward(&x, &weight, &s);
+        let y = kernels::conv_forward(&x, &weight, &s);
         assert_close(
             &format!("{s:?}"),
             &y,
@@ -116,9 +116,9 @@ fn the_gradients_are_the_adjoints_of_the_convolution() {
         let seed = seed as u64;
         let x = noise(s.batch * s.channels_in * s.height * s.width, seed);
         let weight = noise(channels_out * s.col_rows(), seed + 100);
-        let (y, col) = kernels::conv_forward(&x, &weight, &s);
+        let y = kernels::conv_forward(&x, &weight, &s);
         let g = noise(y.len(), seed + 200);
-        let (dx, dw) = kernels::conv_backward(&g, &col, &weight, &s, true, true);
+        let (dx, dw) = kernels::conv_backward(&g, &x, &weight, &s, true, true);
         let (dx, dw) = (dx.unwrap(), dw.unwrap());
         let output = dot(&y, &g);
         for (name, value) in [("input", dot(&x, &dx)), ("weight", dot(&weight, &dw))] {
@@ -127,7 +127,7 @@ fn the_gradients_are_the_adjoints_of_the_convolution() {
                 "{s:?}, {name}: {value} against {output}"
             );
         }
-        let (none_x, none_w) = kernels::conv_backward(&g, &col, &weight, &s, false, false);
+        let (none_x, none_w) = kernels::conv_backward(&g, &x, &weight, &s, false, false);
         assert!(
             none_x.is_none() && none_w.is_none(),
             "gradients not asked for are not computed"
@@ -153,8 +153,8 @@ fn the_weight_gradient_does_not_depend_on_the_thread_count() {
             .build()
             .unwrap();
         pool.install(|| {
-            let (y, col) = kernels::conv_forward(&x, &weight, &s);
-            let (dx, dw) = kernels::conv_backward(&y, &col, &weight, &s, true, true);
+            let y = kernels::conv_forward(&x, &weight, &s);
+            let (dx, dw) = kernels::conv_backward(&y, &x, &weight, &s, true, true);
             (y, dx, dw)
         })
     };
