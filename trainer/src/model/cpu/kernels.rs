@@ -55,44 +55,41 @@ impl ConvShape {
 /// number of threads.
 const SAMPLES_PER_TASK: usize = 8;
 
-/// One sample `x` (`[C_in, H, W]`) as its column matrix `[C_in·K·K, H_out·W_out]`, zero where
-/// the kernel hangs over the padding: the convolution is then one matrix product with the
-/// weights. `col` must hold zeros where the padding is.
-fn im2col(x: &[f32], s: &ConvShape, col: &mut [f32]) {
+/// Every run of one sample's column matrix that is read from one image row, as (offset in the
+/// column matrix, offset in the input `[C_in, H, W]`, length). Entries in no run are padding.
+/// im2col copies along these runs and col2im adds back along them, so the two stay adjoint.
+fn runs(s: &ConvShape, mut f: impl FnMut(usize, usize, usize)) {
     let (h, w, k) = (s.height, s.width, s.kernel);
     let (ho, wo) = (s.out_height(), s.out_width());
-    for (row, out) in col.chunks_mut(ho * wo).enumerate() {
+    for row in 0..s.col_rows() {
         let (ci, kh, kw) = (row / (k * k), row / k % k, row % k);
         let (cols, first_in) = s.columns(kw);
-        let plane = &x[ci * h * w..][..h * w];
         for oh in 0..ho {
             if let Some(ih) = s.input_row(kh, oh) {
-                out[oh * wo + cols.start..oh * wo + cols.end]
-                    .copy_from_slice(&plane[ih * w + first_in..][..cols.len()]);
+                let col_at = (row * ho + oh) * wo + cols.start;
+                f(col_at, (ci * h + ih) * w + first_in, cols.len());
             }
         }
     }
 }
 
+/// One sample `x` (`[C_in, H, W]`) as its column matrix `[C_in·K·K, H_out·W_out]`, zero where
+/// the kernel hangs over the padding: the convolution is then one matrix product with the
+/// weights. `col` must hold zeros where the padding is.
+fn im2col(x: &[f32], s: &ConvShape, col: &mut [f32]) {
+    runs(s, |at, from, len| {
+        col[at..at + len].copy_from_slice(&x[from..from + len]);
+    });
+}
+
 /// The adjoint of `im2col` for one sample: adds each column-matrix entry onto the input pixel
 /// it was read from.
 fn col2im(col: &[f32], s: &ConvShape, x: &mut [f32]) {
-    let (h, w, k) = (s.height, s.width, s.kernel);
-    let (ho, wo) = (s.out_height(), s.out_width());
-    for (row, src) in col.chunks(ho * wo).enumerate() {
-        let (ci, kh, kw) = (row / (k * k), row / k % k, row % k);
-        let (cols, first_in) = s.columns(kw);
-        let plane = &mut x[ci * h * w..][..h * w];
-        for oh in 0..ho {
-            if let Some(ih) = s.input_row(kh, oh) {
-                let src = &src[oh * wo + cols.start..][..cols.len()];
-                let dst = &mut plane[ih * w + first_in..][..cols.len()];
-                for (d, v) in dst.iter_mut().zip(src) {
-                    *d += v;
-                }
-            }
+    runs(s, |at, to, len| {
+        for (d, v) in x[to..to + len].iter_mut().zip(&col[at..at + len]) {
+            *d += v;
         }
-    }
+    });
 }
 
 /// The convolution of `x` (`[N, C_in, H, W]`) with `weight` (`[C_out, C_in, K, K]`), giving

@@ -186,6 +186,12 @@ fn values<B: Backend>(t: Tensor<B, 4>) -> Vec<f32> {
     t.into_data().to_vec().unwrap()
 }
 
+/// burn's convolution (padding 2) and 2x2 max-pool, the reference.
+fn burns_conv_and_pool<B: Backend>(x: Tensor<B, 4>, w: Tensor<B, 4>) -> Tensor<B, 4> {
+    let y = burn_conv2d(x, w, None, options(2));
+    max_pool2d(y, [2, 2], [2, 2], [0, 0], [1, 1], false)
+}
+
 /// The operations against burn's own, forward and all gradients, on the trainer's backend and
 /// without autodiff, in GN-LeNet's shapes (and an odd size the pool must crop).
 #[test]
@@ -211,16 +217,7 @@ fn conv_and_pool_match_burns_operations_forward_and_backward() {
         );
 
         let ours = |x: Tensor<Cpu, 4>, w: Tensor<Cpu, 4>| max_pool_2x2(conv2d(x, w, 2));
-        let burns = |x: Tensor<Cpu, 4>, w: Tensor<Cpu, 4>| {
-            max_pool2d(
-                burn_conv2d(x, w, None, options(2)),
-                [2, 2],
-                [2, 2],
-                [0, 0],
-                [1, 1],
-                false,
-            )
-        };
+        let burns = burns_conv_and_pool::<Cpu>;
         let mut results = Vec::new();
         for f in [&ours as &dyn Fn(_, _) -> _, &burns] {
             let xa = Tensor::<Cpu, 4>::from_inner(x.clone()).require_grad();
@@ -266,14 +263,7 @@ fn other_backends_take_burns_operations() {
     let x = Tensor::<Other, 4>::random([2, 2, 6, 6], Distribution::Default, &device);
     let w = Tensor::<Other, 4>::random([3, 2, 5, 5], Distribution::Default, &device);
     let ours = values(max_pool_2x2(conv2d(x.clone(), w.clone(), 2)));
-    let burns = values(max_pool2d(
-        burn_conv2d(x, w, None, options(2)),
-        [2, 2],
-        [2, 2],
-        [0, 0],
-        [1, 1],
-        false,
-    ));
+    let burns = values(burns_conv_and_pool(x, w));
     assert_eq!(ours, burns);
 }
 
