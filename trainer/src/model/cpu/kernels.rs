@@ -16,6 +16,18 @@ pub struct ConvShape {
 }
 
 impl ConvShape {
+    /// Whether these kernels compute this convolution: a square kernel no larger than the padded
+    /// image, and matching input channels. Anything else goes to burn's own (and its checks).
+    pub fn handles(x: [usize; 4], weight: [usize; 4], padding: usize) -> bool {
+        let [_, channels_in, height, width] = x;
+        let [_, weight_in, kernel, kernel_w] = weight;
+        weight_in == channels_in
+            && kernel == kernel_w
+            && kernel >= 1
+            && kernel <= height + 2 * padding
+            && kernel <= width + 2 * padding
+    }
+
     pub fn out_height(&self) -> usize {
         self.height + 2 * self.padding + 1 - self.kernel
     }
@@ -38,7 +50,9 @@ impl ConvShape {
     /// the input column of the first of them.
     fn columns(&self, kw: usize) -> (std::ops::Range<usize>, usize) {
         let first = self.padding.saturating_sub(kw);
-        let end = self.out_width().min(self.width + self.padding - kw);
+        let end = self
+            .out_width()
+            .min((self.width + self.padding).saturating_sub(kw));
         (first..end.max(first), first + kw - self.padding)
     }
 
@@ -65,7 +79,7 @@ fn runs(s: &ConvShape, mut f: impl FnMut(usize, usize, usize)) {
         let (ci, kh, kw) = (row / (k * k), row / k % k, row % k);
         let (cols, first_in) = s.columns(kw);
         for oh in 0..ho {
-            if let Some(ih) = s.input_row(kh, oh) {
+            if let (Some(ih), false) = (s.input_row(kh, oh), cols.is_empty()) {
                 let col_at = (row * ho + oh) * wo + cols.start;
                 f(col_at, (ci * h + ih) * w + first_in, cols.len());
             }

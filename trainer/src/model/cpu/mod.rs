@@ -61,7 +61,10 @@ fn dispatch<I: 'static, O: 'static, CI: 'static, CO: 'static, FI: 'static, FO: '
 
 /// A stride-1 convolution with `padding` zeros on every side and no bias.
 pub fn conv2d<B: Backend>(x: Tensor<B, 4>, weight: Tensor<B, 4>, padding: usize) -> Tensor<B, 4> {
-    if x.dtype() != DType::F32 || weight.dtype() != DType::F32 {
+    let handled = x.dtype() == DType::F32
+        && weight.dtype() == DType::F32
+        && kernels::ConvShape::handles(x.dims(), weight.dims(), padding);
+    if !handled {
         return burn_conv2d(x, weight, None, options(padding));
     }
     dispatch(

@@ -74,6 +74,9 @@ fn shapes() -> Vec<(ConvShape, usize)> {
             (2, 3, 7, 6, 4),
             (3, 2, 4, 9, 2),
             (1, 2, 6, 6, 3),
+            // Images narrower than the kernel: whole kernel columns fall in the padding.
+            (2, 1, 1, 2, 2),
+            (2, 1, 2, 1, 2),
         ] {
             let s = ConvShape {
                 batch,
@@ -83,7 +86,11 @@ fn shapes() -> Vec<(ConvShape, usize)> {
                 kernel,
                 padding,
             };
-            if height + 2 * padding >= kernel && width + 2 * padding >= kernel {
+            if ConvShape::handles(
+                [batch, channels_in, height, width],
+                [channels_out, channels_in, kernel, kernel],
+                padding,
+            ) {
                 out.push((s, channels_out));
             }
         }
@@ -265,6 +272,17 @@ fn other_backends_take_burns_operations() {
     let ours = values(max_pool_2x2(conv2d(x.clone(), w.clone(), 2)));
     let burns = values(burns_conv_and_pool(x, w));
     assert_eq!(ours, burns);
+}
+
+#[test]
+fn shapes_the_kernels_do_not_handle_take_burns_convolution() {
+    // A 3x5 kernel on the trainer's backend: burn's convolution, same result as calling it.
+    let device = Default::default();
+    let x = Tensor::<Plain, 4>::random([2, 2, 6, 6], Distribution::Default, &device);
+    let w = Tensor::<Plain, 4>::random([3, 2, 3, 5], Distribution::Default, &device);
+    assert!(!ConvShape::handles(x.dims(), w.dims(), 2));
+    let ours = values(conv2d(x.clone(), w.clone(), 2));
+    assert_eq!(ours, values(burn_conv2d(x, w, None, options(2))));
 }
 
 #[test]
