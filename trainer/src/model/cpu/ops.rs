@@ -1,6 +1,6 @@
 //! The convolution and the max-pool as burn operations on flex, with and without autodiff. The
-//! forward pass keeps what the backward pass needs (the column matrix, the pool's argmax), so the
-//! backward pass is two matrix products and two linear passes over memory.
+//! convolution keeps its input and weight for the backward pass (shared buffers, no copies) and
+//! the pool its argmax.
 
 use std::sync::Arc;
 
@@ -15,7 +15,7 @@ use crate::backend::Cpu;
 
 type Flex = burn::backend::Flex;
 
-/// The flex tensor's values, contiguous, in row-major order.
+/// The flex tensor's values, contiguous, in row-major order (callers check that it holds f32).
 fn values(t: &FlexTensor) -> std::borrow::Cow<'_, [f32]> {
     match t.as_slice::<f32>() {
         Some(s) => s.into(),
@@ -145,6 +145,7 @@ impl Backward<Flex, 1> for PoolOp {
     }
 }
 
+/// `Cpu`'s strategy (burn's default): every activation is kept, none recomputed.
 type Checkpointing = burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 
 /// The convolution on the autodiff backend: the graph records one node with its own backward.
