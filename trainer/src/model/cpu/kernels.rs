@@ -16,16 +16,25 @@ pub struct ConvShape {
 }
 
 impl ConvShape {
-    /// Whether these kernels compute this convolution: a square kernel no larger than the padded
-    /// image, and matching input channels. Anything else goes to burn's own (and its checks).
-    pub fn handles(x: [usize; 4], weight: [usize; 4], padding: usize) -> bool {
-        let [_, channels_in, height, width] = x;
+    /// The convolution of an input `[N, C_in, H, W]` with a weight `[C_out, C_in, K, K]`, if
+    /// these kernels compute it: a square kernel no larger than the padded image, and matching
+    /// input channels. Anything else goes to burn's own (and its checks).
+    pub fn of(x: [usize; 4], weight: [usize; 4], padding: usize) -> Option<Self> {
+        let [batch, channels_in, height, width] = x;
         let [_, weight_in, kernel, kernel_w] = weight;
-        weight_in == channels_in
+        let handled = weight_in == channels_in
             && kernel == kernel_w
             && kernel >= 1
             && kernel <= height + 2 * padding
-            && kernel <= width + 2 * padding
+            && kernel <= width + 2 * padding;
+        handled.then_some(Self {
+            batch,
+            channels_in,
+            height,
+            width,
+            kernel,
+            padding,
+        })
     }
 
     pub fn out_height(&self) -> usize {

@@ -4,9 +4,10 @@
 //! generically: the weight gradient through a convolution of axis-swapped (strided, copied)
 //! tensors, the input gradient through a transposed convolution, and its 2x2 max-pool through the
 //! 3-D pool with indices. In a `perf` profile of a GN-LeNet step those took about three quarters
-//! of the time, with the matrix products themselves a quarter. Here the convolution is im2col
-//! and one matrix product (flex's, on the `gemm` crate) over the whole batch, the column matrix
-//! is kept for the weight gradient, and the input gradient is a second product and col2im.
+//! of the time, with the matrix products themselves a quarter. Here the convolution is, per
+//! sample, im2col and one matrix product (the `gemm` crate, flex's own); the backward pass
+//! rebuilds each sample's column matrix for the weight gradient, and takes the input gradient as
+//! a second product and col2im (see `kernels`).
 //!
 //! The model stays generic over the backend: `conv2d` and `max_pool_2x2` take this path when the
 //! backend is the trainer's CPU backend (with or without autodiff) and the tensors are f32, and
@@ -61,16 +62,15 @@ fn dispatch<I: 'static, O: 'static, CI: 'static, CO: 'static, FI: 'static, FO: '
 
 /// A stride-1 convolution with `padding` zeros on every side and no bias.
 pub fn conv2d<B: Backend>(x: Tensor<B, 4>, weight: Tensor<B, 4>, padding: usize) -> Tensor<B, 4> {
-    let handled = x.dtype() == DType::F32
-        && weight.dtype() == DType::F32
-        && kernels::ConvShape::handles(x.dims(), weight.dims(), padding);
-    if !handled {
+    let f32s = x.dtype() == DType::F32 && weight.dtype() == DType::F32;
+    let Some(shape) = kernels::ConvShape::of(x.dims(), weight.dims(), padding).filter(|_| f32s)
+    else {
         return burn_conv2d(x, weight, None, options(padding));
-    }
+    };
     dispatch(
         (x, weight),
-        |(x, w): (Tensor<Cpu, 4>, Tensor<Cpu, 4>)| ops::conv_autodiff(x, w, padding),
-        |(x, w): (Tensor<Flex, 4>, Tensor<Flex, 4>)| ops::conv_plain(x, w, padding),
+        |(x, w): (Tensor<Cpu, 4>, Tensor<Cpu, 4>)| ops::conv_autodiff(x, w, shape),
+        |(x, w): (Tensor<Flex, 4>, Tensor<Flex, 4>)| ops::conv_plain(x, w, shape),
         |(x, w)| burn_conv2d(x, w, None, options(padding)),
     )
 }

@@ -44,22 +44,23 @@ pub struct ConvSaved {
     weight: FlexTensor,
 }
 
-/// `x` `[N, C_in, H, W]` convolved with `weight` `[C_out, C_in, K, K]`, stride 1, no bias.
-pub fn conv_forward(x: FlexTensor, weight: FlexTensor, padding: usize) -> (FlexTensor, ConvSaved) {
-    let [batch, channels_in, height, width] = x.layout().shape().dims();
-    let [channels_out, _, kernel, _] = weight.layout().shape().dims();
-    let shape = ConvShape {
-        batch,
-        channels_in,
-        height,
-        width,
-        kernel,
-        padding,
-    };
+/// `x` `[N, C_in, H, W]` convolved with `weight` `[C_out, C_in, K, K]` as `shape` describes
+/// them, stride 1, no bias.
+pub fn conv_forward(
+    x: FlexTensor,
+    weight: FlexTensor,
+    shape: ConvShape,
+) -> (FlexTensor, ConvSaved) {
+    let channels_out = weight.layout().shape()[0];
     let y = kernels::conv_forward(&values(&x), &values(&weight), &shape);
     let y = tensor(
         y,
-        &[batch, channels_out, shape.out_height(), shape.out_width()],
+        &[
+            shape.batch,
+            channels_out,
+            shape.out_height(),
+            shape.out_width(),
+        ],
     );
     (y, ConvSaved { shape, x, weight })
 }
@@ -149,10 +150,14 @@ impl Backward<Flex, 1> for PoolOp {
 type Checkpointing = burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 
 /// The convolution on the autodiff backend: the graph records one node with its own backward.
-pub fn conv_autodiff(x: Tensor<Cpu, 4>, weight: Tensor<Cpu, 4>, padding: usize) -> Tensor<Cpu, 4> {
+pub fn conv_autodiff(
+    x: Tensor<Cpu, 4>,
+    weight: Tensor<Cpu, 4>,
+    shape: ConvShape,
+) -> Tensor<Cpu, 4> {
     let x = x.into_primitive().tensor();
     let weight = weight.into_primitive().tensor();
-    let (y, saved) = conv_forward(x.primitive.clone(), weight.primitive.clone(), padding);
+    let (y, saved) = conv_forward(x.primitive.clone(), weight.primitive.clone(), shape);
     let out = match ConvOp
         .prepare::<Checkpointing>([x.node.clone(), weight.node.clone()])
         .compute_bound()
@@ -180,8 +185,12 @@ pub fn pool_autodiff(x: Tensor<Cpu, 4>) -> Tensor<Cpu, 4> {
 }
 
 /// The convolution without autodiff (evaluation).
-pub fn conv_plain(x: Tensor<Flex, 4>, weight: Tensor<Flex, 4>, padding: usize) -> Tensor<Flex, 4> {
-    let (y, _) = conv_forward(primitive(x), primitive(weight), padding);
+pub fn conv_plain(
+    x: Tensor<Flex, 4>,
+    weight: Tensor<Flex, 4>,
+    shape: ConvShape,
+) -> Tensor<Flex, 4> {
+    let (y, _) = conv_forward(primitive(x), primitive(weight), shape);
     Tensor::from_primitive(TensorPrimitive::Float(y))
 }
 
