@@ -7,6 +7,8 @@
 //! - `BENCH_SECONDS` (default 3): time per backend and case.
 //! - `BENCH_CASES` (default `mlp:64,gn-lenet:32,gn-lenet:64,logistic:64`): model:batch pairs.
 //! - `BENCH_BACKENDS` (default `ndarray,flex`).
+//! - `BENCH_OPTIMIZER` (default `in-place`, the trainer's; `burn` for burn's `Sgd`).
+//! - `BENCH_SUBNORMALS=keep`: do not flush subnormals to zero (the trainer does).
 //! - `BENCH_PYTHON` (default python3); the torch half is skipped, saying so, without torch.
 //!
 //! ndarray as built for the trainer runs on one thread; `--features ndarray-threads` turns on
@@ -23,6 +25,7 @@ use burn::optim::{GradientsParams, Optimizer, SgdConfig};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Distribution, Int, Tensor};
 use murmur_core::api::ModelKind;
+use murmur_trainer::algorithms::sgd::InPlaceSgd;
 use murmur_trainer::model::Model;
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -34,14 +37,27 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 
 /// Samples per second of `kind` at `batch` on backend `B`, over about `budget`.
 fn burn_rate<B: AutodiffBackend>(kind: ModelKind, batch: usize, budget: Duration) -> f64 {
+    // The trainer's optimizer, or burn's own (the same update as torch.optim.SGD(momentum=0.9)).
+    match env_or("BENCH_OPTIMIZER", String::from("in-place")).as_str() {
+        "in-place" => rate_with::<B, _>(kind, batch, budget, InPlaceSgd::new(0.9).init()),
+        "burn" => {
+            let momentum = MomentumConfig::new().with_momentum(0.9).with_dampening(0.0);
+            let sgd = SgdConfig::new().with_momentum(Some(momentum));
+            rate_with::<B, _>(kind, batch, budget, sgd.init())
+        }
+        other => panic!("BENCH_OPTIMIZER: in-place or burn, not {other}"),
+    }
+}
+
+fn rate_with<B: AutodiffBackend, O: Optimizer<Model<B>, B>>(
+    kind: ModelKind,
+    batch: usize,
+    budget: Duration,
+    mut optim: O,
+) -> f64 {
     let device = Default::default();
     B::seed(&device, 0);
     let mut model = Model::<B>::new(kind, &device);
-    let mut optim = SgdConfig::new()
-        .with_momentum(Some(
-            MomentumConfig::new().with_momentum(0.9).with_dampening(0.0),
-        ))
-        .init::<B, Model<B>>();
     let x = Tensor::<B, 2>::random([batch, 784], Distribution::Uniform(0.0, 1.0), &device);
     let y = Tensor::<B, 1, Int>::random([batch], Distribution::Uniform(0.0, 10.0), &device);
     let loss_fn = CrossEntropyLossConfig::new().init(&device);
@@ -93,8 +109,13 @@ fn torch_rate(
 }
 
 fn main() {
-    // As murmur-trainer's main does: large freed buffers stay in the heap (no page faults).
+    // As murmur-trainer's main does: large freed buffers stay in the heap (no page faults),
+    // subnormals are flushed to zero.
     murmur_trainer::runtime::keep_freed_buffers();
+    // `BENCH_SUBNORMALS=keep` measures without the flush.
+    if std::env::var("BENCH_SUBNORMALS").as_deref() != Ok("keep") {
+        murmur_trainer::backend::flush_subnormals();
+    }
     let threads = env_or("BENCH_THREADS", murmur_trainer::backend::all_cores());
     murmur_trainer::backend::set_threads(threads);
     let budget = Duration::from_secs_f64(env_or("BENCH_SECONDS", 3.0));

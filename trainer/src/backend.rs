@@ -10,14 +10,40 @@
 /// The CPU training backend (autodiff over flex).
 pub type Cpu = burn::backend::Autodiff<burn::backend::Flex>;
 
-/// Threads for the backend's kernels (its rayon pool). Call once, before the first tensor
-/// operation; a later call keeps the first setting.
+/// Threads for the backend's kernels (its rayon pool), which flush subnormals as the caller's
+/// thread does ([`flush_subnormals`]). Call once, before the first tensor operation; a later call
+/// keeps the first setting.
 pub fn set_threads(threads: usize) {
     if let Err(e) = rayon::ThreadPoolBuilder::new()
         .num_threads(threads.max(1))
+        .start_handler(|_| flush_subnormals())
         .build_global()
     {
         tracing::debug!(error = %e, "the compute thread pool was already set up");
+    }
+}
+
+/// Treat subnormal floats as zero on this thread, and on threads it starts from now on (Linux
+/// copies the floating-point control register into a new thread): x86-64's FTZ and DAZ bits,
+/// as `torch.set_flush_denormal(True)` sets them; a no-op on other architectures.
+///
+/// Why: a weight whose gradient stops (a ReLU unit that died) keeps a momentum velocity that
+/// shrinks by `m` every step into the subnormal range, and every operation on a subnormal takes
+/// a slow microcode path. In the step bench (MLP, batch 64, one thread) that made the
+/// optimizer's two scalar multiplications 40% of the step, and the step half as fast
+/// (35 944 samples/s against 64 813 with this set). Values that small change nothing in
+/// training. Call first thing in `main`, before any thread starts.
+pub fn flush_subnormals() {
+    #[cfg(target_arch = "x86_64")]
+    #[allow(unsafe_code)]
+    // SAFETY: reads and writes this thread's MXCSR through a local; FTZ (bit 15) and DAZ (bit 6)
+    // only change how subnormal results and operands are treated. (`_mm_setcsr` does the same
+    // and is deprecated in favour of inline assembly.)
+    unsafe {
+        let mut csr = 0u32;
+        std::arch::asm!("stmxcsr [{}]", in(reg) &raw mut csr, options(nostack, preserves_flags));
+        csr |= (1 << 15) | (1 << 6);
+        std::arch::asm!("ldmxcsr [{}]", in(reg) &raw const csr, options(nostack, preserves_flags, readonly));
     }
 }
 
@@ -39,7 +65,31 @@ pub fn all_cores() -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::threads_for;
+    use super::{flush_subnormals, threads_for};
+    use std::hint::black_box;
+
+    /// Half the smallest normal f32: subnormal, unless flushed.
+    fn half_of_smallest_normal() -> f32 {
+        black_box(f32::MIN_POSITIVE) * black_box(0.5)
+    }
+
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn subnormals_are_flushed_on_the_thread_and_on_threads_it_starts() {
+        // On its own thread, so the test harness's threads keep their default.
+        std::thread::spawn(|| {
+            assert!(
+                half_of_smallest_normal() > 0.0,
+                "subnormal before the flush"
+            );
+            flush_subnormals();
+            assert_eq!(half_of_smallest_normal(), 0.0);
+            let child = std::thread::spawn(half_of_smallest_normal).join().unwrap();
+            assert_eq!(child, 0.0, "a thread started afterwards flushes too");
+        })
+        .join()
+        .unwrap();
+    }
 
     #[test]
     fn a_trainer_gets_its_cpu_limit_rounded_up_and_one_thread_without_a_limit() {

@@ -11,6 +11,7 @@ use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
     murmur_trainer::runtime::keep_freed_buffers();
+    murmur_trainer::backend::flush_subnormals();
     // JSON logs when a machine reads them (pods, `murmur run`), plain text at a terminal.
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     if std::io::stdout().is_terminal() {

@@ -6,8 +6,7 @@ use std::collections::BTreeMap;
 use burn::module::{AutodiffModule, Module};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::optim::adaptor::OptimizerAdaptor;
-use burn::optim::momentum::MomentumConfig;
-use burn::optim::{Adam, AdamConfig, GradientsParams, Optimizer, Sgd, SgdConfig};
+use burn::optim::{Adam, AdamConfig, GradientsParams, Optimizer};
 use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Int, Tensor, TensorData};
@@ -19,6 +18,7 @@ use murmur_core::api::{AlgorithmKind, OptimizerKind};
 use murmur_core::topology::MemberId;
 
 use super::mixing::{distance, gossip_partner, mean, weighted_average_and_disagreement};
+use super::sgd::InPlaceSgd;
 use super::{Exchange, Neighbourhood, Payload, Purpose};
 use crate::compression::{Compression, Decoder, Encoder};
 use crate::data::{Dataset, IMAGE_PIXELS};
@@ -56,21 +56,14 @@ fn record_error(what: &'static str) -> impl Fn(burn::record::RecorderError) -> M
 }
 
 pub enum Optim<B: AutodiffBackend> {
-    Sgd(OptimizerAdaptor<Sgd<B::InnerBackend>, Model<B>, B>),
+    Sgd(OptimizerAdaptor<InPlaceSgd, Model<B>, B>),
     Adam(OptimizerAdaptor<Adam, Model<B>, B>),
 }
 
 impl<B: AutodiffBackend> Optim<B> {
     fn new(kind: OptimizerKind, momentum: f64) -> Self {
         match kind {
-            OptimizerKind::Sgd => {
-                let m = (momentum > 0.0).then(|| {
-                    MomentumConfig::new()
-                        .with_momentum(momentum)
-                        .with_dampening(0.0)
-                });
-                Optim::Sgd(SgdConfig::new().with_momentum(m).init())
-            }
+            OptimizerKind::Sgd => Optim::Sgd(InPlaceSgd::new(momentum.max(0.0)).init()),
             OptimizerKind::Adam => Optim::Adam(AdamConfig::new().init()),
         }
     }

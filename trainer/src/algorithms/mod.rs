@@ -5,6 +5,7 @@
 mod member;
 pub mod mixing;
 mod neighbourhood;
+pub mod sgd;
 
 use murmur_core::topology::MemberId;
 
