@@ -9,7 +9,10 @@ use std::time::Duration;
 
 use murmur_core::api::{ModelKind, TopologyKind};
 use murmur_trainer::model::{Model, layout};
-use murmur_wire::frame::{self, HEADER_LEN, Header, Hello, Kind, MAX_CHUNK, NONCE_LEN, SessionMac};
+use murmur_wire::frame::{
+    self, CHALLENGE_LEN, HEADER_LEN, Header, Hello, Kind, MAX_CHUNK, NONCE_LEN, SessionCipher,
+    TAG_LEN,
+};
 use support::*;
 
 const MANIFEST: &str = "\
@@ -61,17 +64,18 @@ fn header(kind: Kind, job: u64, round: u64, len: usize) -> Header {
 fn connect(port: u16) -> (TcpStream, [u8; NONCE_LEN]) {
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let mut challenge = [0u8; 4 + NONCE_LEN];
+    let mut challenge = [0u8; CHALLENGE_LEN];
     s.read_exact(&mut challenge).unwrap();
-    assert_eq!(&challenge[..4], b"MRMC");
+    assert_eq!(&challenge[..4], b"MRC\x02");
     (s, challenge[4..].try_into().unwrap())
 }
 
-fn send(s: &mut TcpStream, mac: &mut SessionMac, h: Header, payload: &[u8]) {
+fn send(s: &mut TcpStream, cipher: &mut SessionCipher, h: Header, payload: &[u8]) {
     let hb = h.encode();
-    let tag = mac.seal(&hb, payload);
+    let mut sealed = payload.to_vec();
+    let tag = cipher.seal(&hb, &mut sealed);
     let _ = s.write_all(&hb);
-    let _ = s.write_all(payload);
+    let _ = s.write_all(&sealed);
     let _ = s.write_all(&tag);
 }
 
@@ -121,17 +125,26 @@ fn hostile_frames_are_refused_counted_and_harmless() {
     .encode();
     send(
         &mut s,
-        &mut SessionMac::new(b"not the job key", nonce),
+        &mut SessionCipher::new(b"not the job key", nonce),
         header(Kind::Hello, job_id(), 0, hello.len()),
         &hello,
     );
+    closed_by_peer(s);
+
+    // A peer of the previous protocol version (1, HMAC-SHA256 tags): refused at its hello.
+    let (mut s, _) = connect(port);
+    let mut old = header(Kind::Hello, job_id(), 0, hello.len()).encode();
+    old[4] = 1;
+    s.write_all(&old).unwrap();
+    s.write_all(&hello).unwrap();
+    s.write_all(&[0u8; 32]).unwrap();
     closed_by_peer(s);
 
     // Another job's frame.
     let (mut s, nonce) = connect(port);
     send(
         &mut s,
-        &mut SessionMac::new(key, nonce),
+        &mut SessionCipher::new(key, nonce),
         header(Kind::Hello, job_id() ^ 1, 0, hello.len()),
         &hello,
     );
@@ -161,7 +174,7 @@ fn hostile_frames_are_refused_counted_and_harmless() {
     .encode();
     send(
         &mut s,
-        &mut SessionMac::new(key, nonce),
+        &mut SessionCipher::new(key, nonce),
         header(Kind::Hello, job_id(), 0, odd.len()),
         &odd,
     );
@@ -169,7 +182,7 @@ fn hostile_frames_are_refused_counted_and_harmless() {
 
     // A valid session sending parameters for a long-gone round, then the same round again.
     let (mut s, nonce) = connect(port);
-    let mut mac = SessionMac::new(key, nonce);
+    let mut mac = SessionCipher::new(key, nonce);
     send(
         &mut s,
         &mut mac,
@@ -193,11 +206,12 @@ fn hostile_frames_are_refused_counted_and_harmless() {
     let h = header(Kind::Parameters, job_id(), 1_000, params.len()).encode();
     s.write_all(&h).unwrap();
     s.write_all(&params).unwrap();
-    s.write_all(&[0u8; 32]).unwrap();
+    s.write_all(&[0u8; TAG_LEN]).unwrap();
     closed_by_peer(s);
 
     for (reason, at_least) in [
         ("bad_magic", 1),
+        ("unsupported_version", 1),
         ("forged", 2),
         ("wrong_job", 1),
         ("oversized", 1),
@@ -211,7 +225,7 @@ fn hostile_frames_are_refused_counted_and_harmless() {
         });
     }
     let status = job.status(0).unwrap();
-    assert!(status["rejectedFrames"].as_u64().unwrap() >= 9, "{status}");
+    assert!(status["rejectedFrames"].as_u64().unwrap() >= 10, "{status}");
 
     for c in &mut procs.0 {
         let status = wait_exit(c, Duration::from_secs(120)).expect("a member hung");

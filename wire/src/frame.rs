@@ -1,24 +1,41 @@
-//! The wire format, pure: frame headers, per-session authentication, and message assembly.
+//! The wire format, pure: frame headers, per-session encryption and authentication, and message
+//! assembly.
 //!
-//! A frame is a 56-byte header, up to [`MAX_CHUNK`] payload bytes, and a 32-byte HMAC-SHA256
-//! tag. The tag covers the session nonce of the receiving side, a per-direction frame counter,
-//! the header and the payload: a frame forged without the job key, replayed from another
-//! connection, reordered or cut short fails the tag. Big messages (parameters) are split into
-//! chunks that share the message header fields and carry their offset.
+//! A frame is a 56-byte header, up to [`MAX_CHUNK`] payload bytes, and a 16-byte tag. Since
+//! protocol version 2 the payload is sealed with AES-256-GCM: encrypted, and authenticated
+//! together with the header (as associated data). Each direction of a connection has its own
+//! key, derived with HKDF-SHA256 from the job key and the receiving side's fresh session nonce,
+//! and each frame's GCM nonce is that direction's frame counter: a frame forged without the job
+//! key, replayed from another connection, reordered or cut short fails its tag. Big messages
+//! (parameters) are split into chunks that share the message header fields and carry their
+//! offset.
+//!
+//! Why AES-256-GCM (`ring`): choosing by `cargo bench -p murmur-wire --bench mac` on the CPUs we
+//! train on. Version 1's HMAC-SHA256 tag ran at about 1.5 GB/s per core, the SHA-NI ceiling,
+//! and took half of all CPU in a ring averaging round. Sealing in place with AES-256-GCM (AES-NI
+//! or VAES with carry-less multiplication) was the fastest authenticated choice measured, ahead
+//! of keyed BLAKE3 and of ChaCha20-Poly1305; GCM over data left in the clear (associated data
+//! only) is slow in `ring`, which hashes associated data a block at a time. Sealing costs the
+//! sender one copy of each chunk into its frame buffer (memcpy runs at about ten times the
+//! cipher's speed), and buys confidentiality of the model on the wire as well. The figures are in
+//! the README.
 //!
 //! Header (little endian): magic `MRMR` · protocol version u8 · kind u8 · reserved u16 ·
 //! job id u64 · sender u32 · payload length u32 · topology version u64 · round u64 ·
 //! message length u64 · offset u64.
 
-use hmac::{Hmac, Mac};
+use ring::aead::{AES_256_GCM, Aad, LessSafeKey, Nonce as GcmNonce, Tag, UnboundKey};
+use ring::hkdf;
 use sha2::{Digest, Sha256};
 
 pub const MAGIC: [u8; 4] = *b"MRMR";
-/// The first bytes an acceptor sends: this magic and its session nonce.
-pub const CHALLENGE_MAGIC: [u8; 4] = *b"MRMC";
-pub const PROTOCOL_VERSION: u8 = 1;
+pub const PROTOCOL_VERSION: u8 = 2;
+/// The first bytes an acceptor sends: `MRC`, its protocol version, and its session nonce.
+/// (Version 1 sent `MRMC` and the nonce.)
+pub const CHALLENGE_MAGIC: [u8; 3] = *b"MRC";
+pub const CHALLENGE_LEN: usize = 4 + NONCE_LEN;
 pub const HEADER_LEN: usize = 56;
-pub const TAG_LEN: usize = 32;
+pub const TAG_LEN: usize = 16;
 pub const NONCE_LEN: usize = 16;
 /// Payload bytes per frame; bigger messages are chunked.
 pub const MAX_CHUNK: usize = 1 << 20;
@@ -192,48 +209,61 @@ impl Header {
     }
 }
 
-/// One direction of a session: the receiver's nonce and a frame counter, under the job key.
-#[derive(Clone)]
-pub struct SessionMac {
-    keyed: Hmac<Sha256>,
-    nonce: Nonce,
+/// HKDF's `info` for frame keys: a key derived for anything else can never equal one.
+const FRAME_KEY_INFO: &[u8] = b"murmur wire v2: frame key";
+
+/// One direction of a session: its AES-256-GCM key (from the job key and the receiver's nonce)
+/// and its frame counter, the nonce of the next frame.
+pub struct SessionCipher {
+    key: LessSafeKey,
     counter: u64,
 }
 
-impl SessionMac {
-    pub fn new(key: &[u8], nonce: Nonce) -> Self {
+impl SessionCipher {
+    pub fn new(job_key: &[u8], receiver_nonce: Nonce) -> Self {
+        let prk = hkdf::Salt::new(hkdf::HKDF_SHA256, &receiver_nonce).extract(job_key);
+        let okm = prk
+            .expand(&[FRAME_KEY_INFO], &AES_256_GCM)
+            .expect("a 32-byte key is within HKDF-SHA256's output limit");
         Self {
-            keyed: Hmac::new_from_slice(key).expect("HMAC takes keys of any length"),
-            nonce,
+            key: LessSafeKey::new(UnboundKey::from(okm)),
             counter: 0,
         }
     }
 
-    fn mac(&self, header: &[u8; HEADER_LEN], payload: &[u8]) -> Hmac<Sha256> {
-        let mut mac = self.keyed.clone();
-        mac.update(&self.nonce);
-        mac.update(&self.counter.to_le_bytes());
-        mac.update(header);
-        mac.update(payload);
-        mac
+    /// This frame's GCM nonce: the counter, which never repeats under one key.
+    fn nonce(&self) -> GcmNonce {
+        let mut n = [0u8; 12];
+        n[4..].copy_from_slice(&self.counter.to_le_bytes());
+        GcmNonce::assume_unique_for_key(n)
     }
 
-    /// The tag of the next frame sent in this direction.
-    pub fn seal(&mut self, header: &[u8; HEADER_LEN], payload: &[u8]) -> [u8; TAG_LEN] {
-        let tag = self.mac(header, payload).finalize().into_bytes().into();
+    /// Encrypt the next frame's payload in place; its tag.
+    pub fn seal(&mut self, header: &[u8; HEADER_LEN], payload: &mut [u8]) -> [u8; TAG_LEN] {
+        let tag = self
+            .key
+            .seal_in_place_separate_tag(self.nonce(), Aad::from(header), payload)
+            .expect("a frame is far below AES-GCM's message limit");
         self.counter += 1;
-        tag
+        tag.as_ref().try_into().expect("16 bytes")
     }
 
-    /// Check the tag of the next frame received in this direction (constant time).
+    /// Check the next received frame's tag and decrypt its payload in place (the tag check is
+    /// constant time). On failure the payload is garbage and the session must end.
     pub fn open(
         &mut self,
         header: &[u8; HEADER_LEN],
-        payload: &[u8],
+        payload: &mut [u8],
         tag: &[u8; TAG_LEN],
     ) -> Result<(), Reject> {
-        self.mac(header, payload)
-            .verify_slice(tag)
+        self.key
+            .open_in_place_separate_tag(
+                self.nonce(),
+                Aad::from(header),
+                Tag::from(*tag),
+                payload,
+                0..,
+            )
             .map_err(|_| Reject::Forged)?;
         self.counter += 1;
         Ok(())
@@ -428,36 +458,75 @@ mod tests {
         );
     }
 
-    #[test]
-    fn tags_bind_key_nonce_order_and_content() {
-        let h = header(Kind::Leave).encode();
-        let mut sender = SessionMac::new(b"key", [7; NONCE_LEN]);
-        let t0 = sender.seal(&h, b"a");
-        let t1 = sender.seal(&h, b"a");
-        assert_ne!(t0, t1, "the counter makes every frame's tag unique");
+    /// Seal `payload` as the next frame of `sender`: the ciphertext and its tag.
+    fn sealed(
+        sender: &mut SessionCipher,
+        h: &[u8; HEADER_LEN],
+        payload: &[u8],
+    ) -> (Vec<u8>, [u8; TAG_LEN]) {
+        let mut c = payload.to_vec();
+        let tag = sender.seal(h, &mut c);
+        (c, tag)
+    }
 
-        let mut receiver = SessionMac::new(b"key", [7; NONCE_LEN]);
+    #[test]
+    fn tags_bind_key_nonce_order_header_and_content() {
+        let h = header(Kind::Leave).encode();
+        let mut sender = SessionCipher::new(b"key", [7; NONCE_LEN]);
+        let (c0, t0) = sealed(&mut sender, &h, b"abc");
+        let (c1, t1) = sealed(&mut sender, &h, b"abc");
+        assert_ne!(t0, t1, "the counter makes every frame's tag unique");
+        assert_ne!(c0, c1, "and its ciphertext");
+        assert_ne!(c0, b"abc", "the payload is encrypted");
+
+        let open = |r: &mut SessionCipher, h: &[u8; HEADER_LEN], c: &[u8], t: &[u8; TAG_LEN]| {
+            let mut c = c.to_vec();
+            r.open(h, &mut c, t).map(|()| c)
+        };
+        let mut receiver = SessionCipher::new(b"key", [7; NONCE_LEN]);
         assert_eq!(
-            receiver.open(&h, b"a", &t1),
+            open(&mut receiver, &h, &c1, &t1),
             Err(Reject::Forged),
             "out of order"
         );
-        assert_eq!(receiver.open(&h, b"a", &t0), Ok(()));
+        assert_eq!(open(&mut receiver, &h, &c0, &t0), Ok(b"abc".to_vec()));
         assert_eq!(
-            receiver.open(&h, b"a", &t0),
+            open(&mut receiver, &h, &c0, &t0),
             Err(Reject::Forged),
             "replayed"
         );
+        let mut altered = c1.clone();
+        altered[1] ^= 1;
         assert_eq!(
-            receiver.open(&h, b"b", &t1),
+            open(&mut receiver, &h, &altered, &t1),
             Err(Reject::Forged),
             "altered payload"
         );
+        let mut other_header = h;
+        other_header[20] ^= 1;
+        assert_eq!(
+            open(&mut receiver, &other_header, &c1, &t1),
+            Err(Reject::Forged),
+            "altered header"
+        );
+        assert_eq!(open(&mut receiver, &h, &c1, &t1), Ok(b"abc".to_vec()));
 
-        let mut other_key = SessionMac::new(b"other", [7; NONCE_LEN]);
-        assert_eq!(other_key.open(&h, b"a", &t0), Err(Reject::Forged));
-        let mut other_session = SessionMac::new(b"key", [8; NONCE_LEN]);
-        assert_eq!(other_session.open(&h, b"a", &t0), Err(Reject::Forged));
+        let mut other_key = SessionCipher::new(b"other", [7; NONCE_LEN]);
+        assert_eq!(open(&mut other_key, &h, &c0, &t0), Err(Reject::Forged));
+        let mut other_session = SessionCipher::new(b"key", [8; NONCE_LEN]);
+        assert_eq!(open(&mut other_session, &h, &c0, &t0), Err(Reject::Forged));
+    }
+
+    #[test]
+    fn an_empty_payload_is_authenticated_too() {
+        let h = header(Kind::Leave).encode();
+        let mut sender = SessionCipher::new(b"key", [1; NONCE_LEN]);
+        let tag = sender.seal(&h, &mut []);
+        let mut receiver = SessionCipher::new(b"key", [1; NONCE_LEN]);
+        let mut forged = tag;
+        forged[0] ^= 1;
+        assert_eq!(receiver.open(&h, &mut [], &forged), Err(Reject::Forged));
+        assert_eq!(receiver.open(&h, &mut [], &tag), Ok(()));
     }
 
     #[test]

@@ -31,7 +31,7 @@ use murmur_core::topology::MemberId;
 
 use crate::algorithms::{Exchange, Payload, Purpose};
 use book::{Deposit, RoundBook, Standing};
-use frame::{Assembler, Hello, Kind, Reject, SessionMac};
+use frame::{Assembler, Hello, Kind, Reject, SessionCipher};
 use session::{ReadError, read_message, template, write_message};
 
 /// The frame kind that carries a payload of `purpose`.
@@ -498,7 +498,7 @@ async fn next_from<R: tokio::io::AsyncRead + Unpin>(
     shared: &Shared,
     peer: MemberId,
     reader: &mut R,
-    opener: &mut SessionMac,
+    opener: &mut SessionCipher,
     assembler: &mut Assembler,
 ) -> Option<frame::Message> {
     let config = &shared.config;
@@ -529,7 +529,7 @@ async fn serve_incoming(shared: Arc<Shared>, stream: TcpStream) {
     if session::send_challenge(&mut writer, &nonce).await.is_err() {
         return;
     }
-    let mut opener = SessionMac::new(&config.key, nonce);
+    let mut opener = SessionCipher::new(&config.key, nonce);
     let mut assembler = Assembler::default();
     // Until the hello checks out, nothing bigger than a hello is read.
     let first = timeout(
@@ -547,6 +547,14 @@ async fn serve_incoming(shared: Arc<Shared>, stream: TcpStream) {
     let hello_message = match first {
         Ok(Ok(m)) if m.kind == Kind::Hello => m,
         Ok(Ok(_)) => return shared.stats.reject(Reject::Malformed),
+        Ok(Err(ReadError::Rejected(Reject::UnsupportedVersion))) => {
+            tracing::warn!(
+                ours = frame::PROTOCOL_VERSION,
+                "refused a peer that speaks another murmur wire protocol version: every member \
+                 of a job must run the same murmur release"
+            );
+            return shared.stats.reject(Reject::UnsupportedVersion);
+        }
         Ok(Err(ReadError::Rejected(r))) => return shared.stats.reject(r),
         _ => return,
     };
@@ -561,7 +569,7 @@ async fn serve_incoming(shared: Arc<Shared>, stream: TcpStream) {
 
     // Answers (skip, state reply) go back on this connection, sealed with the dialer's nonce.
     let (reply_tx, mut reply_rx) = mpsc::channel::<Outgoing>(SEND_QUEUE);
-    let mut sealer = SessionMac::new(&config.key, hello.nonce);
+    let mut sealer = SessionCipher::new(&config.key, hello.nonce);
     let stats_owner = shared.clone();
     let (job, me) = (config.job, config.me);
     let replier = tokio::spawn(async move {
@@ -689,11 +697,16 @@ async fn run_outgoing(shared: &Arc<Shared>, peer: MemberId, stream: TcpStream, q
     let _ = stream.set_nodelay(true);
     let (mut reader, mut writer) = stream.into_split();
     let config = &shared.config;
-    let Ok(Ok(challenge)) = timeout(HANDSHAKE_TIMEOUT, session::read_challenge(&mut reader)).await
-    else {
-        return;
+    let challenge = match timeout(HANDSHAKE_TIMEOUT, session::read_challenge(&mut reader)).await {
+        Ok(Ok(challenge)) => challenge,
+        Ok(Err(refused @ ReadError::PeerVersion { .. })) => {
+            shared.stats.reject(Reject::UnsupportedVersion);
+            tracing::warn!(%peer, "{refused}: every member of a job must run the same murmur release");
+            return;
+        }
+        _ => return,
     };
-    let mut sealer = SessionMac::new(&config.key, challenge);
+    let mut sealer = SessionCipher::new(&config.key, challenge);
     let my_nonce = session::fresh_nonce();
     let hello = Hello {
         nonce: my_nonce,
@@ -716,7 +729,7 @@ async fn run_outgoing(shared: &Arc<Shared>, peer: MemberId, stream: TcpStream, q
     // The acceptor's answers: skips and state replies.
     let answers = {
         let shared = shared.clone();
-        let mut opener = SessionMac::new(&config.key, my_nonce);
+        let mut opener = SessionCipher::new(&config.key, my_nonce);
         tokio::spawn(async move {
             let mut assembler = Assembler::default();
             while let Some(message) =
