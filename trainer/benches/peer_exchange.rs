@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use murmur_core::topology::MemberId;
 use murmur_trainer::algorithms::mixing::weighted_average;
 use murmur_trainer::algorithms::{Exchange, Payload, Purpose};
-use murmur_trainer::compression::{Compression, Decoder, Encoder};
+use murmur_trainer::compression::{Compression, Decoded, Decoder, Encoder};
 use murmur_trainer::transport::{Transport, TransportConfig, frame};
 
 const KEY: &[u8] = b"bench key";
@@ -48,18 +48,18 @@ async fn round(
         .exchange(round, Purpose::Parameters, outgoing, peers)
         .await;
     assert_eq!(got.len(), peers.len(), "a peer missed round {round}");
-    let decoded: Vec<(f64, Vec<f32>)> = got
+    let decoded: Vec<(f64, Decoded)> = got
         .into_iter()
         .map(|(p, bytes)| {
             let x = decoders
                 .entry(p)
                 .or_default()
-                .decode(Compression::None, &bytes, own.len())
+                .decode_payload(Compression::None, bytes, own.len())
                 .unwrap();
             (1.0 / (peers.len() + 1) as f64, x)
         })
         .collect();
-    let refs: Vec<(f64, &[f32])> = decoded.iter().map(|(w, x)| (*w, x.as_slice())).collect();
+    let refs: Vec<(f64, &[f32])> = decoded.iter().map(|(w, x)| (*w, &**x)).collect();
     weighted_average(own, 1.0 / (peers.len() + 1) as f64, &refs)
 }
 

@@ -322,9 +322,9 @@ struct Partial {
 }
 
 impl Assembler {
-    /// Where the payload of the frame with `header` must be read to: a slice of the message
-    /// buffer, so chunks are read in place without another copy.
-    pub fn begin(&mut self, header: &Header) -> Result<&mut [u8], Reject> {
+    /// The message buffer the payload of the frame with `header` must be appended to (exactly
+    /// `payload_len` bytes): chunks are read in place, and the buffer is never zeroed first.
+    pub fn begin(&mut self, header: &Header) -> Result<&mut Vec<u8>, Reject> {
         let same_message = |p: &Partial| {
             header.offset == p.filled
                 && (header.kind, header.sender, header.round, header.message_len)
@@ -339,7 +339,7 @@ impl Assembler {
             None if header.offset == 0 => {
                 self.partial = Some(Partial {
                     first: *header,
-                    payload: vec![0; header.message_len as usize],
+                    payload: Vec::with_capacity(header.message_len as usize),
                     filled: 0,
                 });
             }
@@ -347,9 +347,8 @@ impl Assembler {
             _ => return Err(Reject::Malformed),
         }
         let p = self.partial.as_mut().expect("set above");
-        let start = header.offset as usize;
         p.filled = header.offset + u64::from(header.payload_len);
-        Ok(&mut p.payload[start..start + header.payload_len as usize])
+        Ok(&mut p.payload)
     }
 
     /// After the frame's tag checked out: the message, if that was its last chunk.
@@ -358,6 +357,11 @@ impl Assembler {
             return None;
         }
         let Partial { first, payload, .. } = self.partial.take().expect("checked");
+        debug_assert_eq!(
+            payload.len() as u64,
+            first.message_len,
+            "every chunk appended"
+        );
         Some(Message {
             kind: first.kind,
             sender: first.sender,
@@ -541,7 +545,7 @@ mod tests {
             assembler
                 .begin(&h)
                 .unwrap()
-                .copy_from_slice(&payload[range]);
+                .extend_from_slice(&payload[range]);
             messages.extend(assembler.finish());
         }
         assert_eq!(messages.len(), 1);

@@ -20,7 +20,7 @@ use murmur_core::topology::MemberId;
 use super::mixing::{distance, gossip_partner, mean, weighted_average_and_disagreement};
 use super::sgd::InPlaceSgd;
 use super::{Exchange, Neighbourhood, Payload, Purpose};
-use crate::compression::{Compression, Decoder, Encoder};
+use crate::compression::{Compression, Decoded, Decoder, Encoder};
 use crate::data::{Dataset, IMAGE_PIXELS};
 use crate::model::{self, FlatError, Layout, Model};
 
@@ -362,7 +362,7 @@ impl<B: AutodiffBackend> Member<B> {
         purpose: Purpose,
         compression: Compression,
         received: Vec<(MemberId, Payload)>,
-    ) -> Vec<(MemberId, Vec<f32>)> {
+    ) -> Vec<(MemberId, Decoded)> {
         let values = self.layout.len();
         received
             .into_iter()
@@ -373,7 +373,7 @@ impl<B: AutodiffBackend> Member<B> {
                     .decoders
                     .entry((from, purpose))
                     .or_default()
-                    .decode(compression, &bytes, values)
+                    .decode_payload(compression, bytes, values)
                     .ok()?;
                 Some((from, x))
             })
@@ -387,7 +387,7 @@ impl<B: AutodiffBackend> Member<B> {
         purpose: Purpose,
         peers: &[MemberId],
         values: &[f32],
-    ) -> Vec<(MemberId, Vec<f32>)> {
+    ) -> Vec<(MemberId, Decoded)> {
         // Gradients are never top-k'd: an estimate of a gradient stream is meaningless.
         let compression = match (purpose, self.config.compression) {
             (Purpose::Gradients, Compression::TopK { .. }) => Compression::None,
@@ -419,7 +419,7 @@ impl<B: AutodiffBackend> Member<B> {
                 .share(ex, step, Purpose::Gradients, &hood.clique_mates, &own)
                 .await;
             heard_from += received.len();
-            let refs: Vec<&[f32]> = received.iter().map(|(_, g)| g.as_slice()).collect();
+            let refs: Vec<&[f32]> = received.iter().map(|(_, g)| &**g).collect();
             grads = model::gradients_from_flat(&model, &mean(&own, &refs), &self.layout)?;
         }
         let mut model = self.optim.step(self.config.learning_rate, model, grads);
@@ -461,13 +461,11 @@ impl<B: AutodiffBackend> Member<B> {
                             .find(|(n, _)| *n == id)
                             .map_or(0.0, |(_, w)| *w)
                     };
-                    let weighted: Vec<(f64, &[f32])> = received
-                        .iter()
-                        .map(|(id, x)| (weight(*id), x.as_slice()))
-                        .collect();
+                    let weighted: Vec<(f64, &[f32])> =
+                        received.iter().map(|(id, x)| (weight(*id), &**x)).collect();
                     weighted_average_and_disagreement(&own, hood.self_weight, &weighted)
                 } else {
-                    let refs: Vec<&[f32]> = received.iter().map(|(_, x)| x.as_slice()).collect();
+                    let refs: Vec<&[f32]> = received.iter().map(|(_, x)| &**x).collect();
                     let mixed = mean(&own, &refs);
                     let disagreement = distance(&own, &mixed);
                     (mixed, disagreement)

@@ -109,7 +109,9 @@ pub enum Outcome {
 /// with glibc's defaults each is a fresh mmap whose pages fault in one by one, which cost more
 /// than the network copy itself (measured by benches/peer_exchange.rs: 0.14 s -> 0.09 s per
 /// 10M-parameter exchange). Memory stays at its steady-state peak, which a trainer reaches in
-/// its first round anyway.
+/// its first round anyway. One arena for all threads: glibc's per-thread arenas grow in heaps
+/// of at most 64 MB and serve anything larger with a fresh mmap whatever the threshold, so the
+/// buffers a runtime worker thread allocated (received models) faulted in anew every round.
 pub fn keep_freed_buffers() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     #[allow(unsafe_code)]
@@ -117,6 +119,7 @@ pub fn keep_freed_buffers() {
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 30);
         libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
+        libc::mallopt(libc::M_ARENA_MAX, 1);
     }
 }
 
