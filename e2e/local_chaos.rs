@@ -23,7 +23,8 @@ fn a_job_under_preemption_chaos_succeeds_close_to_an_undisturbed_run() {
     assert_eq!(calm_summary["preemptionsSurvived"], 0);
 
     // While the chaotic run goes, read the job the way a user would, every 200 ms.
-    let chaos = Run::start(EXAMPLE, &["--chaos", "preempt", "--every", "8s", "--kill"]);
+    // Every 4 s: the example trains in about 25 s here, and the test needs at least three kills.
+    let chaos = Run::start(EXAMPLE, &["--chaos", "preempt", "--every", "4s", "--kill"]);
     let mut seen = BTreeSet::new();
     let chaos = chaos.finish(|url| {
         if let Some((200, body)) = http_get(url, JOB) {

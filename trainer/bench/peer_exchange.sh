@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The peer-exchange figures beside their references, measured in one go on this machine:
 #   - two trainers exchanging a 10M-parameter fp32 model vs iperf3 over loopback (both ways);
-#   - an 8-trainer ring averaging round vs torch.distributed gloo all_reduce of the same tensor.
+#   - an 8-trainer ring averaging round vs torch.distributed gloo all_reduce of the same tensor,
+#     uncompressed and with int8 on the wire.
 # Needs iperf3 (apt-get install iperf3) and, for the gloo figure, torch (pip install torch numpy).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -17,21 +18,25 @@ wait
 
 bench=$(cargo bench -q -p murmur-trainer --bench peer_exchange 2>/dev/null)
 echo "$bench"
+int8=$(cargo bench -q -p murmur-trainer --bench peer_exchange -- ring --compression int8 2>/dev/null)
+echo "$int8"
 gloo=$(python3 trainer/bench/allreduce_gloo.py 2>/dev/null | tail -3 || true)
 echo "$gloo"
 
 get() { grep "^$1=" <<<"$2" | cut -d= -f2; }
 pair=$(get pair_exchange_gbytes_per_second "$bench")
 ring=$(get ring_round_seconds "$bench")
+ring_int8=$(get ring_round_seconds "$int8")
 gloo_s=$(get gloo_allreduce_seconds "$gloo")
-python3 - "$pair" "$iperf_bidir" "$ring" "${gloo_s:-}" <<'PY'
+python3 - "$pair" "$iperf_bidir" "$ring" "$ring_int8" "${gloo_s:-}" <<'PY'
 import sys
-pair, iperf, ring = map(float, sys.argv[1:4])
+pair, iperf, ring, ring_int8 = map(float, sys.argv[1:5])
 print(f"iperf3_bidir_gbytes_per_second={iperf:.3f}")
 print(f"pair_vs_iperf3={pair / iperf:.2f}   (aim >= 0.70)")
-if sys.argv[4]:
-    gloo = float(sys.argv[4])
+if sys.argv[5]:
+    gloo = float(sys.argv[5])
     print(f"ring_round_vs_gloo_allreduce={ring / gloo:.2f}   (time ratio; aim <= 1.00)")
+    print(f"ring_round_int8_vs_gloo_allreduce={ring_int8 / gloo:.2f}   (time ratio, int8 on the wire)")
 else:
     print("ring_round_vs_gloo_allreduce=n/a (torch not installed)")
 PY

@@ -6,7 +6,8 @@
 //!   ring  8 trainer processes do one ring averaging round with the same model: seconds per
 //!         round (compare with bench/allreduce_gloo.py: gloo all_reduce of the same tensor).
 //!
-//! `cargo bench -p murmur-trainer --bench peer_exchange [-- pair|ring] [--params N]`;
+//! `cargo bench -p murmur-trainer --bench peer_exchange [-- pair|ring] [--params N]
+//! [--compression none|fp16|int8]`;
 //! `trainer/bench/peer_exchange.sh` runs it beside iperf3 and gloo and prints the ratios.
 
 use std::collections::BTreeMap;
@@ -40,9 +41,10 @@ async fn round(
     own: &[f32],
     peers: &[MemberId],
     decoders: &mut BTreeMap<MemberId, Decoder>,
+    codec: Compression,
 ) -> Vec<f32> {
     // As the member does: one encoding, shared by every neighbour.
-    let shared = Payload::new(Encoder::default().encode(Compression::None, own));
+    let shared = Payload::new(Encoder::default().encode(codec, own));
     let outgoing = peers.iter().map(|&p| (p, shared.clone())).collect();
     let got = t
         .exchange(round, Purpose::Parameters, outgoing, peers)
@@ -54,7 +56,7 @@ async fn round(
             let x = decoders
                 .entry(p)
                 .or_default()
-                .decode_payload(Compression::None, bytes, own.len())
+                .decode_payload(codec, bytes, own.len())
                 .unwrap();
             (1.0 / (peers.len() + 1) as f64, x)
         })
@@ -70,7 +72,24 @@ fn params_flag(args: &[String]) -> usize {
         .map_or(10_000_000, |v| v.parse().expect("--params N"))
 }
 
-fn pair(params: usize) {
+/// `--compression none|fp16|int8` (default none): the codec on the wire, as a job's
+/// `algorithm.compression` sets it.
+fn compression_flag(args: &[String]) -> (String, Compression) {
+    let name = args
+        .iter()
+        .position(|a| a == "--compression")
+        .and_then(|i| args.get(i + 1))
+        .map_or("none", String::as_str);
+    let codec = match name {
+        "none" => Compression::None,
+        "fp16" => Compression::Fp16,
+        "int8" => Compression::Int8,
+        other => panic!("--compression none|fp16|int8, not {other}"),
+    };
+    (name.to_string(), codec)
+}
+
+fn pair(params: usize, codec: Compression) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -131,11 +150,11 @@ fn pair(params: usize) {
             let (xa2, xb2) = (xa.clone(), xb.clone());
             let (mut da, mut db) = (std::mem::take(&mut codecs.0), std::mem::take(&mut codecs.1));
             let ja = tokio::spawn(async move {
-                round(&mut ta, r, &xa2, &[1], &mut da).await;
+                round(&mut ta, r, &xa2, &[1], &mut da, codec).await;
                 da
             });
             let jb = tokio::spawn(async move {
-                round(&mut tb, r, &xb2, &[0], &mut db).await;
+                round(&mut tb, r, &xb2, &[0], &mut db, codec).await;
                 db
             });
             codecs = (ja.await.unwrap(), jb.await.unwrap());
@@ -151,7 +170,7 @@ fn pair(params: usize) {
 }
 
 /// Child process: member `me` of an `n`-ring on `ports`; prints its mean round time.
-fn ring_member(me: MemberId, ports: &[u16], params: usize) {
+fn ring_member(me: MemberId, ports: &[u16], params: usize, codec: Compression) {
     let n = ports.len() as MemberId;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -177,11 +196,11 @@ fn ring_member(me: MemberId, ports: &[u16], params: usize) {
             .collect();
         let mut dec = BTreeMap::new();
         // Round 0 waits for everyone to be up and connected.
-        own = round(&mut t, 0, &own, &peers, &mut dec).await;
+        own = round(&mut t, 0, &own, &peers, &mut dec, codec).await;
         let mut times = Vec::new();
         for r in 1..=ROUNDS {
             let started = Instant::now();
-            own = round(&mut t, r, &own, &peers, &mut dec).await;
+            own = round(&mut t, r, &own, &peers, &mut dec, codec).await;
             times.push(started.elapsed().as_secs_f64());
         }
         times.sort_by(f64::total_cmp);
@@ -190,7 +209,7 @@ fn ring_member(me: MemberId, ports: &[u16], params: usize) {
     });
 }
 
-fn ring(params: usize, n: usize) {
+fn ring(params: usize, n: usize, compression: &str) {
     // Below the kernel's ephemeral range, so no outgoing connection takes one before its
     // member binds it.
     let ports: Vec<u16> = (20_000..32_000)
@@ -212,6 +231,8 @@ fn ring(params: usize, n: usize) {
                     &list,
                     "--params",
                     &params.to_string(),
+                    "--compression",
+                    compression,
                 ])
                 .stdout(Stdio::piped())
                 .spawn()
@@ -234,6 +255,7 @@ fn ring(params: usize, n: usize) {
     // A round is done when its slowest member is.
     println!("ring_members={n}");
     println!("ring_params={params}");
+    println!("ring_compression={compression}");
     println!("ring_round_seconds={:.4}", medians[n - 1]);
 }
 
@@ -242,10 +264,11 @@ fn main() {
     murmur_trainer::runtime::keep_freed_buffers();
     let args: Vec<String> = std::env::args().collect();
     let params = params_flag(&args);
+    let (compression, codec) = compression_flag(&args);
     if let Some(i) = args.iter().position(|a| a == "ring-member") {
         let me: MemberId = args[i + 1].parse().unwrap();
         let ports: Vec<u16> = args[i + 2].split(',').map(|p| p.parse().unwrap()).collect();
-        return ring_member(me, &ports, params);
+        return ring_member(me, &ports, params, codec);
     }
     let which: Vec<&str> = args
         .iter()
@@ -254,9 +277,9 @@ fn main() {
         .filter(|a| matches!(*a, "pair" | "ring"))
         .collect();
     if which.is_empty() || which.contains(&"pair") {
-        pair(params);
+        pair(params, codec);
     }
     if which.is_empty() || which.contains(&"ring") {
-        ring(params, 8);
+        ring(params, 8, &compression);
     }
 }

@@ -15,9 +15,9 @@ use crate::algorithms::Payload;
 
 pub const INT8_CHUNK: usize = 256;
 
-/// No NaN or infinity in `values`. Written to vectorise (an exponent mask OR-ed over blocks,
-/// no early exit inside a block): `iter().any(is_finite)` ran a value at a time and took a tenth
-/// of a ring round's CPU.
+/// No NaN or infinity in `values`: the largest exponent field of each block, with no early exit
+/// inside a block, so that it vectorises. On a received 40 MB model the pass is bound by reading
+/// memory either way (9-10% of a ring round's profile, as with `iter().any(..)`).
 fn all_finite(values: &[f32]) -> bool {
     const EXPONENT: u32 = 0x7f80_0000;
     values.chunks(4096).all(|block| {
@@ -170,8 +170,8 @@ impl Decoder {
     /// Reconstruct the sender's `values`-long vector.
     /// As [`decode`](Self::decode), but an uncompressed payload whose bytes already are the
     /// f32 values in memory order (little-endian, 4-byte aligned, as an allocator's buffers are)
-    /// is read where it lies: no copy of the model (a 40 MB copy and its zeroing were a sixth
-    /// of a ring round's CPU).
+    /// is read where it lies: no copy of the model (decoding into a new, zeroed vector was 8% of
+    /// a ring round's profile, with a share of the 9% in memset).
     pub fn decode_payload(
         &mut self,
         compression: Compression,

@@ -16,8 +16,8 @@
 //! or VAES with carry-less multiplication) was the fastest authenticated choice measured, ahead
 //! of keyed BLAKE3 and of ChaCha20-Poly1305; GCM over data left in the clear (associated data
 //! only) is slow in `ring`, which hashes associated data a block at a time. Sealing costs the
-//! sender one copy of each chunk into its frame buffer (memcpy runs at about ten times the
-//! cipher's speed), and buys confidentiality of the model on the wire as well. The figures are in
+//! sender one copy of each chunk into its frame buffer (memcpy runs three to five times as fast
+//! as the cipher), and buys confidentiality of the model on the wire as well. The figures are in
 //! the README.
 //!
 //! Header (little endian): magic `MRMR` · protocol version u8 · kind u8 · reserved u16 ·
