@@ -10,13 +10,12 @@
 /// The CPU training backend (autodiff over flex).
 pub type Cpu = burn::backend::Autodiff<burn::backend::Flex>;
 
-/// Threads for the backend's kernels (its rayon pool), which flush subnormals as the caller's
-/// thread does ([`flush_subnormals`]). Call once, before the first tensor operation; a later call
-/// keeps the first setting.
+/// Threads for the backend's kernels (its rayon pool). They start here, from the calling thread,
+/// so they treat subnormals as it does ([`flush_subnormals`]). Call once, before the first tensor
+/// operation; a later call keeps the first setting.
 pub fn set_threads(threads: usize) {
     if let Err(e) = rayon::ThreadPoolBuilder::new()
         .num_threads(threads.max(1))
-        .start_handler(|_| flush_subnormals())
         .build_global()
     {
         tracing::debug!(error = %e, "the compute thread pool was already set up");

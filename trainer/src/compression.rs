@@ -15,9 +15,10 @@ use crate::algorithms::Payload;
 
 pub const INT8_CHUNK: usize = 256;
 
-/// No NaN or infinity in `values`: the largest exponent field of each block, with no early exit
-/// inside a block, so that it vectorises. On a received 40 MB model the pass is bound by reading
-/// memory either way (9-10% of a ring round's profile, as with `iter().any(..)`).
+/// No NaN or infinity in `values` (both decode paths check with it): the largest exponent field
+/// of each block, with no early exit inside a block, so that it vectorises. On a received 40 MB
+/// model the pass is bound by reading memory either way (9-10% of a ring round's profile, as
+/// with `iter().any(..)`).
 fn all_finite(values: &[f32]) -> bool {
     const EXPONENT: u32 = 0x7f80_0000;
     values.chunks(4096).all(|block| {
@@ -167,7 +168,6 @@ impl Encoder {
 }
 
 impl Decoder {
-    /// Reconstruct the sender's `values`-long vector.
     /// As [`decode`](Self::decode), but an uncompressed payload whose bytes already are the
     /// f32 values in memory order (little-endian, 4-byte aligned, as an allocator's buffers are)
     /// is read where it lies: no copy of the model (decoding into a new, zeroed vector was 8% of
@@ -192,6 +192,7 @@ impl Decoder {
             .map(|v| Decoded(Values::Owned(v)))
     }
 
+    /// Reconstruct the sender's `values`-long vector.
     pub fn decode(
         &mut self,
         compression: Compression,
@@ -272,7 +273,7 @@ impl Decoder {
                 self.estimate.clone()
             }
         };
-        if out.iter().any(|v| !v.is_finite()) {
+        if !all_finite(&out) {
             return Err(DecodeError::NonFinite);
         }
         Ok(out)
