@@ -135,7 +135,9 @@ fn hostile_frames_are_refused_counted_and_harmless() {
     let (mut s, _) = connect(port);
     // One write: the acceptor refuses on the header alone and may close before a second
     // write, which would then fail with a broken pipe (seen once in CI).
-    let mut old = header(Kind::Hello, job_id(), 0, hello.len()).encode().to_vec();
+    let mut old = header(Kind::Hello, job_id(), 0, hello.len())
+        .encode()
+        .to_vec();
     old[4] = 1;
     old.extend_from_slice(&hello);
     old.extend_from_slice(&[0u8; 32]);

@@ -136,6 +136,17 @@ fn group_norm<B: Backend>(norm: &GroupNorm<B>, x: Tensor<B, 4>) -> Tensor<B, 4> 
     x.reshape([batch, channels, height, width])
 }
 
+/// `Linear::forward` for a batch `[N, d_in]`: `x · W + b` with the product from `cpu::matmul`
+/// (one thread on the CPU backend, where flex would split the MLP's over its pool and lose).
+/// Same parameters, same arithmetic.
+fn dense<B: Backend>(layer: &Linear<B>, x: Tensor<B, 2>) -> Tensor<B, 2> {
+    let y = cpu::matmul(x, layer.weight.val());
+    match &layer.bias {
+        Some(bias) => y.add(bias.val().unsqueeze_dim(0)),
+        None => y,
+    }
+}
+
 /// Draws every lazily initialised parameter.
 struct Materialize;
 
@@ -181,17 +192,15 @@ impl<B: Backend> Model<B> {
     /// Logits for a batch of flattened images, `[batch, 784]` -> `[batch, 10]`.
     pub fn forward(&self, images: Tensor<B, 2>) -> Tensor<B, 2> {
         match self {
-            Model::LogisticRegression(m) => m.linear.forward(images),
-            Model::Mlp(m) => m
-                .output
-                .forward(m.activation.forward(m.hidden.forward(images))),
+            Model::LogisticRegression(m) => dense(&m.linear, images),
+            Model::Mlp(m) => dense(&m.output, m.activation.forward(dense(&m.hidden, images))),
             Model::GnLenet(m) => {
                 let [batch, _] = images.dims();
                 let mut x = images.reshape([batch, 1, IMAGE_SIDE, IMAGE_SIDE]);
                 for block in &m.blocks {
                     x = block.forward(x);
                 }
-                m.output.forward(x.flatten(1, 3))
+                dense(&m.output, x.flatten(1, 3))
             }
         }
     }

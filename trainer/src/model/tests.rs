@@ -235,3 +235,41 @@ fn the_conv_block_matches_burns_modules_forward_and_backward() {
         "bias gradient",
     );
 }
+
+#[test]
+fn the_dense_layer_matches_burns_linear_forward_and_backward() {
+    use burn::nn::LinearConfig;
+    use burn::tensor::Distribution;
+    let device = Default::default();
+    <AB as burn::tensor::backend::Backend>::seed(&device, 13);
+    let mut layer = LinearConfig::new(20, 7).init::<AB>(&device);
+    layer.bias = layer
+        .bias
+        .map(|b| b.map(|t| t.random_like(Distribution::Normal(0.0, 0.5)).require_grad()));
+    let x =
+        Tensor::<AB, 2>::random([5, 20], Distribution::Normal(0.0, 1.0), &device).require_grad();
+    let weights = Tensor::<AB, 2>::random([5, 7], Distribution::Uniform(-1.0, 1.0), &device);
+    let ours = super::dense(&layer, x.clone());
+    let theirs = layer.forward(x.clone());
+    let close = |ours, theirs, what| assert_close(ours, theirs, 1e-5, what);
+    close(values(ours.clone()), values(theirs.clone()), "output");
+    let grads_ours = (ours * weights.clone()).sum().backward();
+    let grads_theirs = (theirs * weights).sum().backward();
+    close(
+        values(x.grad(&grads_ours).unwrap()),
+        values(x.grad(&grads_theirs).unwrap()),
+        "input gradient",
+    );
+    let weight = layer.weight.val();
+    close(
+        values(weight.grad(&grads_ours).unwrap()),
+        values(weight.grad(&grads_theirs).unwrap()),
+        "weight gradient",
+    );
+    let bias = layer.bias.as_ref().unwrap().val();
+    close(
+        values(bias.grad(&grads_ours).unwrap()),
+        values(bias.grad(&grads_theirs).unwrap()),
+        "bias gradient",
+    );
+}

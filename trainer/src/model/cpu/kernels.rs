@@ -221,6 +221,62 @@ pub fn conv_backward(
     (want_x.then_some(dx), weight)
 }
 
+/// `lhs` `[m, k]` times `rhs` `[k, n]`, both row-major: a dense layer's product.
+///
+/// On one thread, whatever the pool: flex hands every product of more than 192³ multiply-adds
+/// to gemm's rayon split, and for the MLP's (64·784·256, 12.8M) that made its whole step slower
+/// at 2 threads than at 1 (66 559 against 92 377 samples/s in `--bench mlp_step`): on a 2-vCPU
+/// VM, waking the second worker for each product costs more than half the product saves
+/// (a fifth of the 2-thread profile was the scheduler). The trainer's largest product is that
+/// one, and one thread also makes the result independent of the thread count.
+pub fn matmul(lhs: &[f32], rhs: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+    let mut out = vec![0.0f32; m * n];
+    gemm(
+        &mut out,
+        Out::RowMajor,
+        Matrix::rows(lhs, m, k),
+        Matrix::rows(rhs, k, n),
+        false,
+    );
+    out
+}
+
+/// The gradients of `matmul`'s operands from the output's gradient `grad` (`[m, n]`), each only
+/// when asked for: `grad · rhsᵀ` (`[m, k]`) and `lhsᵀ · grad` (`[k, n]`).
+pub fn matmul_backward(
+    grad: &[f32],
+    lhs: &[f32],
+    rhs: &[f32],
+    (m, k, n): (usize, usize, usize),
+    want_lhs: bool,
+    want_rhs: bool,
+) -> (Option<Vec<f32>>, Option<Vec<f32>>) {
+    let grad = Matrix::rows(grad, m, n);
+    let d_lhs = want_lhs.then(|| {
+        let mut d = vec![0.0f32; m * k];
+        gemm(
+            &mut d,
+            Out::RowMajor,
+            grad,
+            Matrix::rows(rhs, k, n).transpose(),
+            false,
+        );
+        d
+    });
+    let d_rhs = want_rhs.then(|| {
+        let mut d = vec![0.0f32; k * n];
+        gemm(
+            &mut d,
+            Out::RowMajor,
+            Matrix::rows(lhs, m, k).transpose(),
+            grad,
+            false,
+        );
+        d
+    });
+    (d_lhs, d_rhs)
+}
+
 /// A read-only matrix over a slice: element (i, j) at `i * row_stride + j * col_stride`.
 #[derive(Clone, Copy, Debug)]
 struct Matrix<'a> {
@@ -272,7 +328,7 @@ enum Out {
 }
 
 /// `out` = `lhs · rhs`, plus `out` when `accumulate`. The `gemm` crate (flex's own) on one
-/// thread: the callers spread samples over the threads.
+/// thread: the callers spread samples over the threads, or not at all (see `matmul`).
 #[allow(unsafe_code)]
 fn gemm(out: &mut [f32], layout: Out, lhs: Matrix, rhs: Matrix, accumulate: bool) {
     let (m, k, n) = (lhs.rows, lhs.cols, rhs.cols);

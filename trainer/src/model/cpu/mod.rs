@@ -9,6 +9,8 @@
 //! rebuilds each sample's column matrix for the weight gradient, and takes the input gradient as
 //! a second product and col2im (see `kernels`).
 //!
+//! The dense layers' matrix products are here too, to keep them on one thread (`matmul`).
+//!
 //! The model stays generic over the backend: `conv2d` and `max_pool_2x2` take this path when the
 //! backend is the trainer's CPU backend (with or without autodiff) and the tensors are f32, and
 //! burn's own operations otherwise (CUDA, ndarray).
@@ -77,6 +79,21 @@ pub fn conv2d<B: Backend>(x: Tensor<B, 4>, weight: Tensor<B, 4>, padding: usize)
 
 fn options(padding: usize) -> ConvOptions<2> {
     ConvOptions::new([1, 1], [padding, padding], [1, 1], 1)
+}
+
+/// `lhs` `[m, k]` times `rhs` `[k, n]`: on the CPU backend always on one thread (see
+/// `kernels::matmul` for the measurement), elsewhere burn's `matmul`.
+pub fn matmul<B: Backend>(lhs: Tensor<B, 2>, rhs: Tensor<B, 2>) -> Tensor<B, 2> {
+    let f32s = lhs.dtype() == DType::F32 && rhs.dtype() == DType::F32;
+    if !f32s || lhs.dims()[1] != rhs.dims()[0] {
+        return lhs.matmul(rhs);
+    }
+    dispatch(
+        (lhs, rhs),
+        |(l, r): (Tensor<Cpu, 2>, Tensor<Cpu, 2>)| ops::matmul_autodiff(l, r),
+        |(l, r): (Tensor<Flex, 2>, Tensor<Flex, 2>)| ops::matmul_plain(l, r),
+        |(l, r)| l.matmul(r),
+    )
 }
 
 /// A 2x2 max-pool with stride 2 (an odd last row or column dropped).

@@ -199,3 +199,77 @@ pub fn pool_plain(x: Tensor<Flex, 4>) -> Tensor<Flex, 4> {
     let (y, _) = pool_forward(&primitive(x));
     Tensor::from_primitive(TensorPrimitive::Float(y))
 }
+
+/// What the product's backward pass needs: both operands (shared, not copied).
+#[derive(Clone, Debug)]
+pub struct MatmulSaved {
+    lhs: FlexTensor,
+    rhs: FlexTensor,
+}
+
+fn matmul_dims(lhs: &FlexTensor, rhs: &FlexTensor) -> (usize, usize, usize) {
+    let [m, k]: [usize; 2] = lhs.layout().shape().dims();
+    let [_, n]: [usize; 2] = rhs.layout().shape().dims();
+    (m, k, n)
+}
+
+/// `lhs` `[m, k]` times `rhs` `[k, n]` (callers check the inner dimensions).
+pub fn matmul_forward(lhs: FlexTensor, rhs: FlexTensor) -> (FlexTensor, MatmulSaved) {
+    let (m, k, n) = matmul_dims(&lhs, &rhs);
+    let y = tensor(
+        kernels::matmul(&values(&lhs), &values(&rhs), m, k, n),
+        &[m, n],
+    );
+    (y, MatmulSaved { lhs, rhs })
+}
+
+#[derive(Debug)]
+struct MatmulOp;
+
+impl Backward<Flex, 2> for MatmulOp {
+    type State = MatmulSaved;
+
+    fn backward(self, ops: Ops<MatmulSaved, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [node_lhs, node_rhs] = ops.parents;
+        let grad = grads.consume::<Flex>(&ops.node);
+        let MatmulSaved { lhs, rhs } = &ops.state;
+        let dims @ (m, k, n) = matmul_dims(lhs, rhs);
+        let (d_lhs, d_rhs) = kernels::matmul_backward(
+            &values(&grad),
+            &values(lhs),
+            &values(rhs),
+            dims,
+            node_lhs.is_some(),
+            node_rhs.is_some(),
+        );
+        let d_lhs = d_lhs.map(|d| tensor(d, &[m, k]));
+        let d_rhs = d_rhs.map(|d| tensor(d, &[k, n]));
+        for (node, g) in [(node_lhs, d_lhs), (node_rhs, d_rhs)] {
+            if let (Some(node), Some(g)) = (node, g) {
+                grads.register::<Flex>(node.id, g);
+            }
+        }
+    }
+}
+
+/// The product on the autodiff backend.
+pub fn matmul_autodiff(lhs: Tensor<Cpu, 2>, rhs: Tensor<Cpu, 2>) -> Tensor<Cpu, 2> {
+    let lhs = lhs.into_primitive().tensor();
+    let rhs = rhs.into_primitive().tensor();
+    let (y, saved) = matmul_forward(lhs.primitive.clone(), rhs.primitive.clone());
+    let out = match MatmulOp
+        .prepare::<Checkpointing>([lhs.node.clone(), rhs.node.clone()])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => prep.finish(saved, y),
+        OpsKind::UnTracked(prep) => prep.finish(y),
+    };
+    Tensor::from_primitive(TensorPrimitive::Float(out))
+}
+
+/// The product without autodiff (evaluation).
+pub fn matmul_plain(lhs: Tensor<Flex, 2>, rhs: Tensor<Flex, 2>) -> Tensor<Flex, 2> {
+    let (y, _) = matmul_forward(primitive(lhs), primitive(rhs));
+    Tensor::from_primitive(TensorPrimitive::Float(y))
+}

@@ -280,3 +280,75 @@ fn only_the_named_type_is_taken() {
     assert_eq!(exactly::<u32, u32>(7), Ok(7));
     assert_eq!(exactly::<u32, i32>(7), Err(7));
 }
+
+/// The product against burn's `matmul`, forward and both gradients, on the trainer's backend
+/// and without autodiff, in the models' shapes and odd ones.
+#[test]
+fn the_product_matches_burns_forward_and_backward() {
+    let device = Default::default();
+    for (m, k, n) in [
+        (64, 784, 256),
+        (64, 256, 10),
+        (3, 576, 10),
+        (1, 1, 1),
+        (5, 7, 3),
+    ] {
+        let lhs = Tensor::<Plain, 2>::random([m, k], Distribution::Default, &device);
+        let rhs = Tensor::<Plain, 2>::random([k, n], Distribution::Default, &device);
+        let mix = Tensor::<Plain, 2>::random([m, n], Distribution::Default, &device);
+        let ours = |l: Tensor<Cpu, 2>, r: Tensor<Cpu, 2>| matmul(l, r);
+        let burns = |l: Tensor<Cpu, 2>, r: Tensor<Cpu, 2>| l.matmul(r);
+        let mut results = Vec::new();
+        for f in [&ours as &dyn Fn(_, _) -> _, &burns] {
+            let l = Tensor::<Cpu, 2>::from_inner(lhs.clone()).require_grad();
+            let r = Tensor::<Cpu, 2>::from_inner(rhs.clone()).require_grad();
+            let y = f(l.clone(), r.clone());
+            let grads = (y.clone() * Tensor::from_inner(mix.clone()))
+                .sum()
+                .backward();
+            let v = |t: Tensor<Plain, 2>| t.into_data().to_vec::<f32>().unwrap();
+            results.push([
+                v(y.inner()),
+                v(l.grad(&grads).unwrap()),
+                v(r.grad(&grads).unwrap()),
+            ]);
+        }
+        for (i, name) in ["output", "left gradient", "right gradient"]
+            .iter()
+            .enumerate()
+        {
+            assert_close(
+                &format!("{m}x{k}x{n}: {name}"),
+                &results[0][i],
+                &results[1][i],
+                1e-4,
+            );
+        }
+        let plain = matmul(lhs.clone(), rhs.clone()).into_data().to_vec::<f32>();
+        assert_close(
+            &format!("{m}x{k}x{n}: plain output"),
+            &plain.unwrap(),
+            &results[1][0],
+            1e-4,
+        );
+    }
+}
+
+#[test]
+fn the_product_does_not_depend_on_the_thread_count() {
+    let (m, k, n) = (64, 784, 256);
+    let (lhs, rhs) = (noise(m * k, 1), noise(k * n, 2));
+    let grad = noise(m * n, 3);
+    let run = |threads| {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(|| {
+            let y = kernels::matmul(&lhs, &rhs, m, k, n);
+            let (dl, dr) = kernels::matmul_backward(&grad, &lhs, &rhs, (m, k, n), true, true);
+            (y, dl, dr)
+        })
+    };
+    assert_eq!(run(1), run(3));
+}
