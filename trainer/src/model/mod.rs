@@ -81,20 +81,31 @@ impl<B: Backend> ConvBlock<B> {
 
     fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         // `self.pool` is a 2x2, stride-2 max-pool; `cpu::max_pool_2x2` computes the same.
-        self.activation.forward(cpu::max_pool_2x2(group_norm(
-            &self.norm,
-            conv_row_bias(&self.conv, x),
-        )))
+        let y = cpu::conv2d(x, self.conv.weight.val(), PADDING);
+        self.activation
+            .forward(cpu::max_pool_2x2(self.bias_and_norm(y)))
+    }
+
+    /// The conv bias, then GroupNorm: one operation on the CPU backend, burn's operations
+    /// elsewhere.
+    fn bias_and_norm(&self, y: Tensor<B, 4>) -> Tensor<B, 4> {
+        let (norm, bias) = (&self.norm, &self.conv.bias);
+        let burns = |(y, _)| group_norm(norm, add_row_bias(bias.as_ref(), y));
+        match (bias, &norm.gamma, &norm.beta) {
+            (Some(bias), Some(gamma), Some(beta)) => {
+                let params = [bias.val(), gamma.val(), beta.val()];
+                cpu::bias_group_norm((y, params), norm.num_groups, norm.epsilon, burns)
+            }
+            _ => group_norm(norm, add_row_bias(bias.as_ref(), y)),
+        }
     }
 }
 
-/// `Conv2d::forward` for the blocks' convolutions (stride 1, "same" padding): the convolution is
-/// `cpu::conv2d`, and the bias is added as one value per (sample, channel) row of `[N·C, H·W]`,
-/// whose gradient sums contiguous rows (burn's own bias gradient swaps the batch and channel axes
-/// first, a strided copy that took 8% of a GN-LeNet step on flex). Same parameters.
-fn conv_row_bias<B: Backend>(conv: &Conv2d<B>, x: Tensor<B, 4>) -> Tensor<B, 4> {
-    let y = cpu::conv2d(x, conv.weight.val(), PADDING);
-    let Some(bias) = &conv.bias else {
+/// The conv bias (of `Conv2d::forward`) added as one value per (sample, channel) row of
+/// `[N·C, H·W]`, whose gradient sums contiguous rows (burn's own bias gradient swaps the batch
+/// and channel axes first, a strided copy that took 8% of a GN-LeNet step on flex).
+fn add_row_bias<B: Backend>(bias: Option<&Param<Tensor<B, 1>>>, y: Tensor<B, 4>) -> Tensor<B, 4> {
+    let Some(bias) = bias else {
         return y;
     };
     let [batch, channels, height, width] = y.dims();

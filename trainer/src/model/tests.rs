@@ -194,14 +194,23 @@ fn assert_close(ours: Vec<f32>, theirs: Vec<f32>, tolerance: f32, what: &str) {
 
 #[test]
 fn the_conv_block_matches_burns_modules_forward_and_backward() {
+    use burn::module::AutodiffModule;
     use burn::tensor::Distribution;
     let device = Default::default();
     <AB as burn::tensor::backend::Backend>::seed(&device, 11);
     let mut block = ConvBlock::<AB>::new(3, 8, &device);
-    // A bias away from its initial values, so it matters.
+    // A bias, scale and shift away from their initial values, so they matter.
     block.conv.bias = block
         .conv
         .bias
+        .map(|b| b.map(|t| t.random_like(Distribution::Normal(0.0, 0.5)).require_grad()));
+    block.norm.gamma = block
+        .norm
+        .gamma
+        .map(|g| g.map(|t| t.random_like(Distribution::Normal(1.0, 0.5)).require_grad()));
+    block.norm.beta = block
+        .norm
+        .beta
         .map(|b| b.map(|t| t.random_like(Distribution::Normal(0.0, 0.5)).require_grad()));
     let x = Tensor::<AB, 4>::random([4, 3, 7, 7], Distribution::Normal(0.0, 1.0), &device)
         .require_grad();
@@ -213,6 +222,7 @@ fn the_conv_block_matches_burns_modules_forward_and_backward() {
             .activation
             .forward(block.norm.forward(block.conv.forward(x.clone()))),
     );
+    let theirs_plain = theirs.clone().inner();
     let close = |ours, theirs, what| assert_close(ours, theirs, 1e-5, what);
     close(values(ours.clone()), values(theirs.clone()), "output");
     let grads_ours = (ours * weights.clone()).sum().backward();
@@ -228,12 +238,21 @@ fn the_conv_block_matches_burns_modules_forward_and_backward() {
         values(weight.grad(&grads_theirs).unwrap()),
         "weight gradient",
     );
-    let bias = block.conv.bias.as_ref().unwrap().val();
-    close(
-        values(bias.grad(&grads_ours).unwrap()),
-        values(bias.grad(&grads_theirs).unwrap()),
-        "bias gradient",
-    );
+    for (p, what) in [
+        (&block.conv.bias, "bias gradient"),
+        (&block.norm.gamma, "scale gradient"),
+        (&block.norm.beta, "shift gradient"),
+    ] {
+        let p = p.as_ref().unwrap().val();
+        close(
+            values(p.grad(&grads_ours).unwrap()),
+            values(p.grad(&grads_theirs).unwrap()),
+            what,
+        );
+    }
+    // Without autodiff (evaluation), the same output.
+    let plain = block.valid().forward(x.inner());
+    close(values(plain), values(theirs_plain), "plain output");
 }
 
 #[test]

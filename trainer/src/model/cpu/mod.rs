@@ -9,12 +9,14 @@
 //! rebuilds each sample's column matrix for the weight gradient, and takes the input gradient as
 //! a second product and col2im (see `kernels`).
 //!
-//! The dense layers' matrix products are here too, to keep them on one thread (`matmul`).
+//! The conv bias and GroupNorm that follow each convolution are one operation here too
+//! (`bias_group_norm`), and the dense layers' matrix products are here too, to keep them on one thread (`matmul`).
 //!
 //! The model stays generic over the backend: `conv2d` and `max_pool_2x2` take this path when the
 //! backend is the trainer's CPU backend (with or without autodiff) and the tensors are f32, and
 //! burn's own operations otherwise (CUDA, ndarray).
 
+mod group_norm;
 mod kernels;
 mod ops;
 #[cfg(test)]
@@ -79,6 +81,38 @@ pub fn conv2d<B: Backend>(x: Tensor<B, 4>, weight: Tensor<B, 4>, padding: usize)
 
 fn options(padding: usize) -> ConvOptions<2> {
     ConvOptions::new([1, 1], [padding, padding], [1, 1], 1)
+}
+
+/// `bias_group_norm`'s input.
+pub type NormInput<B> = (Tensor<B, 4>, [Tensor<B, 1>; 3]);
+
+/// `x` `[N, C, H, W]` plus a per-channel `bias`, then GroupNorm over `groups` groups with scale
+/// `gamma` and shift `beta` (each `[C]`) and `epsilon`: one operation on the CPU backend
+/// (`group_norm`); elsewhere, or for shapes it does not take, `otherwise` (burn's operations).
+pub fn bias_group_norm<B: Backend>(
+    input: NormInput<B>,
+    groups: usize,
+    epsilon: f64,
+    otherwise: impl FnOnce(NormInput<B>) -> Tensor<B, 4>,
+) -> Tensor<B, 4> {
+    let (x, params) = &input;
+    let channels = x.dims()[1];
+    let handled = groups > 0
+        && channels.is_multiple_of(groups)
+        && params
+            .iter()
+            .all(|p| p.dims() == [channels] && p.dtype() == DType::F32)
+        && x.dtype() == DType::F32;
+    if !handled {
+        return otherwise(input);
+    }
+    let epsilon = epsilon as f32;
+    dispatch(
+        input,
+        |(x, p): NormInput<Cpu>| ops::norm_autodiff(x, p, groups, epsilon),
+        |(x, p): NormInput<Flex>| ops::norm_plain(x, p, groups, epsilon),
+        otherwise,
+    )
 }
 
 /// `lhs` `[m, k]` times `rhs` `[k, n]`: on the CPU backend always on one thread (see

@@ -10,6 +10,7 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::flex::FlexTensor;
 use burn::tensor::{Tensor, TensorData, TensorPrimitive};
 
+use super::group_norm::{self, NormShape};
 use super::kernels::{self, ConvShape};
 use crate::backend::Cpu;
 
@@ -271,5 +272,123 @@ pub fn matmul_autodiff(lhs: Tensor<Cpu, 2>, rhs: Tensor<Cpu, 2>) -> Tensor<Cpu, 
 /// The product without autodiff (evaluation).
 pub fn matmul_plain(lhs: Tensor<Flex, 2>, rhs: Tensor<Flex, 2>) -> Tensor<Flex, 2> {
     let (y, _) = matmul_forward(primitive(lhs), primitive(rhs));
+    Tensor::from_primitive(TensorPrimitive::Float(y))
+}
+
+/// What the bias-and-GroupNorm's backward pass needs.
+#[derive(Clone, Debug)]
+pub struct NormSaved {
+    shape: NormShape,
+    dims: [usize; 4],
+    gamma: FlexTensor,
+    kernel: Arc<group_norm::NormSaved>,
+}
+
+/// `x` `[N, C, H, W]` plus the per-channel `bias`, then GroupNorm with `gamma` and `beta`.
+pub fn norm_forward(
+    x: &FlexTensor,
+    [bias, gamma, beta]: [&FlexTensor; 3],
+    groups: usize,
+    epsilon: f32,
+) -> (FlexTensor, NormSaved) {
+    let dims: [usize; 4] = x.layout().shape().dims();
+    let [batch, channels, height, width] = dims;
+    let shape = NormShape {
+        batch,
+        channels,
+        groups,
+        pixels: height * width,
+    };
+    let (y, kernel) = group_norm::forward(
+        &values(x),
+        [&values(bias), &values(gamma), &values(beta)],
+        &shape,
+        epsilon,
+    );
+    let saved = NormSaved {
+        shape,
+        dims,
+        gamma: gamma.clone(),
+        kernel: Arc::new(kernel),
+    };
+    (tensor(y, &dims), saved)
+}
+
+#[derive(Debug)]
+struct NormOp;
+
+impl Backward<Flex, 4> for NormOp {
+    type State = NormSaved;
+
+    fn backward(self, ops: Ops<NormSaved, 4>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [node_x, node_bias, node_gamma, node_beta] = ops.parents;
+        let grad = grads.consume::<Flex>(&ops.node);
+        let s = &ops.state;
+        let (dx, [d_bias, d_gamma, d_beta]) = group_norm::backward(
+            &values(&grad),
+            &s.kernel,
+            &values(&s.gamma),
+            &s.shape,
+            node_x.is_some(),
+        );
+        if let (Some(node), Some(dx)) = (node_x, dx) {
+            grads.register::<Flex>(node.id, tensor(dx, &s.dims));
+        }
+        for (node, g) in [
+            (node_bias, d_bias),
+            (node_gamma, d_gamma),
+            (node_beta, d_beta),
+        ] {
+            if let Some(node) = node {
+                grads.register::<Flex>(node.id, tensor(g, &[s.shape.channels]));
+            }
+        }
+    }
+}
+
+/// The bias and GroupNorm on the autodiff backend: one node with its own backward.
+pub fn norm_autodiff(
+    x: Tensor<Cpu, 4>,
+    [bias, gamma, beta]: [Tensor<Cpu, 1>; 3],
+    groups: usize,
+    epsilon: f32,
+) -> Tensor<Cpu, 4> {
+    let [x, bias, gamma, beta] = [
+        x.into_primitive().tensor(),
+        bias.into_primitive().tensor(),
+        gamma.into_primitive().tensor(),
+        beta.into_primitive().tensor(),
+    ];
+    let (y, saved) = norm_forward(
+        &x.primitive,
+        [&bias.primitive, &gamma.primitive, &beta.primitive],
+        groups,
+        epsilon,
+    );
+    let out = match NormOp
+        .prepare::<Checkpointing>([
+            x.node.clone(),
+            bias.node.clone(),
+            gamma.node.clone(),
+            beta.node.clone(),
+        ])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => prep.finish(saved, y),
+        OpsKind::UnTracked(prep) => prep.finish(y),
+    };
+    Tensor::from_primitive(TensorPrimitive::Float(out))
+}
+
+/// The bias and GroupNorm without autodiff (evaluation).
+pub fn norm_plain(
+    x: Tensor<Flex, 4>,
+    [bias, gamma, beta]: [Tensor<Flex, 1>; 3],
+    groups: usize,
+    epsilon: f32,
+) -> Tensor<Flex, 4> {
+    let [bias, gamma, beta] = [primitive(bias), primitive(gamma), primitive(beta)];
+    let (y, _) = norm_forward(&primitive(x), [&bias, &gamma, &beta], groups, epsilon);
     Tensor::from_primitive(TensorPrimitive::Float(y))
 }

@@ -352,3 +352,56 @@ fn the_product_does_not_depend_on_the_thread_count() {
     };
     assert_eq!(run(1), run(3));
 }
+
+#[test]
+fn the_norm_does_not_depend_on_the_thread_count_and_skips_what_is_not_asked() {
+    use super::group_norm::{NormShape, backward, forward};
+    let s = NormShape {
+        batch: 11,
+        channels: 6,
+        groups: 2,
+        pixels: 37,
+    };
+    let x = noise(s.batch * s.channels * s.pixels, 1);
+    let params = [noise(6, 2), noise(6, 3), noise(6, 4)];
+    let grad = noise(x.len(), 5);
+    let run = |threads, want_x| {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(|| {
+            let (y, saved) = forward(&x, [&params[0], &params[1], &params[2]], &s, 1e-5);
+            let (dx, d) = backward(&grad, &saved, &params[1], &s, want_x);
+            (y, dx, d)
+        })
+    };
+    let one = run(1, true);
+    assert_eq!(one, run(3, true));
+    let (_, dx, d) = run(2, false);
+    assert!(
+        dx.is_none(),
+        "the input gradient is not computed when not asked"
+    );
+    assert_eq!(
+        d, one.2,
+        "the parameters' gradients do not need the input's"
+    );
+}
+
+#[test]
+fn other_backends_compose_burns_norm() {
+    type Other = burn::backend::NdArray;
+    let device = Default::default();
+    let x = Tensor::<Other, 4>::random([2, 4, 3, 3], Distribution::Default, &device);
+    let p = || Tensor::<Other, 1>::random([4], Distribution::Default, &device);
+    let mut composed = false;
+    bias_group_norm((x, [p(), p(), p()]), 2, 1e-5, |(x, _)| {
+        composed = true;
+        x
+    });
+    assert!(
+        composed,
+        "ndarray takes the caller's composition of burn's operations"
+    );
+}
