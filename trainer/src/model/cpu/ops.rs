@@ -8,6 +8,7 @@ use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::flex::FlexTensor;
+use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Tensor, TensorData, TensorPrimitive};
 
 use super::group_norm::{self, NormShape};
@@ -150,6 +151,24 @@ impl Backward<Flex, 1> for PoolOp {
 /// `Cpu`'s strategy (burn's default): every activation is kept, none recomputed.
 type Checkpointing = burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 
+/// The autodiff tensor `y` computed by `op` from `parents`: one graph node whose backward pass is
+/// `op`'s, keeping `state` only when a parent is tracked.
+fn record<const N: usize, O: Backward<Flex, N>>(
+    op: O,
+    parents: [&FloatTensor<Cpu>; N],
+    state: O::State,
+    y: FlexTensor,
+) -> FloatTensor<Cpu> {
+    match op
+        .prepare::<Checkpointing>(parents.map(|p| p.node.clone()))
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => prep.finish(state, y),
+        OpsKind::UnTracked(prep) => prep.finish(y),
+    }
+}
+
 /// The convolution on the autodiff backend: the graph records one node with its own backward.
 pub fn conv_autodiff(
     x: Tensor<Cpu, 4>,
@@ -159,14 +178,7 @@ pub fn conv_autodiff(
     let x = x.into_primitive().tensor();
     let weight = weight.into_primitive().tensor();
     let (y, saved) = conv_forward(x.primitive.clone(), weight.primitive.clone(), shape);
-    let out = match ConvOp
-        .prepare::<Checkpointing>([x.node.clone(), weight.node.clone()])
-        .compute_bound()
-        .stateful()
-    {
-        OpsKind::Tracked(prep) => prep.finish(saved, y),
-        OpsKind::UnTracked(prep) => prep.finish(y),
-    };
+    let out = record(ConvOp, [&x, &weight], saved, y);
     Tensor::from_primitive(TensorPrimitive::Float(out))
 }
 
@@ -174,14 +186,7 @@ pub fn conv_autodiff(
 pub fn pool_autodiff(x: Tensor<Cpu, 4>) -> Tensor<Cpu, 4> {
     let x = x.into_primitive().tensor();
     let (y, saved) = pool_forward(&x.primitive);
-    let out = match PoolOp
-        .prepare::<Checkpointing>([x.node.clone()])
-        .compute_bound()
-        .stateful()
-    {
-        OpsKind::Tracked(prep) => prep.finish(saved, y),
-        OpsKind::UnTracked(prep) => prep.finish(y),
-    };
+    let out = record(PoolOp, [&x], saved, y);
     Tensor::from_primitive(TensorPrimitive::Float(out))
 }
 
@@ -258,14 +263,7 @@ pub fn matmul_autodiff(lhs: Tensor<Cpu, 2>, rhs: Tensor<Cpu, 2>) -> Tensor<Cpu, 
     let lhs = lhs.into_primitive().tensor();
     let rhs = rhs.into_primitive().tensor();
     let (y, saved) = matmul_forward(lhs.primitive.clone(), rhs.primitive.clone());
-    let out = match MatmulOp
-        .prepare::<Checkpointing>([lhs.node.clone(), rhs.node.clone()])
-        .compute_bound()
-        .stateful()
-    {
-        OpsKind::Tracked(prep) => prep.finish(saved, y),
-        OpsKind::UnTracked(prep) => prep.finish(y),
-    };
+    let out = record(MatmulOp, [&lhs, &rhs], saved, y);
     Tensor::from_primitive(TensorPrimitive::Float(out))
 }
 
@@ -365,19 +363,7 @@ pub fn norm_autodiff(
         groups,
         epsilon,
     );
-    let out = match NormOp
-        .prepare::<Checkpointing>([
-            x.node.clone(),
-            bias.node.clone(),
-            gamma.node.clone(),
-            beta.node.clone(),
-        ])
-        .compute_bound()
-        .stateful()
-    {
-        OpsKind::Tracked(prep) => prep.finish(saved, y),
-        OpsKind::UnTracked(prep) => prep.finish(y),
-    };
+    let out = record(NormOp, [&x, &bias, &gamma, &beta], saved, y);
     Tensor::from_primitive(TensorPrimitive::Float(out))
 }
 
