@@ -3,9 +3,9 @@
 //! burn's `flex` backend (pure Rust, on the `gemm` crate), chosen by `cargo bench -p murmur-trainer
 //! --bench mlp_step`, which runs every model on both CPU backends that build offline (flex and
 //! ndarray) beside PyTorch: flex was the faster on every model, by over 20× on GN-LeNet, whose
-//! convolutions ndarray runs naively. GN-LeNet's convolution and pool run on the model's own
-//! operations over flex (`model::cpu`), which replace flex's generic ones. The figures are in the
-//! README.
+//! convolutions ndarray runs naively. GN-LeNet's convolution, pool, conv bias and GroupNorm, and
+//! every model's dense products, run on the model's own operations over flex (`model::cpu`),
+//! which replace flex's generic ones. The figures are in the README.
 
 /// The CPU training backend (autodiff over flex).
 pub type Cpu = burn::backend::Autodiff<burn::backend::Flex>;

@@ -90,13 +90,15 @@ impl<B: Backend> ConvBlock<B> {
     /// elsewhere.
     fn bias_and_norm(&self, y: Tensor<B, 4>) -> Tensor<B, 4> {
         let (norm, bias) = (&self.norm, &self.conv.bias);
-        let burns = |(y, _)| group_norm(norm, add_row_bias(bias.as_ref(), y));
+        let burns = |y| group_norm(norm, add_row_bias(bias.as_ref(), y));
         match (bias, &norm.gamma, &norm.beta) {
             (Some(bias), Some(gamma), Some(beta)) => {
                 let params = [bias.val(), gamma.val(), beta.val()];
-                cpu::bias_group_norm((y, params), norm.num_groups, norm.epsilon, burns)
+                cpu::bias_group_norm((y, params), norm.num_groups, norm.epsilon, |(y, _)| {
+                    burns(y)
+                })
             }
-            _ => group_norm(norm, add_row_bias(bias.as_ref(), y)),
+            _ => burns(y),
         }
     }
 }

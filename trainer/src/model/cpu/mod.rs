@@ -9,8 +9,8 @@
 //! rebuilds each sample's column matrix for the weight gradient, and takes the input gradient as
 //! a second product and col2im (see `kernels`).
 //!
-//! The conv bias and GroupNorm that follow each convolution are one operation here too
-//! (`bias_group_norm`), and the dense layers' matrix products are here too, to keep them on one thread (`matmul`).
+//! So are the conv bias and GroupNorm that follow each convolution, as one operation
+//! (`bias_group_norm`), and the dense layers' matrix products, kept on one thread (`matmul`).
 //!
 //! The model stays generic over the backend: `conv2d` and `max_pool_2x2` take this path when the
 //! backend is the trainer's CPU backend (with or without autodiff) and the tensors are f32, and
