@@ -55,21 +55,17 @@ impl ConvShape {
         self.channels_in * self.kernel * self.kernel
     }
 
-    /// For kernel column `kw`, the output columns whose input column is inside the image, and
-    /// the input column of the first of them.
-    fn columns(&self, kw: usize) -> (std::ops::Range<usize>, usize) {
-        let first = self.padding.saturating_sub(kw);
-        let end = self
-            .out_width()
-            .min((self.width + self.padding).saturating_sub(kw));
-        (first..end.max(first), first + kw - self.padding)
+    /// Values per sample with the padding laid out as zeros, `C_in·(H+2p)·(W+2p)`.
+    fn padded_len(&self) -> usize {
+        self.channels_in * self.padded_height() * self.padded_width()
     }
 
-    /// For kernel row `kh` and output row `oh`, the input row, if inside the image.
-    fn input_row(&self, kh: usize, oh: usize) -> Option<usize> {
-        (oh + kh)
-            .checked_sub(self.padding)
-            .filter(|&ih| ih < self.height)
+    fn padded_height(&self) -> usize {
+        self.height + 2 * self.padding
+    }
+
+    fn padded_width(&self) -> usize {
+        self.width + 2 * self.padding
     }
 }
 
@@ -78,38 +74,64 @@ impl ConvShape {
 /// number of threads.
 const SAMPLES_PER_TASK: usize = 8;
 
-/// Every run of one sample's column matrix that is read from one image row, as (offset in the
-/// column matrix, offset in the input `[C_in, H, W]`, length). Entries in no run are padding.
-/// im2col copies along these runs and col2im adds back along them, so the two stay adjoint.
-fn runs(s: &ConvShape, mut f: impl FnMut(usize, usize, usize)) {
-    let (h, w, k) = (s.height, s.width, s.kernel);
-    let (ho, wo) = (s.out_height(), s.out_width());
-    for row in 0..s.col_rows() {
-        let (ci, kh, kw) = (row / (k * k), row / k % k, row % k);
-        let (cols, first_in) = s.columns(kw);
-        for oh in 0..ho {
-            if let (Some(ih), false) = (s.input_row(kh, oh), cols.is_empty()) {
-                let col_at = (row * ho + oh) * wo + cols.start;
-                f(col_at, (ci * h + ih) * w + first_in, cols.len());
-            }
+/// One sample `x` (`[C_in, H, W]`) into the interior of `padded` (`[C_in, H+2p, W+2p]`), whose
+/// border must hold zeros (it is never written).
+fn pad(x: &[f32], s: &ConvShape, padded: &mut [f32]) {
+    let (w, p, pw) = (s.width, s.padding, s.padded_width());
+    if s.height * w == 0 {
+        return;
+    }
+    let rows = padded.chunks_exact_mut(pw * s.padded_height());
+    for (plane, x) in rows.zip(x.chunks_exact(s.height * w)) {
+        for (row, x) in plane.chunks_exact_mut(pw).skip(p).zip(x.chunks_exact(w)) {
+            row[p..p + w].copy_from_slice(x);
         }
     }
 }
 
-/// One sample `x` (`[C_in, H, W]`) as its column matrix `[C_in·K·K, H_out·W_out]`, zero where
-/// the kernel hangs over the padding: the convolution is then one matrix product with the
-/// weights. `col` must hold zeros where the padding is.
-fn im2col(x: &[f32], s: &ConvShape, col: &mut [f32]) {
-    runs(s, |at, from, len| {
-        col[at..at + len].copy_from_slice(&x[from..from + len]);
+/// The adjoint of `pad`: the interior of `padded` into `x`.
+fn crop(padded: &[f32], s: &ConvShape, x: &mut [f32]) {
+    let (w, p, pw) = (s.width, s.padding, s.padded_width());
+    if s.height * w == 0 {
+        return;
+    }
+    let planes = padded.chunks_exact(pw * s.padded_height());
+    for (plane, x) in planes.zip(x.chunks_exact_mut(s.height * w)) {
+        for (row, x) in plane.chunks_exact(pw).skip(p).zip(x.chunks_exact_mut(w)) {
+            x.copy_from_slice(&row[p..p + w]);
+        }
+    }
+}
+
+/// For each row of the column matrix (input channel `ci`, kernel row `kh`, column `kw`) and each
+/// output row `oh`: where that row's `W_out` values start in the padded sample. With the padding
+/// laid out, every such run has the same length and no bounds to work out.
+fn for_each_run(s: &ConvShape, mut f: impl FnMut(usize, usize)) {
+    let (k, ho, wo) = (s.kernel, s.out_height(), s.out_width());
+    let (ph, pw) = (s.padded_height(), s.padded_width());
+    for row in 0..s.col_rows() {
+        let (ci, kh, kw) = (row / (k * k), row / k % k, row % k);
+        let from = (ci * ph + kh) * pw + kw;
+        for oh in 0..ho {
+            f((row * ho + oh) * wo, from + oh * pw);
+        }
+    }
+}
+
+/// One padded sample as its column matrix `[C_in·K·K, H_out·W_out]` (every entry written): the
+/// convolution is then one matrix product with the weights.
+fn im2col(padded: &[f32], s: &ConvShape, col: &mut [f32]) {
+    let wo = s.out_width();
+    for_each_run(s, |at, from| {
+        col[at..at + wo].copy_from_slice(&padded[from..from + wo]);
     });
 }
 
-/// The adjoint of `im2col` for one sample: adds each column-matrix entry onto the input pixel
-/// it was read from.
-fn col2im(col: &[f32], s: &ConvShape, x: &mut [f32]) {
-    runs(s, |at, to, len| {
-        for (d, v) in x[to..to + len].iter_mut().zip(&col[at..at + len]) {
+/// The adjoint of `im2col`: adds each column-matrix entry onto the padded pixel it was read from.
+fn col2im(col: &[f32], s: &ConvShape, padded: &mut [f32]) {
+    let wo = s.out_width();
+    for_each_run(s, |at, to| {
+        for (d, v) in padded[to..to + wo].iter_mut().zip(&col[at..at + wo]) {
             *d += v;
         }
     });
@@ -127,9 +149,10 @@ pub fn conv_forward(x: &[f32], weight: &[f32], s: &ConvShape) -> Vec<f32> {
     y.par_chunks_mut((channels_out * pixels).max(1))
         .zip(x.par_chunks(s.sample_len()))
         .for_each_init(
-            || vec![0.0f32; rows * pixels],
-            |col, (y, x)| {
-                im2col(x, s, col);
+            || (vec![0.0f32; s.padded_len()], vec![0.0f32; rows * pixels]),
+            |(padded, col), (y, x)| {
+                pad(x, s, padded);
+                im2col(padded, s, col);
                 gemm(
                     y,
                     Out::RowMajor,
@@ -173,8 +196,10 @@ pub fn conv_backward(
         .zip(grad.par_chunks(sample_grad * SAMPLES_PER_TASK))
         .zip(x.par_chunks(s.sample_len() * SAMPLES_PER_TASK))
         .map(|((mut dx, grads), xs)| {
-            // The column matrix (its padding entries stay zero) and the input gradient's.
+            // The padded sample and its column matrix, and the input gradient's.
+            let mut padded = vec![0.0f32; if want_weight { s.padded_len() } else { 0 }];
             let mut col = vec![0.0f32; if want_weight { rows * pixels } else { 0 }];
+            let mut padded_dx = vec![0.0f32; if want_x { s.padded_len() } else { 0 }];
             let mut grad_col = vec![0.0f32; if want_x { rows * pixels } else { 0 }];
             // dWᵀ = Σ colₙ · gradₙᵀ, `[C_in·K·K, C_out]`: in this orientation gemm reads the
             // column matrix where it lies; for dW itself it would first repack all of it (14% of
@@ -184,14 +209,17 @@ pub fn conv_backward(
             for (i, (grad, x)) in samples.enumerate() {
                 let grad = Matrix::rows(grad, channels_out, pixels);
                 if want_weight {
-                    im2col(x, s, &mut col);
+                    pad(x, s, &mut padded);
+                    im2col(&padded, s, &mut col);
                     let col_t = Matrix::rows(&col, rows, pixels).transpose();
                     gemm(&mut sum, Out::Transposed, grad, col_t, i > 0);
                 }
                 if let Some(dx) = dx.as_deref_mut() {
                     gemm(&mut grad_col, Out::RowMajor, weight_t, grad, false);
-                    col2im(
-                        &grad_col,
+                    padded_dx.fill(0.0);
+                    col2im(&grad_col, s, &mut padded_dx);
+                    crop(
+                        &padded_dx,
                         s,
                         &mut dx[i * s.sample_len()..][..s.sample_len()],
                     );
