@@ -45,16 +45,7 @@ pub struct NormSaved {
 /// The sum of `f` over a slice, in 16 lanes so that it vectorises.
 #[inline(always)]
 fn lane_sum(values: &[f32], f: impl Fn(f32) -> f32) -> f32 {
-    const LANES: usize = 16;
-    let mut lanes = [0.0f32; LANES];
-    let chunks = values.chunks_exact(LANES);
-    let tail: f32 = chunks.remainder().iter().map(|&v| f(v)).sum();
-    for chunk in chunks {
-        for (l, &v) in lanes.iter_mut().zip(chunk) {
-            *l += f(v);
-        }
-    }
-    lanes.iter().sum::<f32>() + tail
+    lane_sum2(values, values, |v, _| f(v))
 }
 
 /// The same over two slices of equal length.

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use burn::backend::autodiff::NodeId;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
@@ -122,14 +123,10 @@ impl Backward<Flex, 2> for ConvOp {
     type State = ConvSaved;
 
     fn backward(self, ops: Ops<ConvSaved, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let [node_x, node_weight] = ops.parents;
+        let parents @ [x, weight] = ops.parents.map(|node| node.map(|node| node.id));
         let grad = grads.consume::<Flex>(&ops.node);
-        let (x, weight) = conv_backward(&grad, &ops.state, node_x.is_some(), node_weight.is_some());
-        for (node, g) in [(node_x, x), (node_weight, weight)] {
-            if let (Some(node), Some(g)) = (node, g) {
-                grads.register::<Flex>(node.id, g);
-            }
-        }
+        let (x, weight) = conv_backward(&grad, &ops.state, x.is_some(), weight.is_some());
+        register(grads, parents, [x, weight]);
     }
 }
 
@@ -140,10 +137,25 @@ impl Backward<Flex, 1> for PoolOp {
     type State = PoolSaved;
 
     fn backward(self, ops: Ops<PoolSaved, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let [node_x] = ops.parents;
+        let parents @ [x] = ops.parents.map(|node| node.map(|node| node.id));
         let grad = grads.consume::<Flex>(&ops.node);
-        if let Some(node) = node_x {
-            grads.register::<Flex>(node.id, pool_backward(&grad, &ops.state));
+        register(
+            grads,
+            parents,
+            [x.map(|_| pool_backward(&grad, &ops.state))],
+        );
+    }
+}
+
+/// Each computed gradient to its parent, where the parent is tracked (its id is `Some`).
+fn register<const N: usize>(
+    grads: &mut Gradients,
+    parents: [Option<NodeId>; N],
+    computed: [Option<FlexTensor>; N],
+) {
+    for (parent, gradient) in parents.into_iter().zip(computed) {
+        if let (Some(parent), Some(gradient)) = (parent, gradient) {
+            grads.register::<Flex>(parent, gradient);
         }
     }
 }
@@ -236,7 +248,7 @@ impl Backward<Flex, 2> for MatmulOp {
     type State = MatmulSaved;
 
     fn backward(self, ops: Ops<MatmulSaved, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let [node_lhs, node_rhs] = ops.parents;
+        let parents @ [lhs_node, rhs_node] = ops.parents.map(|node| node.map(|node| node.id));
         let grad = grads.consume::<Flex>(&ops.node);
         let MatmulSaved { lhs, rhs } = &ops.state;
         let dims @ (m, k, n) = matmul_dims(lhs, rhs);
@@ -245,16 +257,12 @@ impl Backward<Flex, 2> for MatmulOp {
             &values(lhs),
             &values(rhs),
             dims,
-            node_lhs.is_some(),
-            node_rhs.is_some(),
+            lhs_node.is_some(),
+            rhs_node.is_some(),
         );
         let d_lhs = d_lhs.map(|d| tensor(d, &[m, k]));
         let d_rhs = d_rhs.map(|d| tensor(d, &[k, n]));
-        for (node, g) in [(node_lhs, d_lhs), (node_rhs, d_rhs)] {
-            if let (Some(node), Some(g)) = (node, g) {
-                grads.register::<Flex>(node.id, g);
-            }
-        }
+        register(grads, parents, [d_lhs, d_rhs]);
     }
 }
 
@@ -319,7 +327,7 @@ impl Backward<Flex, 4> for NormOp {
     type State = NormSaved;
 
     fn backward(self, ops: Ops<NormSaved, 4>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let [node_x, node_bias, node_gamma, node_beta] = ops.parents;
+        let parents = ops.parents.map(|node| node.map(|node| node.id));
         let grad = grads.consume::<Flex>(&ops.node);
         let s = &ops.state;
         let (dx, [d_bias, d_gamma, d_beta]) = group_norm::backward(
@@ -327,20 +335,15 @@ impl Backward<Flex, 4> for NormOp {
             &s.kernel,
             &values(&s.gamma),
             &s.shape,
-            node_x.is_some(),
+            parents[0].is_some(),
         );
-        if let (Some(node), Some(dx)) = (node_x, dx) {
-            grads.register::<Flex>(node.id, tensor(dx, &s.dims));
-        }
-        for (node, g) in [
-            (node_bias, d_bias),
-            (node_gamma, d_gamma),
-            (node_beta, d_beta),
-        ] {
-            if let Some(node) = node {
-                grads.register::<Flex>(node.id, tensor(g, &[s.shape.channels]));
-            }
-        }
+        let channel = |g| Some(tensor(g, &[s.shape.channels]));
+        let dx = dx.map(|dx| tensor(dx, &s.dims));
+        register(
+            grads,
+            parents,
+            [dx, channel(d_bias), channel(d_gamma), channel(d_beta)],
+        );
     }
 }
 
