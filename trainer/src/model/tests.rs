@@ -143,12 +143,8 @@ fn the_fast_group_norm_matches_burns_bit_for_bit_forward_and_backward() {
     <AB as burn::tensor::backend::Backend>::seed(&device, 7);
     let mut norm = GroupNormConfig::new(2, 6).init::<AB>(&device);
     // Scale and shift away from their initial ones and zeros, so both matter.
-    norm.gamma = norm
-        .gamma
-        .map(|g| g.map(|t| t.random_like(Distribution::Normal(1.0, 0.5)).require_grad()));
-    norm.beta = norm
-        .beta
-        .map(|b| b.map(|t| t.random_like(Distribution::Normal(0.0, 0.5)).require_grad()));
+    norm.gamma = moved(norm.gamma.take(), 1.0);
+    norm.beta = moved(norm.beta.take(), 0.0);
     let x = Tensor::<AB, 4>::random([3, 6, 5, 4], Distribution::Normal(0.3, 2.0), &device)
         .require_grad();
     let weights = Tensor::<AB, 4>::random([3, 6, 5, 4], Distribution::Uniform(-1.0, 1.0), &device);
@@ -176,6 +172,21 @@ fn the_fast_group_norm_matches_burns_bit_for_bit_forward_and_backward() {
     }
 }
 
+/// A per-channel parameter (a bias, scale or shift) drawn away from its initial values, around
+/// `mean`, so that it matters in a comparison.
+fn moved(
+    p: Option<burn::module::Param<Tensor<AB, 1>>>,
+    mean: f64,
+) -> Option<burn::module::Param<Tensor<AB, 1>>> {
+    use burn::tensor::Distribution;
+    p.map(|p| {
+        p.map(|t| {
+            t.random_like(Distribution::Normal(mean, 0.5))
+                .require_grad()
+        })
+    })
+}
+
 /// A tensor's values, on any backend (gradients live on the inner one).
 fn values<B2: burn::tensor::backend::Backend, const D: usize>(t: Tensor<B2, D>) -> Vec<f32> {
     t.into_data().to_vec::<f32>().unwrap()
@@ -200,18 +211,9 @@ fn the_conv_block_matches_burns_modules_forward_and_backward() {
     <AB as burn::tensor::backend::Backend>::seed(&device, 11);
     let mut block = ConvBlock::<AB>::new(3, 8, &device);
     // A bias, scale and shift away from their initial values, so they matter.
-    block.conv.bias = block
-        .conv
-        .bias
-        .map(|b| b.map(|t| t.random_like(Distribution::Normal(0.0, 0.5)).require_grad()));
-    block.norm.gamma = block
-        .norm
-        .gamma
-        .map(|g| g.map(|t| t.random_like(Distribution::Normal(1.0, 0.5)).require_grad()));
-    block.norm.beta = block
-        .norm
-        .beta
-        .map(|b| b.map(|t| t.random_like(Distribution::Normal(0.0, 0.5)).require_grad()));
+    block.conv.bias = moved(block.conv.bias.take(), 0.0);
+    block.norm.gamma = moved(block.norm.gamma.take(), 1.0);
+    block.norm.beta = moved(block.norm.beta.take(), 0.0);
     let x = Tensor::<AB, 4>::random([4, 3, 7, 7], Distribution::Normal(0.0, 1.0), &device)
         .require_grad();
     let weights = Tensor::<AB, 4>::random([4, 8, 3, 3], Distribution::Uniform(-1.0, 1.0), &device);
@@ -262,9 +264,7 @@ fn the_dense_layer_matches_burns_linear_forward_and_backward() {
     let device = Default::default();
     <AB as burn::tensor::backend::Backend>::seed(&device, 13);
     let mut layer = LinearConfig::new(20, 7).init::<AB>(&device);
-    layer.bias = layer
-        .bias
-        .map(|b| b.map(|t| t.random_like(Distribution::Normal(0.0, 0.5)).require_grad()));
+    layer.bias = moved(layer.bias.take(), 0.0);
     let x =
         Tensor::<AB, 2>::random([5, 20], Distribution::Normal(0.0, 1.0), &device).require_grad();
     let weights = Tensor::<AB, 2>::random([5, 7], Distribution::Uniform(-1.0, 1.0), &device);

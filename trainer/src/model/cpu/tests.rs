@@ -56,6 +56,15 @@ fn noise(len: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
+/// `f` run on a fresh rayon pool of `threads` threads.
+fn on_threads<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap()
+        .install(f)
+}
+
 fn assert_close(what: &str, got: &[f32], want: &[f32], tolerance: f32) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
@@ -145,11 +154,7 @@ fn the_weight_gradient_does_not_depend_on_the_thread_count() {
     let x = noise(s.batch * s.channels_in * 49, 1);
     let weight = noise(4 * s.col_rows(), 2);
     let run = |threads| {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .unwrap();
-        pool.install(|| {
+        on_threads(threads, || {
             let y = kernels::conv_forward(&x, &weight, &s);
             let (dx, dw) = kernels::conv_backward(&y, &x, &weight, &s, true, true);
             (y, dx, dw)
@@ -179,8 +184,34 @@ fn the_pool_takes_the_first_maximum_and_routes_its_gradient_there() {
 
 type Plain = burn::backend::Flex;
 
-fn values<B: Backend>(t: Tensor<B, 4>) -> Vec<f32> {
+fn values<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
     t.into_data().to_vec().unwrap()
+}
+
+/// `f(a, b)` on the trainer's backend: its output and both inputs' gradients under the loss
+/// `Σ f(a, b)·mix` (a weighting, so that each gradient entry differs).
+fn output_and_gradients<const D: usize>(
+    f: &dyn Fn(Tensor<Cpu, D>, Tensor<Cpu, D>) -> Tensor<Cpu, D>,
+    [a, b, mix]: [&Tensor<Plain, D>; 3],
+) -> [Vec<f32>; 3] {
+    let a = Tensor::<Cpu, D>::from_inner(a.clone()).require_grad();
+    let b = Tensor::<Cpu, D>::from_inner(b.clone()).require_grad();
+    let y = f(a.clone(), b.clone());
+    let grads = (y.clone() * Tensor::from_inner(mix.clone()))
+        .sum()
+        .backward();
+    [
+        values(y.inner()),
+        values(a.grad(&grads).unwrap()),
+        values(b.grad(&grads).unwrap()),
+    ]
+}
+
+/// Ours against burn's, entry by entry, each result named.
+fn assert_results_close(what: &str, names: [&str; 3], ours: &[Vec<f32>; 3], burns: &[Vec<f32>; 3]) {
+    for ((name, ours), burns) in names.iter().zip(ours).zip(burns) {
+        assert_close(&format!("{what}: {name}"), ours, burns, 1e-4);
+    }
 }
 
 /// burn's convolution (padding 2) and 2x2 max-pool, the reference.
@@ -213,34 +244,15 @@ fn conv_and_pool_match_burns_operations_forward_and_backward() {
             &device,
         );
 
-        let ours = |x: Tensor<Cpu, 4>, w: Tensor<Cpu, 4>| max_pool_2x2(conv2d(x, w, 2));
-        let burns = burns_conv_and_pool::<Cpu>;
-        let mut results = Vec::new();
-        for f in [&ours as &dyn Fn(_, _) -> _, &burns] {
-            let xa = Tensor::<Cpu, 4>::from_inner(x.clone()).require_grad();
-            let wa = Tensor::<Cpu, 4>::from_inner(w.clone()).require_grad();
-            let y = f(xa.clone(), wa.clone());
-            let grads = (y.clone() * Tensor::from_inner(mix.clone()))
-                .sum()
-                .backward();
-            results.push([
-                values(y.inner()),
-                values(xa.grad(&grads).unwrap()),
-                values(wa.grad(&grads).unwrap()),
-            ]);
-        }
+        let ours = |x, w| max_pool_2x2(conv2d(x, w, 2));
+        let inputs = [&x, &w, &mix];
+        let results = [
+            output_and_gradients(&ours, inputs),
+            output_and_gradients(&burns_conv_and_pool::<Cpu>, inputs),
+        ];
         let what = format!("batch {batch}, {channels_in}->{channels_out} channels, side {side}");
-        for (i, name) in ["output", "input gradient", "weight gradient"]
-            .iter()
-            .enumerate()
-        {
-            assert_close(
-                &format!("{what}: {name}"),
-                &results[0][i],
-                &results[1][i],
-                1e-4,
-            );
-        }
+        let names = ["output", "input gradient", "weight gradient"];
+        assert_results_close(&what, names, &results[0], &results[1]);
         // Without autodiff (evaluation), the same output.
         let plain = max_pool_2x2(conv2d(x, w, 2));
         assert_close(
@@ -296,38 +308,17 @@ fn the_product_matches_burns_forward_and_backward() {
         let lhs = Tensor::<Plain, 2>::random([m, k], Distribution::Default, &device);
         let rhs = Tensor::<Plain, 2>::random([k, n], Distribution::Default, &device);
         let mix = Tensor::<Plain, 2>::random([m, n], Distribution::Default, &device);
-        let ours = |l: Tensor<Cpu, 2>, r: Tensor<Cpu, 2>| matmul(l, r);
-        let burns = |l: Tensor<Cpu, 2>, r: Tensor<Cpu, 2>| l.matmul(r);
-        let mut results = Vec::new();
-        for f in [&ours as &dyn Fn(_, _) -> _, &burns] {
-            let l = Tensor::<Cpu, 2>::from_inner(lhs.clone()).require_grad();
-            let r = Tensor::<Cpu, 2>::from_inner(rhs.clone()).require_grad();
-            let y = f(l.clone(), r.clone());
-            let grads = (y.clone() * Tensor::from_inner(mix.clone()))
-                .sum()
-                .backward();
-            let v = |t: Tensor<Plain, 2>| t.into_data().to_vec::<f32>().unwrap();
-            results.push([
-                v(y.inner()),
-                v(l.grad(&grads).unwrap()),
-                v(r.grad(&grads).unwrap()),
-            ]);
-        }
-        for (i, name) in ["output", "left gradient", "right gradient"]
-            .iter()
-            .enumerate()
-        {
-            assert_close(
-                &format!("{m}x{k}x{n}: {name}"),
-                &results[0][i],
-                &results[1][i],
-                1e-4,
-            );
-        }
-        let plain = matmul(lhs.clone(), rhs.clone()).into_data().to_vec::<f32>();
+        let inputs = [&lhs, &rhs, &mix];
+        let results = [
+            output_and_gradients(&|l, r| matmul(l, r), inputs),
+            output_and_gradients(&|l, r| l.matmul(r), inputs),
+        ];
+        let names = ["output", "left gradient", "right gradient"];
+        assert_results_close(&format!("{m}x{k}x{n}"), names, &results[0], &results[1]);
+        let plain = values(matmul(lhs.clone(), rhs.clone()));
         assert_close(
             &format!("{m}x{k}x{n}: plain output"),
-            &plain.unwrap(),
+            &plain,
             &results[1][0],
             1e-4,
         );
@@ -340,11 +331,7 @@ fn the_product_does_not_depend_on_the_thread_count() {
     let (lhs, rhs) = (noise(m * k, 1), noise(k * n, 2));
     let grad = noise(m * n, 3);
     let run = |threads| {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .unwrap();
-        pool.install(|| {
+        on_threads(threads, || {
             let y = kernels::matmul(&lhs, &rhs, m, k, n);
             let (dl, dr) = kernels::matmul_backward(&grad, &lhs, &rhs, (m, k, n), true, true);
             (y, dl, dr)
@@ -366,11 +353,7 @@ fn the_norm_does_not_depend_on_the_thread_count_and_skips_what_is_not_asked() {
     let params = [noise(6, 2), noise(6, 3), noise(6, 4)];
     let grad = noise(x.len(), 5);
     let run = |threads, want_x| {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .unwrap();
-        pool.install(|| {
+        on_threads(threads, || {
             let (y, saved) = forward(&x, [&params[0], &params[1], &params[2]], &s, 1e-5);
             let (dx, d) = backward(&grad, &saved, &params[1], &s, want_x);
             (y, dx, d)
