@@ -126,7 +126,10 @@ pub struct Member<B: AutodiffBackend> {
     order: Vec<usize>,
     cursor: usize,
     rng: ChaCha8Rng,
+    /// Top-k: one encoder per destination.
     encoders: BTreeMap<(MemberId, Purpose), Encoder>,
+    /// The other codecs: one encoding for every destination (int8 carries its rounding error).
+    shared_encoders: BTreeMap<Purpose, Encoder>,
     decoders: BTreeMap<(MemberId, Purpose), Decoder>,
     pub bytes_sent: u64,
     pub bytes_received: u64,
@@ -158,6 +161,7 @@ impl<B: AutodiffBackend> Member<B> {
             shard,
             rng,
             encoders: BTreeMap::new(),
+            shared_encoders: BTreeMap::new(),
             decoders: BTreeMap::new(),
             bytes_sent: 0,
             bytes_received: 0,
@@ -328,7 +332,8 @@ impl<B: AutodiffBackend> Member<B> {
     }
 
     /// Payloads of `values` for each of `peers`. Top-k keeps codec state per destination, so its
-    /// estimates stay exact; the other codecs are stateless, so one encoding is shared by all.
+    /// estimates stay exact; the other codecs keep receivers stateless, so one encoding is shared
+    /// by all (int8's sender-side carry belongs to that one stream).
     fn encode(
         &mut self,
         peers: &[MemberId],
@@ -349,7 +354,12 @@ impl<B: AutodiffBackend> Member<B> {
                 })
                 .collect(),
             Compression::None | Compression::Fp16 | Compression::Int8 => {
-                let shared = Payload::new(Encoder::default().encode(compression, values));
+                let shared = Payload::new(
+                    self.shared_encoders
+                        .entry(purpose)
+                        .or_default()
+                        .encode(compression, values),
+                );
                 peers.iter().map(|&to| (to, shared.clone())).collect()
             }
         };
