@@ -24,6 +24,7 @@ pub const INT8_CHUNK: usize = 256;
 /// of each block, with no early exit inside a block, so that it vectorises. On a received 40 MB
 /// model the pass is bound by reading memory either way (9-10% of a ring round's profile, as
 /// with `iter().any(..)`).
+#[multiversion::multiversion(targets = "simd")]
 fn all_finite(values: &[f32]) -> bool {
     const EXPONENT: u32 = 0x7f80_0000;
     values.chunks(4096).all(|block| {

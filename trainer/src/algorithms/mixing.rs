@@ -1,8 +1,14 @@
 //! The arithmetic of averaging, shared by every algorithm and both runtimes. Pure functions over
 //! flat parameter buffers.
+//!
+//! The averaging kernels are also compiled for AVX2 and AVX-512 and picked at run time
+//! (`multiversion`; the baseline x86-64 build converts two f32s to f64 per instruction). The
+//! operations and their order are the same in every version and Rust never fuses a multiply
+//! and an add on its own, so every CPU computes the same bits.
 
 use std::collections::BTreeSet;
 
+use multiversion::multiversion;
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
@@ -12,6 +18,7 @@ use murmur_core::topology::MemberId;
 /// x_i <- (W_ii x_i + sum_j W_ij x_j) / (W_ii + sum_j W_ij) over the neighbours that delivered.
 /// With every neighbour present the denominator is 1 (W is stochastic); a neighbour that left or
 /// timed out drops out and the remaining weights are renormalised, so the round still completes.
+#[multiversion(targets = "simd")]
 pub fn weighted_average(own: &[f32], self_weight: f64, received: &[(f64, &[f32])]) -> Vec<f32> {
     let total: f64 = self_weight + received.iter().map(|(w, _)| w).sum::<f64>();
     // Sums run in f64 one cache-sized block at a time: exact enough, and no f64 copy of the
@@ -40,6 +47,7 @@ pub fn weighted_average(own: &[f32], self_weight: f64, received: &[(f64, &[f32])
 /// round is bound by reading them. Both results are bit-identical to the two separate calls (a
 /// proptest checks it), so a change to one of the two kernels belongs in both. One const-generic
 /// kernel for both was tried and measured slower on the 100-member fully connected simulation.
+#[multiversion(targets = "simd")]
 pub fn weighted_average_and_disagreement(
     own: &[f32],
     self_weight: f64,
