@@ -2,7 +2,8 @@
 # The peer-exchange figures beside their references, measured in one go on this machine:
 #   - two trainers exchanging a 10M-parameter fp32 model vs iperf3 over loopback (both ways);
 #   - an 8-trainer ring averaging round vs torch.distributed gloo all_reduce of the same tensor,
-#     uncompressed and with int8 on the wire.
+#     uncompressed and with int8 on the wire;
+#   - the floor under the ring round: the same 8 processes only moving its bytes over plain TCP.
 # Needs iperf3 (apt-get install iperf3) and, for the gloo figure, torch (pip install torch numpy).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -27,16 +28,18 @@ get() { grep "^$1=" <<<"$2" | cut -d= -f2; }
 pair=$(get pair_exchange_gbytes_per_second "$bench")
 ring=$(get ring_round_seconds "$bench")
 ring_int8=$(get ring_round_seconds "$int8")
+raw=$(get raw_round_seconds "$bench")
 gloo_s=$(get gloo_allreduce_seconds "$gloo")
-python3 - "$pair" "$iperf_bidir" "$ring" "$ring_int8" "${gloo_s:-}" <<'PY'
+python3 - "$pair" "$iperf_bidir" "$ring" "$ring_int8" "$raw" "${gloo_s:-}" <<'PY'
 import sys
-pair, iperf, ring, ring_int8 = map(float, sys.argv[1:5])
+pair, iperf, ring, ring_int8, raw = map(float, sys.argv[1:6])
 print(f"iperf3_bidir_gbytes_per_second={iperf:.3f}")
 print(f"pair_vs_iperf3={pair / iperf:.2f}   (aim >= 0.70)")
-if sys.argv[5]:
-    gloo = float(sys.argv[5])
+if sys.argv[6]:
+    gloo = float(sys.argv[6])
     print(f"ring_round_vs_gloo_allreduce={ring / gloo:.2f}   (time ratio; aim <= 1.00)")
     print(f"ring_round_int8_vs_gloo_allreduce={ring_int8 / gloo:.2f}   (time ratio, int8 on the wire)")
+    print(f"raw_tcp_ring_bytes_vs_gloo_allreduce={raw / gloo:.2f}   (the ring round's bytes alone, plain TCP)")
 else:
     print("ring_round_vs_gloo_allreduce=n/a (torch not installed)")
 PY

@@ -5,12 +5,16 @@
 //!         effective GB/s of payload moved.
 //!   ring  8 trainer processes do one ring averaging round with the same model: seconds per
 //!         round (compare with bench/allreduce_gloo.py: gloo all_reduce of the same tensor).
+//!   raw   the floor under `ring`: the same 8 processes only move the round's bytes (the model
+//!         to both neighbours, theirs back) over plain TCP: no frames, no authentication, no
+//!         averaging.
 //!
-//! `cargo bench -p murmur-trainer --bench peer_exchange [-- pair|ring] [--params N]
+//! `cargo bench -p murmur-trainer --bench peer_exchange [-- pair|ring|raw] [--params N]
 //! [--compression none|fp16|int8]`;
 //! `trainer/bench/peer_exchange.sh` runs it beside iperf3 and gloo and prints the ratios.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -19,6 +23,8 @@ use murmur_trainer::algorithms::mixing::weighted_average;
 use murmur_trainer::algorithms::{Exchange, Payload, Purpose};
 use murmur_trainer::compression::{Compression, Decoded, Decoder, Encoder};
 use murmur_trainer::transport::{Transport, TransportConfig, frame};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 
 const KEY: &[u8] = b"bench key";
 const ROUNDS: u64 = 10;
@@ -209,7 +215,76 @@ fn ring_member(me: MemberId, ports: &[u16], params: usize, codec: Compression) {
     });
 }
 
+/// Child process for `raw`: member `me` dials both ring neighbours and accepts both of theirs,
+/// then each round writes `params` f32s' bytes to each and reads as many from each, all at once.
+fn raw_member(me: usize, ports: &[u16], params: usize) {
+    let n = ports.len();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let listener = TcpListener::bind(("127.0.0.1", ports[me])).await.unwrap();
+        let dial = |to: usize| async move {
+            let addr: SocketAddr = ([127, 0, 0, 1], ports[to]).into();
+            loop {
+                if let Ok(s) = TcpStream::connect(addr).await {
+                    s.set_nodelay(true).unwrap();
+                    return s;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        let accept = async {
+            let (a, _) = listener.accept().await.unwrap();
+            let (b, _) = listener.accept().await.unwrap();
+            (a, b)
+        };
+        let (mut left, mut right, (mut from_a, mut from_b)) =
+            tokio::join!(dial((me + n - 1) % n), dial((me + 1) % n), accept);
+        let out = vec![me as u8; params * 4];
+        let (mut in_a, mut in_b) = (vec![0u8; params * 4], vec![0u8; params * 4]);
+        let mut times = Vec::new();
+        for r in 0..=ROUNDS {
+            let started = Instant::now();
+            let (w1, w2, r1, r2) = tokio::join!(
+                left.write_all(&out),
+                right.write_all(&out),
+                from_a.read_exact(&mut in_a),
+                from_b.read_exact(&mut in_b)
+            );
+            w1.unwrap();
+            w2.unwrap();
+            r1.unwrap();
+            r2.unwrap();
+            if r > 0 {
+                times.push(started.elapsed().as_secs_f64());
+            }
+        }
+        times.sort_by(f64::total_cmp);
+        println!("{}", times[times.len() / 2]);
+    });
+}
+
 fn ring(params: usize, n: usize, compression: &str) {
+    let medians = spawn_ring(n, "ring-member", params, compression);
+    // A round is done when its slowest member is.
+    println!("ring_members={n}");
+    println!("ring_params={params}");
+    println!("ring_compression={compression}");
+    println!("ring_round_seconds={:.4}", medians[n - 1]);
+}
+
+fn raw(params: usize, n: usize) {
+    let medians = spawn_ring(n, "raw-member", params, "none");
+    println!("raw_members={n}");
+    println!("raw_round_seconds={:.4}", medians[n - 1]);
+}
+
+/// Start `n` children of this bench as `role`, each with its index and the ports; their median
+/// round times, sorted.
+fn spawn_ring(n: usize, role: &str, params: usize, compression: &str) -> Vec<f64> {
     // Below the kernel's ephemeral range, so no outgoing connection takes one before its
     // member binds it.
     let ports: Vec<u16> = (20_000..32_000)
@@ -226,7 +301,7 @@ fn ring(params: usize, n: usize, compression: &str) {
         .map(|i| {
             Command::new(&exe)
                 .args([
-                    "ring-member",
+                    role,
                     &i.to_string(),
                     &list,
                     "--params",
@@ -252,11 +327,7 @@ fn ring(params: usize, n: usize, compression: &str) {
         })
         .collect();
     medians.sort_by(f64::total_cmp);
-    // A round is done when its slowest member is.
-    println!("ring_members={n}");
-    println!("ring_params={params}");
-    println!("ring_compression={compression}");
-    println!("ring_round_seconds={:.4}", medians[n - 1]);
+    medians
 }
 
 fn main() {
@@ -270,16 +341,24 @@ fn main() {
         let ports: Vec<u16> = args[i + 2].split(',').map(|p| p.parse().unwrap()).collect();
         return ring_member(me, &ports, params, codec);
     }
+    if let Some(i) = args.iter().position(|a| a == "raw-member") {
+        let me: usize = args[i + 1].parse().unwrap();
+        let ports: Vec<u16> = args[i + 2].split(',').map(|p| p.parse().unwrap()).collect();
+        return raw_member(me, &ports, params);
+    }
     let which: Vec<&str> = args
         .iter()
         .skip(1)
         .map(String::as_str)
-        .filter(|a| matches!(*a, "pair" | "ring"))
+        .filter(|a| matches!(*a, "pair" | "ring" | "raw"))
         .collect();
     if which.is_empty() || which.contains(&"pair") {
         pair(params, codec);
     }
     if which.is_empty() || which.contains(&"ring") {
         ring(params, 8, &compression);
+    }
+    if which.is_empty() || which.contains(&"raw") {
+        raw(params, 8);
     }
 }
