@@ -75,11 +75,12 @@ fn every_topology_and_codec_trains() {
         TopologyChoice::Moshpit,
         TopologyChoice::RandomRegular { degree: 3 },
         TopologyChoice::Exponential,
+        TopologyChoice::ExponentialOnePeer,
     ];
     let mut cfg = config(10, topologies, Partition::Iid, 30);
     cfg.compression = Compression::Int8;
     let results = simulate::<B>(&cfg, &data, &Default::default(), |_, _| {}).unwrap();
-    assert_eq!(results.len(), 6);
+    assert_eq!(results.len(), 7);
     for r in &results {
         let (first, last) = (&r.curve[0], r.curve.last().unwrap());
         assert!(
@@ -102,6 +103,36 @@ fn every_topology_and_codec_trains() {
     let ring_int8 = results.iter().find(|r| r.topology == "ring").unwrap();
     let ratio = ring_int8.bytes_sent as f64 / dense[0].bytes_sent as f64;
     assert!((0.25..0.27).contains(&ratio), "int8/f32 byte ratio {ratio}");
+}
+
+#[test]
+fn one_peer_exponential_sends_one_model_a_round_and_trains() {
+    let data = data::embedded();
+    let cfg = config(
+        8,
+        vec![
+            TopologyChoice::Exponential,
+            TopologyChoice::ExponentialOnePeer,
+        ],
+        Partition::ClassesPerMember { k: 2 },
+        60,
+    );
+    let results = simulate::<B>(&cfg, &data, &Default::default(), |_, _| {}).unwrap();
+    let (full, one) = (&results[0], &results[1]);
+    assert_eq!(one.topology, "exponential-one-peer");
+    // 8 members on the exponential graph have 5 neighbours each (offsets 1, 2 both ways, and 4):
+    // D-PSGD sends 5 models a round, the one-peer schedule 1.
+    assert_eq!(full.bytes_sent, 5 * one.bytes_sent);
+    for r in [full, one] {
+        let (first, last) = (&r.curve[0], r.curve.last().unwrap());
+        assert!(
+            last.mean_accuracy > first.mean_accuracy + 0.3,
+            "{}: {} -> {}",
+            r.topology,
+            first.mean_accuracy,
+            last.mean_accuracy
+        );
+    }
 }
 
 #[test]

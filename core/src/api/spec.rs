@@ -115,6 +115,11 @@ pub enum TopologyKind {
     Ring,
     FullyConnected,
     Exponential,
+    /// One peer per round at distance 2^k in member order, k cycling (Ying et al. 2021): a round
+    /// costs one message per member, and with n a power of two log2(n) rounds give the exact
+    /// average. D-PSGD and clique averaging follow the schedule; gossip and Moshpit use the
+    /// union graph (the exponential graph).
+    ExponentialOnePeer,
     DCliques,
     ProxyClumps,
 }

@@ -24,6 +24,7 @@ pub use flags::TopologyOptions;
 pub use graph::{Graph, MemberId};
 pub use measures::{Measures, measure};
 pub use moshpit::MoshpitGrid;
+pub use simple::{ONE_PEER_EXPONENTIAL, OnePeer, one_peer};
 pub use weights::{MixingWeights, metropolis_hastings};
 
 /// What the control plane knows about a member's data: summaries from its join report, never the
@@ -139,6 +140,9 @@ pub enum Shape {
     Exponential {
         order: Vec<MemberId>,
     },
+    /// The one-peer exponential schedule over members in id order (the document's order); the
+    /// graph is the union of its rounds, the exponential graph in that order.
+    OnePeerExponential,
     Cliques(CliqueLayout),
     Grid(MoshpitGrid),
     /// Random d-regular graph; repair keeps every degree at most d and the graph connected.
@@ -174,6 +178,7 @@ pub fn build(spec: &BuildSpec, members: &[MemberProfile]) -> Result<Topology, To
         TopologyKind::Ring => simple::ring(&ids),
         TopologyKind::FullyConnected => simple::fully_connected(&ids),
         TopologyKind::Exponential => simple::exponential(&ids),
+        TopologyKind::ExponentialOnePeer => simple::one_peer_exponential(&ids),
         TopologyKind::DCliques => dcliques::build(spec, members)?,
         TopologyKind::ProxyClumps => proxy_clumps::build(spec, members)?,
     };
@@ -231,6 +236,7 @@ impl Topology {
             Shape::Ring { .. } => "ring",
             Shape::FullyConnected => "fullyConnected",
             Shape::Exponential { .. } => "exponential",
+            Shape::OnePeerExponential => ONE_PEER_EXPONENTIAL,
             Shape::Cliques(c) => match c.flavour {
                 CliqueFlavour::DCliques => "dCliques",
                 CliqueFlavour::ProxyClumps { .. } => "proxyClumps",

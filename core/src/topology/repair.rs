@@ -5,7 +5,7 @@
 use super::cliques::{CliqueFlavour, CliqueLayout};
 use super::graph::MemberId;
 use super::proxy_clumps::nearest;
-use super::simple::exponential_graph;
+use super::simple::{exponential_graph, one_peer_exponential};
 use super::skew::{distribution, skew, sum};
 use super::{MemberProfile, Shape, Topology, TopologyError};
 
@@ -35,6 +35,10 @@ impl Topology {
             Shape::Exponential { order } => {
                 order.retain(|&m| m != id);
                 self.graph = exponential_graph(order);
+            }
+            Shape::OnePeerExponential => {
+                self.graph.remove_member(id);
+                self.graph = one_peer_exponential(&self.graph.members().collect::<Vec<_>>()).0;
             }
             Shape::Cliques(layout) => {
                 if let Some(clique) = layout.remove_member(id) {
@@ -94,6 +98,10 @@ impl Topology {
             Shape::Exponential { order } => {
                 order.push(id);
                 self.graph = exponential_graph(order);
+            }
+            Shape::OnePeerExponential => {
+                self.graph.add_member(id);
+                self.graph = one_peer_exponential(&self.graph.members().collect::<Vec<_>>()).0;
             }
             Shape::Cliques(layout) => {
                 let clique = best_clique(layout, &self.profiles, id, None);

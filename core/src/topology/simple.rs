@@ -1,4 +1,5 @@
-//! Data-oblivious builders: ring, fully connected, exponential. Each is linear in its edges.
+//! Data-oblivious builders: ring, fully connected, exponential, one-peer exponential. Each is
+//! linear in its edges.
 
 use super::Shape;
 use super::graph::{Graph, MemberId};
@@ -57,6 +58,45 @@ pub fn exponential_graph(order: &[MemberId]) -> Graph {
         offset *= 2;
     }
     g
+}
+
+/// The document kind of the one-peer exponential topology: trainers that read it follow
+/// [`one_peer`]'s schedule instead of averaging with every neighbour.
+pub const ONE_PEER_EXPONENTIAL: &str = "exponentialOnePeer";
+
+/// The one-peer exponential topology over `ids`: the schedule runs in id order, the document's,
+/// so every member derives it from the document alone, and repair keeps it valid by construction.
+pub fn one_peer_exponential(ids: &[MemberId]) -> (Graph, Shape) {
+    let mut order = ids.to_vec();
+    order.sort_unstable();
+    (exponential_graph(&order), Shape::OnePeerExponential)
+}
+
+/// Who a member sends to and receives from in one round of the one-peer exponential schedule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OnePeer {
+    pub send_to: MemberId,
+    pub receive_from: MemberId,
+}
+
+/// Round `round` of the one-peer exponential schedule over `members` (in their order): with
+/// τ = ceil(log2 n) and k = round mod τ, the member at position p sends to p + 2^k and receives
+/// from p − 2^k (mod n), and keeps half of its own model. Each round's mixing matrix is doubly
+/// stochastic (sends and receives are both permutations), so the mean is preserved; with n a
+/// power of two, τ consecutive rounds starting at k = 0 multiply to the exact average. None for
+/// a member alone or not listed.
+pub fn one_peer(members: &[MemberId], me: MemberId, round: u64) -> Option<OnePeer> {
+    let n = members.len();
+    let p = members.iter().position(|&m| m == me)?;
+    if n < 2 {
+        return None;
+    }
+    let rounds_per_cycle = usize::BITS - (n - 1).leading_zeros();
+    let distance = 1usize << (round % u64::from(rounds_per_cycle));
+    Some(OnePeer {
+        send_to: members[(p + distance) % n],
+        receive_from: members[(p + n - distance) % n],
+    })
 }
 
 /// A random d-regular graph (configuration model, re-drawn until simple and connected), for

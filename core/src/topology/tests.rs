@@ -74,6 +74,98 @@ fn exponential_links_powers_of_two() {
     assert_weights_valid(&t);
 }
 
+/// One round of the one-peer schedule over a document's members: x_i <- (x_i + x_from)/2.
+fn one_peer_round(
+    members: &[MemberId],
+    x: &BTreeMap<MemberId, f64>,
+    round: u64,
+) -> BTreeMap<MemberId, f64> {
+    members
+        .iter()
+        .map(|&m| {
+            let p = one_peer(members, m, round).expect("a peer when n >= 2");
+            (m, (x[&m] + x[&p.receive_from]) / 2.0)
+        })
+        .collect()
+}
+
+/// Every member sends once and receives once, from the one that sends to it, never itself.
+fn assert_one_peer_schedule_valid(members: &[MemberId], round: u64) {
+    let mut receivers = BTreeSet::new();
+    for &m in members {
+        let p = one_peer(members, m, round).expect("listed");
+        assert_ne!(p.send_to, m);
+        assert_eq!(
+            one_peer(members, p.send_to, round).unwrap().receive_from,
+            m,
+            "round {round}"
+        );
+        assert!(receivers.insert(p.send_to), "{} receives twice", p.send_to);
+    }
+}
+
+#[test]
+fn one_peer_exponential_reaches_the_exact_average_in_log2_n_rounds() {
+    for log in 1..=7u32 {
+        let n = 1u32 << log;
+        // Ids with gaps, as after replacements: the schedule runs in the document's order.
+        let ids: Vec<MemberId> = (0..n).map(|k| 3 * k + 7).collect();
+        let t = build(&spec(TopologyKind::ExponentialOnePeer), &bare_ids(&ids)).unwrap();
+        let doc = t.to_document(|_| None);
+        assert_eq!(doc.kind, ONE_PEER_EXPONENTIAL);
+        let members: Vec<MemberId> = doc.members.iter().map(|m| m.id).collect();
+        assert_eq!(members, ids);
+        // Its graph is the union of the rounds: the exponential graph.
+        assert_eq!(t.graph, simple::exponential_graph(&ids));
+        for start in [0, 1, 5] {
+            let mut x: BTreeMap<MemberId, f64> = ids
+                .iter()
+                .map(|&m| (m, f64::from(m).sin() * 100.0))
+                .collect();
+            let mean = x.values().sum::<f64>() / f64::from(n);
+            for round in start..start + u64::from(log) {
+                assert_one_peer_schedule_valid(&members, round);
+                x = one_peer_round(&members, &x, round);
+            }
+            for v in x.values() {
+                assert!(
+                    (v - mean).abs() < 1e-9,
+                    "n {n}, start {start}: {v} vs {mean}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn one_peer_exponential_keeps_the_mean_and_contracts_at_any_size() {
+    for n in 2..40u32 {
+        let ids: Vec<MemberId> = (0..n).collect();
+        let rounds = u64::from(u32::BITS - (n - 1).leading_zeros());
+        let mut x: BTreeMap<MemberId, f64> = ids.iter().map(|&m| (m, f64::from(m * m))).collect();
+        let mean = x.values().sum::<f64>() / f64::from(n);
+        let spread =
+            |x: &BTreeMap<MemberId, f64>| x.values().map(|v| (v - mean).abs()).fold(0.0, f64::max);
+        let before = spread(&x);
+        for round in 0..8 * rounds {
+            assert_one_peer_schedule_valid(&ids, round);
+            x = one_peer_round(&ids, &x, round);
+            assert!((x.values().sum::<f64>() / f64::from(n) - mean).abs() < 1e-9);
+        }
+        assert!(
+            spread(&x) < before * 1e-3,
+            "n {n}: spread {} from {before}",
+            spread(&x)
+        );
+    }
+    assert_eq!(one_peer(&[4], 4, 0), None, "alone");
+    assert_eq!(one_peer(&[1, 2], 3, 0), None, "not listed");
+}
+
+fn bare_ids(ids: &[MemberId]) -> Vec<MemberProfile> {
+    ids.iter().copied().map(MemberProfile::bare).collect()
+}
+
 #[test]
 fn dcliques_balance_one_class_members_with_few_edges() {
     let members = MemberProfile::from_histograms(one_class_per_member(100, 10, 50.0));
@@ -294,6 +386,7 @@ fn kinds() -> impl Strategy<Value = (TopologyKind, InterClique)> {
             Just(TopologyKind::Ring),
             Just(TopologyKind::FullyConnected),
             Just(TopologyKind::Exponential),
+            Just(TopologyKind::ExponentialOnePeer),
             Just(TopologyKind::DCliques),
             Just(TopologyKind::ProxyClumps),
         ],
@@ -366,6 +459,16 @@ proptest! {
                 prop_assert!(t.graph.members().all(|m| t.graph.degree(m) == 2), "ring is no longer a ring");
             }
             assert_weights_valid(&t);
+            if matches!(t.shape, Shape::OnePeerExponential) {
+                // Still the one-peer schedule over whoever is left, in the document's order.
+                let members: Vec<MemberId> = t.to_document(|_| None).members.iter().map(|m| m.id).collect();
+                prop_assert_eq!(&t.graph, &simple::exponential_graph(&members));
+                if members.len() >= 2 {
+                    for round in 0..8 {
+                        assert_one_peer_schedule_valid(&members, round);
+                    }
+                }
+            }
         }
     }
 }

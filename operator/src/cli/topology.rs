@@ -16,6 +16,7 @@ pub enum Kind {
     Ring,
     FullyConnected,
     Exponential,
+    ExponentialOnePeer,
     Dcliques,
     ProxyClumps,
     Moshpit,
@@ -169,6 +170,7 @@ pub fn build(args: &TopologyArgs) -> Result<Topology, TopologyCliError> {
         Kind::Ring => TopologyKind::Ring,
         Kind::FullyConnected => TopologyKind::FullyConnected,
         Kind::Exponential => TopologyKind::Exponential,
+        Kind::ExponentialOnePeer => TopologyKind::ExponentialOnePeer,
         Kind::Dcliques => TopologyKind::DCliques,
         Kind::ProxyClumps => TopologyKind::ProxyClumps,
     };

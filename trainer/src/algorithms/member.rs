@@ -390,12 +390,14 @@ impl<B: AutodiffBackend> Member<B> {
             .collect()
     }
 
+    /// Send `values` to `to` and receive from `from` (the same members, except on a one-peer
+    /// schedule).
     async fn share<E: Exchange>(
         &mut self,
         ex: &mut E,
         round: u64,
         purpose: Purpose,
-        peers: &[MemberId],
+        (to, from): (&[MemberId], &[MemberId]),
         values: &[f32],
     ) -> Vec<(MemberId, Decoded)> {
         // Gradients are never top-k'd: an estimate of a gradient stream is meaningless.
@@ -403,8 +405,8 @@ impl<B: AutodiffBackend> Member<B> {
             (Purpose::Gradients, Compression::TopK { .. }) => Compression::None,
             (_, c) => c,
         };
-        let outgoing = self.encode(peers, purpose, compression, values);
-        let received = ex.exchange(round, purpose, outgoing, peers).await;
+        let outgoing = self.encode(to, purpose, compression, values);
+        let received = ex.exchange(round, purpose, outgoing, from).await;
         self.decode_all(purpose, compression, received)
     }
 
@@ -426,7 +428,13 @@ impl<B: AutodiffBackend> Member<B> {
             // label skew of any one member.
             let own = model::export_gradients(&model, &grads)?;
             let received = self
-                .share(ex, step, Purpose::Gradients, &hood.clique_mates, &own)
+                .share(
+                    ex,
+                    step,
+                    Purpose::Gradients,
+                    (&hood.clique_mates, &hood.clique_mates),
+                    &own,
+                )
                 .await;
             heard_from += received.len();
             let refs: Vec<&[f32]> = received.iter().map(|(_, g)| &**g).collect();
@@ -440,26 +448,38 @@ impl<B: AutodiffBackend> Member<B> {
             let mut own = std::mem::take(&mut self.scratch);
             let (exported, _) = model::export_into(model, &mut own);
             model = exported;
-            // Who to average with this round, and whether W's weights or a plain mean apply.
-            let (peers, weighted): (Vec<MemberId>, bool) = match self.config.algorithm {
-                AlgorithmKind::Dpsgd | AlgorithmKind::CliqueAveraging => {
-                    (hood.neighbours.iter().map(|(id, _)| *id).collect(), true)
-                }
-                AlgorithmKind::Gossip => (
-                    gossip_partner(&hood.edges, self.config.seed, round, self.id)
-                        .into_iter()
-                        .collect(),
-                    false,
-                ),
-                AlgorithmKind::Moshpit => {
-                    (hood.moshpit_group(self.config.group_size, round), false)
-                }
-            };
-            let mixed = if peers.is_empty() {
+            // Who to send to and hear from this round, and whether W's weights or a plain mean
+            // apply.
+            let (to, from, weighted): (Vec<MemberId>, Vec<MemberId>, bool) =
+                match self.config.algorithm {
+                    AlgorithmKind::Dpsgd | AlgorithmKind::CliqueAveraging => {
+                        match hood.one_peer(round) {
+                            // Half mine, half my one in-peer's: a plain mean of the two.
+                            Some(p) => (vec![p.send_to], vec![p.receive_from], false),
+                            None => {
+                                let all: Vec<MemberId> =
+                                    hood.neighbours.iter().map(|(id, _)| *id).collect();
+                                (all.clone(), all, true)
+                            }
+                        }
+                    }
+                    AlgorithmKind::Gossip => {
+                        let partner: Vec<MemberId> =
+                            gossip_partner(&hood.edges, self.config.seed, round, self.id)
+                                .into_iter()
+                                .collect();
+                        (partner.clone(), partner, false)
+                    }
+                    AlgorithmKind::Moshpit => {
+                        let group = hood.moshpit_group(self.config.group_size, round);
+                        (group.clone(), group, false)
+                    }
+                };
+            let mixed = if from.is_empty() {
                 None
             } else {
                 let received = self
-                    .share(ex, round, Purpose::Parameters, &peers, &own)
+                    .share(ex, round, Purpose::Parameters, (&to, &from), &own)
                     .await;
                 heard_from += received.len();
                 // The local disagreement is the distance to the plain mean of what was averaged;

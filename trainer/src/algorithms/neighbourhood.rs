@@ -1,7 +1,7 @@
 //! What one member needs to know about the topology, read from the topology document.
 
 use murmur_core::contract::TopologyDocument;
-use murmur_core::topology::{MemberId, MoshpitGrid};
+use murmur_core::topology::{MemberId, MoshpitGrid, ONE_PEER_EXPONENTIAL, OnePeer, one_peer};
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Neighbourhood {
@@ -17,6 +17,9 @@ pub struct Neighbourhood {
     pub edges: Vec<(MemberId, MemberId)>,
     /// Members in document order (Moshpit lays them on its grid in this order).
     pub members: Vec<MemberId>,
+    /// The document is a one-peer exponential topology: averaging follows [`Self::one_peer`]
+    /// instead of reaching every neighbour.
+    pub one_peer_schedule: bool,
 }
 
 impl Neighbourhood {
@@ -42,7 +45,16 @@ impl Neighbourhood {
             clique_mates,
             edges: doc.edges.iter().map(|e| (e.a, e.b)).collect(),
             members: doc.members.iter().map(|m| m.id).collect(),
+            one_peer_schedule: doc.kind == ONE_PEER_EXPONENTIAL,
         })
+    }
+
+    /// My one peer each way in `round` of a one-peer exponential topology (None otherwise, or
+    /// when I am alone).
+    pub fn one_peer(&self, round: u64) -> Option<OnePeer> {
+        self.one_peer_schedule
+            .then(|| one_peer(&self.members, self.me, round))
+            .flatten()
     }
 
     /// My Moshpit group (others only) in `round` on a grid of side `group_size`.

@@ -34,6 +34,7 @@ pub enum TopologyChoice {
     Ring,
     FullyConnected,
     Exponential,
+    ExponentialOnePeer,
     DCliques,
     ProxyClumps,
     Moshpit,
@@ -46,6 +47,7 @@ impl TopologyChoice {
             "ring" => TopologyChoice::Ring,
             "fully-connected" => TopologyChoice::FullyConnected,
             "exponential" => TopologyChoice::Exponential,
+            "exponential-one-peer" => TopologyChoice::ExponentialOnePeer,
             "dcliques" => TopologyChoice::DCliques,
             "proxy-clumps" => TopologyChoice::ProxyClumps,
             "moshpit" => TopologyChoice::Moshpit,
@@ -56,7 +58,7 @@ impl TopologyChoice {
                 Some(Ok(degree)) if degree >= 1 => TopologyChoice::RandomRegular { degree },
                 _ => {
                     return Err(format!(
-                        "unknown topology {text:?}: use ring, fully-connected, exponential, dcliques, proxy-clumps, moshpit or random-regular:DEGREE"
+                        "unknown topology {text:?}: use ring, fully-connected, exponential, exponential-one-peer, dcliques, proxy-clumps, moshpit or random-regular:DEGREE"
                     ));
                 }
             },
@@ -68,6 +70,7 @@ impl TopologyChoice {
             TopologyChoice::Ring => "ring".into(),
             TopologyChoice::FullyConnected => "fully-connected".into(),
             TopologyChoice::Exponential => "exponential".into(),
+            TopologyChoice::ExponentialOnePeer => "exponential-one-peer".into(),
             TopologyChoice::DCliques => "dcliques".into(),
             TopologyChoice::ProxyClumps => "proxy-clumps".into(),
             TopologyChoice::Moshpit => "moshpit".into(),
@@ -226,6 +229,9 @@ fn build_topology<B: AutodiffBackend>(
         }
         TopologyChoice::Exponential => {
             topology::build(&spec(TopologyKind::Exponential), &profiles)?
+        }
+        TopologyChoice::ExponentialOnePeer => {
+            topology::build(&spec(TopologyKind::ExponentialOnePeer), &profiles)?
         }
         TopologyChoice::DCliques => topology::build(&spec(TopologyKind::DCliques), &profiles)?,
         TopologyChoice::Moshpit => topology::moshpit(&profiles, config.topology.group_size)?,
