@@ -63,9 +63,36 @@ fn cases() -> Vec<Broken> {
             spec(json!({"algorithm": {"kind": "moshpit"}})),
         ),
         broken(
-            "algorithm.averageEvery must be >= 1",
+            "algorithm.averageEvery must be a whole number of steps from 1 to 999999999, or auto",
             "spec.algorithm.averageEvery",
             spec(json!({"algorithm": {"averageEvery": 0}})),
+        ),
+        broken(
+            "algorithm.auto applies only to averageEvery auto",
+            "spec.algorithm.auto",
+            spec(json!({"algorithm": {"averageEvery": 2, "auto": {"maxEvery": 4}}})),
+        ),
+        broken(
+            "algorithm.auto.maxEvery must be from 1 to 1000",
+            "spec.algorithm.auto.maxEvery",
+            spec(json!({"algorithm": {"averageEvery": "auto", "auto": {"maxEvery": 0}}})),
+        ),
+        broken(
+            "algorithm.auto.targetSkew must be in (0, 10]",
+            "spec.algorithm.auto.targetSkew",
+            spec(json!({"algorithm": {"averageEvery": "auto", "auto": {"targetSkew": 20.0}}})),
+        ),
+        broken(
+            "algorithm.averageEvery auto does not apply to topology.kind exponentialOnePeer (one peer a round already)",
+            "spec.algorithm.averageEvery",
+            spec(
+                json!({"topology": {"kind": "exponentialOnePeer", "cliqueSize": null}, "algorithm": {"kind": "dpsgd", "averageEvery": "auto"}}),
+            ),
+        ),
+        broken(
+            "algorithm.averageEvery auto needs kind dpsgd or cliqueAveraging",
+            "spec.algorithm.averageEvery",
+            spec(json!({"algorithm": {"kind": "moshpit", "averageEvery": "auto"}})),
         ),
         broken(
             "algorithm.groupSize must be >= 2",

@@ -59,10 +59,11 @@ async fn round(
     let decoded: Vec<(f64, Decoded)> = got
         .into_iter()
         .map(|(p, bytes)| {
+            let body = bytes.len();
             let x = decoders
                 .entry(p)
                 .or_default()
-                .decode_payload(codec, bytes, own.len())
+                .decode_payload(codec, bytes, body, own.len())
                 .unwrap();
             (1.0 / (peers.len() + 1) as f64, x)
         })

@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use murmur_core::api::{AlgorithmKind, ModelKind, OptimizerKind};
 use murmur_core::contract::TrainerEnv;
 use murmur_core::topology::TopologyOptions;
+use murmur_trainer::algorithms::{AutoPolicy, Averaging};
 use murmur_trainer::compression::Compression;
 use murmur_trainer::data::{self, DataError, partition::Partition};
 use murmur_trainer::runtime::{self, RunError, RunOptions, RunSetup};
@@ -25,7 +26,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Simulate N members in one process on one or more topologies (same data, seed and steps).
-    Simulate(SimulateArgs),
+    Simulate(Box<SimulateArgs>),
     /// Run one member of a job: the process in each pod and each local process. Configured by
     /// the MURMUR_* environment variables (the contract between the planes).
     Run(RunArgs),
@@ -107,8 +108,18 @@ struct SimulateArgs {
     optimizer: Optim,
     #[arg(long, default_value_t = 0.9)]
     momentum: f64,
-    #[arg(long, default_value_t = 1)]
-    average_every: u64,
+    /// Steps between averaging rounds (1 or more), or auto: each edge at its own pace, by how
+    /// differently its two models score on local data (D-PSGD and clique averaging on static
+    /// graphs).
+    #[arg(long, default_value = "1")]
+    average_every: String,
+    /// --average-every auto: the longest gap between two averagings on one edge.
+    #[arg(long, default_value_t = murmur_core::api::AutoAverageSpec::DEFAULT_MAX_EVERY)]
+    auto_max_every: u32,
+    /// --average-every auto: the loss gap |L(x_j) - L(x_i)| (nats, on the deciding member's
+    /// mini-batch) an edge's models should reach by each averaging; its gap follows.
+    #[arg(long, default_value_t = murmur_core::api::AutoAverageSpec::DEFAULT_TARGET_SKEW)]
+    auto_target_skew: f64,
     /// none, fp16, int8 or top-k:RATIO.
     #[arg(long, default_value = "none")]
     compression: String,
@@ -167,6 +178,32 @@ impl CliError {
             _ => 1,
         }
     }
+}
+
+fn averaging(args: &SimulateArgs) -> Result<Averaging, CliError> {
+    use murmur_core::api::{AutoAverageSpec, AverageEvery};
+    let every: AverageEvery =
+        serde_json::from_value(serde_json::Value::String(args.average_every.clone()))
+            .map_err(|e| CliError::Flag(format!("--average-every: {e}")))?;
+    if !(1..=1000).contains(&args.auto_max_every) {
+        return Err(CliError::Flag(format!(
+            "--auto-max-every {}: must be from 1 to 1000",
+            args.auto_max_every
+        )));
+    }
+    if !(args.auto_target_skew > 0.0 && args.auto_target_skew <= 10.0) {
+        return Err(CliError::Flag(format!(
+            "--auto-target-skew {}: must be in (0, 10]",
+            args.auto_target_skew
+        )));
+    }
+    Ok(match every {
+        AverageEvery::Steps(n) => Averaging::Every(u64::from(n)),
+        AverageEvery::Auto => Averaging::Auto(AutoPolicy::from_spec(Some(&AutoAverageSpec {
+            max_every: Some(args.auto_max_every),
+            target_skew: Some(args.auto_target_skew),
+        }))),
+    })
 }
 
 fn load_data(spec: &str) -> Result<data::Split, CliError> {
@@ -241,7 +278,7 @@ fn compression(text: &str) -> Result<Compression, CliError> {
 
 pub fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
-        Command::Simulate(args) => simulate(args),
+        Command::Simulate(args) => simulate(*args),
         Command::Run(args) => run_member(args),
     }
 }
@@ -364,7 +401,7 @@ fn simulate(args: SimulateArgs) -> Result<(), CliError> {
             Optim::Adam => OptimizerKind::Adam,
         },
         momentum: args.momentum,
-        average_every: args.average_every,
+        averaging: averaging(&args)?,
         compression: compression(&args.compression)?,
         seed: args.seed,
         topology: args.topology_options,

@@ -40,9 +40,9 @@ fn all_finite(values: &[f32]) -> bool {
 pub struct Decoded(Values);
 
 enum Values {
-    /// Only built once `bytemuck::try_cast_slice` accepted the bytes (the buffer in an `Arc`
-    /// never moves or changes, so the cast stays valid).
-    View(Payload),
+    /// The payload's first `.1` bytes. Only built once `bytemuck::try_cast_slice` accepted them
+    /// (the buffer in an `Arc` never moves or changes, so the cast stays valid).
+    View(Payload, usize),
     Owned(Vec<f32>),
 }
 
@@ -50,7 +50,7 @@ impl std::ops::Deref for Decoded {
     type Target = [f32];
     fn deref(&self) -> &[f32] {
         match &self.0 {
-            Values::View(payload) => bytemuck::cast_slice(payload),
+            Values::View(payload, body) => bytemuck::cast_slice(&payload[..*body]),
             Values::Owned(values) => values,
         }
     }
@@ -193,23 +193,33 @@ impl Decoder {
     /// f32 values in memory order (little-endian, 4-byte aligned, as an allocator's buffers are)
     /// is read where it lies: no copy of the model (decoding into a new, zeroed vector was 8% of
     /// a ring round's profile, with a share of the 9% in memset).
+    ///
+    /// The encoding is the payload's first `body` bytes (anything after it is the caller's).
     pub fn decode_payload(
         &mut self,
         compression: Compression,
         payload: Payload,
+        body: usize,
         values: usize,
     ) -> Result<Decoded, DecodeError> {
+        let Some(bytes) = payload.get(..body) else {
+            return Err(DecodeError::Size {
+                expected: body,
+                found: payload.len(),
+                values,
+            });
+        };
         if compression == Compression::None
             && cfg!(target_endian = "little")
-            && payload.len() == 4 * values
-            && let Ok(view) = bytemuck::try_cast_slice::<u8, f32>(&payload)
+            && body == 4 * values
+            && let Ok(view) = bytemuck::try_cast_slice::<u8, f32>(bytes)
         {
             if !all_finite(view) {
                 return Err(DecodeError::NonFinite);
             }
-            return Ok(Decoded(Values::View(payload)));
+            return Ok(Decoded(Values::View(payload, body)));
         }
-        self.decode(compression, &payload, values)
+        self.decode(compression, bytes, values)
             .map(|v| Decoded(Values::Owned(v)))
     }
 
@@ -337,9 +347,16 @@ mod tests {
             let copied = Decoder::default().decode(c, &bytes, x.len()).unwrap();
             let payload = Payload::new(bytes);
             let read = Decoder::default()
-                .decode_payload(c, payload.clone(), x.len())
+                .decode_payload(c, payload.clone(), payload.len(), x.len())
                 .unwrap();
             assert_eq!(&*read, copied.as_slice(), "{c:?}");
+            // Bytes after the body (the cadence trailer) are not the codec's.
+            let mut trailed = (*payload).clone();
+            trailed.extend_from_slice(&[7; 12]);
+            let trailed = Decoder::default()
+                .decode_payload(c, Payload::new(trailed), payload.len(), x.len())
+                .unwrap();
+            assert_eq!(&*trailed, copied.as_slice(), "{c:?} with a trailer");
             if c == Compression::None {
                 assert_eq!(
                     read.as_ptr().cast::<u8>(),
@@ -365,12 +382,12 @@ mod tests {
         nan[8..12].copy_from_slice(&f32::NAN.to_le_bytes());
         let mut dec = Decoder::default();
         assert_eq!(
-            dec.decode_payload(Compression::None, Payload::new(nan), x.len())
+            dec.decode_payload(Compression::None, Payload::new(nan), 4 * x.len(), x.len())
                 .err(),
             Some(DecodeError::NonFinite)
         );
         assert!(matches!(
-            dec.decode_payload(Compression::None, Payload::new(vec![0; 12]), x.len()),
+            dec.decode_payload(Compression::None, Payload::new(vec![0; 12]), 12, x.len()),
             Err(DecodeError::Size { found: 12, .. })
         ));
     }

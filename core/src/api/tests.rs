@@ -112,6 +112,46 @@ fn every_cel_rule_rejects_with_the_field_it_guards() {
             "spec.algorithm.averageEvery",
         ),
         (
+            "averageEvery: 1,",
+            "averageEvery: sometimes,",
+            "spec.algorithm.averageEvery",
+        ),
+        (
+            "averageEvery: 1,",
+            "averageEvery: 1000000000,",
+            "spec.algorithm.averageEvery",
+        ),
+        (
+            "averageEvery: 1,",
+            "averageEvery: 5000000000,",
+            "spec.algorithm.averageEvery",
+        ),
+        (
+            "averageEvery: 1,",
+            "averageEvery: 2, auto: {maxEvery: 4},",
+            "spec.algorithm.auto",
+        ),
+        (
+            "averageEvery: 1,",
+            "averageEvery: auto, auto: {maxEvery: 0},",
+            "spec.algorithm.auto.maxEvery",
+        ),
+        (
+            "averageEvery: 1,",
+            "averageEvery: auto, auto: {targetSkew: 0},",
+            "spec.algorithm.auto.targetSkew",
+        ),
+        (
+            "{kind: cliqueAveraging, averageEvery: 1,",
+            "{kind: gossip, averageEvery: auto,",
+            "spec.algorithm.averageEvery",
+        ),
+        (
+            "topology: {kind: dCliques, cliqueSize: 4, interClique: smallWorld}\n  algorithm: {kind: cliqueAveraging, averageEvery: 1,",
+            "topology: {kind: exponentialOnePeer}\n  algorithm: {kind: dpsgd, averageEvery: auto,",
+            "spec.algorithm.averageEvery",
+        ),
+        (
             "roundTimeout: 5s}",
             "roundTimeout: 5s, compression: {kind: topK}}",
             "spec.algorithm.compression.ratio",
@@ -291,6 +331,13 @@ fn the_boundaries_of_each_rule_are_accepted() {
             "roundTimeout: 5s, compression: {kind: int8}}",
         ),
         ("steps: 100", "epochs: 1"),
+        ("averageEvery: 1,", "averageEvery: auto,"),
+        (
+            "averageEvery: 1,",
+            "averageEvery: auto, auto: {maxEvery: 1000, targetSkew: 1},",
+        ),
+        ("averageEvery: 1,", "averageEvery: '7',"),
+        ("averageEvery: 1,", "averageEvery: 999999999,"),
         (
             "steps: 100",
             "steps: 100\n  trainer: {backend: cuda, resources: {gpus: 1}}",
@@ -304,6 +351,32 @@ fn the_boundaries_of_each_rule_are_accepted() {
             panic!("{to:?} was rejected: {e}");
         }
     }
+}
+
+#[test]
+fn average_every_reads_a_number_or_auto_and_writes_them_back() {
+    let every = |text: &str| with("averageEvery: 1,", text).unwrap().spec.algorithm;
+    assert_eq!(
+        every("averageEvery: 3,").average_every,
+        AverageEvery::Steps(3)
+    );
+    assert_eq!(
+        every("averageEvery: '3',").average_every,
+        AverageEvery::Steps(3)
+    );
+    let auto = every("averageEvery: auto, auto: {maxEvery: 8},");
+    assert_eq!(auto.average_every, AverageEvery::Auto);
+    assert_eq!(auto.auto.and_then(|a| a.max_every), Some(8));
+    assert_eq!(
+        serde_json::to_value(AverageEvery::Auto).unwrap(),
+        serde_json::json!("auto")
+    );
+    assert_eq!(
+        serde_json::to_value(AverageEvery::Steps(4)).unwrap(),
+        serde_json::json!(4)
+    );
+    let err = with("averageEvery: 1,", "averageEvery: often,").unwrap_err();
+    assert!(err.to_string().contains("\"auto\""), "{err}");
 }
 
 #[test]

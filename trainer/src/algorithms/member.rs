@@ -17,6 +17,7 @@ use rand_chacha::ChaCha8Rng;
 use murmur_core::api::{AlgorithmKind, OptimizerKind};
 use murmur_core::topology::MemberId;
 
+use super::cadence::{self, Averaging, Cadence, Outcome};
 use super::mixing::{distance, gossip_partner, mean, weighted_average_and_disagreement};
 use super::sgd::InPlaceSgd;
 use super::{Exchange, Neighbourhood, Payload, Purpose};
@@ -27,7 +28,7 @@ use crate::model::{self, FlatError, Layout, Model};
 #[derive(Clone, Debug, PartialEq)]
 pub struct MemberConfig {
     pub algorithm: AlgorithmKind,
-    pub average_every: u64,
+    pub averaging: Averaging,
     pub compression: Compression,
     pub optimizer: OptimizerKind,
     pub momentum: f64,
@@ -111,9 +112,13 @@ pub struct StepReport {
     pub loss: f64,
     /// Peers that delivered in this step's rounds.
     pub heard_from: usize,
+    /// Whether this step exchanged anything at all (not so between rounds).
+    pub exchanged: bool,
     /// Distance from this member's parameters to the mean of its own and what its peers sent,
     /// when an averaging round took place: what one member can see of the consensus distance.
     pub local_disagreement: Option<f64>,
+    /// Auto averaging: the mean gap, in steps, agreed on this member's edges.
+    pub mean_average_every: Option<f64>,
 }
 
 pub struct Member<B: AutodiffBackend> {
@@ -131,11 +136,18 @@ pub struct Member<B: AutodiffBackend> {
     /// The other codecs: one encoding for every destination (int8 carries its rounding error).
     shared_encoders: BTreeMap<Purpose, Encoder>,
     decoders: BTreeMap<(MemberId, Purpose), Decoder>,
+    /// Auto averaging: each edge's schedule.
+    cadence: Option<Cadence>,
+    /// Auto averaging: this step's mini-batch, on which neighbours' models are scored.
+    last_batch: Option<Batch<B::InnerBackend>>,
     pub bytes_sent: u64,
     pub bytes_received: u64,
     device: B::Device,
     scratch: Vec<f32>,
 }
+
+/// A mini-batch: images and their labels.
+type Batch<B> = (Tensor<B, 2>, Tensor<B, 1, Int>);
 
 impl<B: AutodiffBackend> Member<B> {
     pub fn new(
@@ -150,7 +162,13 @@ impl<B: AutodiffBackend> Member<B> {
         }
         let layout = model::layout(&initial);
         let rng = ChaCha8Rng::seed_from_u64(config.seed ^ (u64::from(id) << 32) ^ 0x5eed);
+        let cadence = match config.averaging {
+            Averaging::Auto(policy) => Some(Cadence::new(id, policy)),
+            Averaging::Every(_) => None,
+        };
         Ok(Self {
+            cadence,
+            last_batch: None,
             id,
             optim: Optim::new(config.optimizer, config.momentum),
             config,
@@ -297,6 +315,9 @@ impl<B: AutodiffBackend> Member<B> {
     /// Loss and gradients of `model` on the next mini-batch.
     fn gradients(&mut self, model: &Model<B>) -> (f64, GradientsParams) {
         let (x, y) = self.next_batch();
+        if self.cadence.is_some() {
+            self.last_batch = Some((x.clone().inner(), y.clone().inner()));
+        }
         let loss = CrossEntropyLossConfig::new()
             .init(&self.device)
             .forward(model.forward(x), y);
@@ -307,6 +328,37 @@ impl<B: AutodiffBackend> Member<B> {
             .next()
             .unwrap_or(f64::NAN);
         (value, GradientsParams::from_grads(loss.backward(), model))
+    }
+
+    /// How much worse each of `theirs` (flat models) does than `model` on this step's mini-batch:
+    /// (L_theirs − L_mine) / L_mine, at least 0 — SkewScout's accuracy loss of a neighbour's
+    /// model on local data, which grows with label skew long before the parameters look far
+    /// apart. NaN when it cannot be scored.
+    fn skews(&self, model: &Model<B>, theirs: &[&[f32]]) -> Vec<f64> {
+        let Some((x, y)) = &self.last_batch else {
+            return vec![f64::NAN; theirs.len()];
+        };
+        let mine = model.valid();
+        let loss = |m: &Model<B::InnerBackend>| -> f64 {
+            let device = x.device();
+            CrossEntropyLossConfig::new()
+                .init(&device)
+                .forward(m.forward(x.clone()), y.clone())
+                .into_data()
+                .iter::<f64>()
+                .next()
+                .unwrap_or(f64::NAN)
+        };
+        let base = loss(&mine);
+        theirs
+            .iter()
+            .map(
+                |values| match model::import(mine.clone(), values, &self.layout) {
+                    Ok(neighbour) => (loss(&neighbour) - base).abs(),
+                    Err(_) => f64::NAN,
+                },
+            )
+            .collect()
     }
 
     /// A step on local data only, with no communication (warm-up). Returns the loss.
@@ -334,13 +386,19 @@ impl<B: AutodiffBackend> Member<B> {
     /// Payloads of `values` for each of `peers`. Top-k keeps codec state per destination, so its
     /// estimates stay exact; the other codecs keep receivers stateless, so one encoding is shared
     /// by all (int8's sender-side carry belongs to that one stream).
+    /// `trailer` (the cadence's, possibly empty) follows each encoding.
     fn encode(
         &mut self,
         peers: &[MemberId],
         purpose: Purpose,
         compression: Compression,
         values: &[f32],
+        trailer: &[u8],
     ) -> Vec<(MemberId, Payload)> {
+        let with_trailer = |mut bytes: Vec<u8>| {
+            bytes.extend_from_slice(trailer);
+            Payload::new(bytes)
+        };
         let outgoing: Vec<(MemberId, Payload)> = match compression {
             Compression::TopK { .. } => peers
                 .iter()
@@ -350,11 +408,11 @@ impl<B: AutodiffBackend> Member<B> {
                         .entry((to, purpose))
                         .or_default()
                         .encode(compression, values);
-                    (to, Payload::new(bytes))
+                    (to, with_trailer(bytes))
                 })
                 .collect(),
             Compression::None | Compression::Fp16 | Compression::Int8 => {
-                let shared = Payload::new(
+                let shared = with_trailer(
                     self.shared_encoders
                         .entry(purpose)
                         .or_default()
@@ -367,31 +425,41 @@ impl<B: AutodiffBackend> Member<B> {
         outgoing
     }
 
+    /// Decoded payloads, with the gap each sender's cadence trailer (when `trailer`) gave me.
     fn decode_all(
         &mut self,
         purpose: Purpose,
         compression: Compression,
         received: Vec<(MemberId, Payload)>,
-    ) -> Vec<(MemberId, Decoded)> {
+        trailer: bool,
+    ) -> Vec<(MemberId, Decoded, Option<u64>)> {
         let values = self.layout.len();
+        let me = self.id;
         received
             .into_iter()
             .filter_map(|(from, bytes)| {
                 self.bytes_received += bytes.len() as u64;
                 // A payload that does not decode is dropped like a missing neighbour.
+                let (body, announced) = if trailer {
+                    let (body, entries) = cadence::read_trailer(&bytes)?;
+                    let mine = entries.iter().find(|(id, _)| *id == me).map(|(_, e)| *e);
+                    (body, mine)
+                } else {
+                    (bytes.len(), None)
+                };
                 let x = self
                     .decoders
                     .entry((from, purpose))
                     .or_default()
-                    .decode_payload(compression, bytes, values)
+                    .decode_payload(compression, bytes, body, values)
                     .ok()?;
-                Some((from, x))
+                Some((from, x, announced))
             })
             .collect()
     }
 
     /// Send `values` to `to` and receive from `from` (the same members, except on a one-peer
-    /// schedule).
+    /// schedule); `trailer` (auto averaging) follows each payload.
     async fn share<E: Exchange>(
         &mut self,
         ex: &mut E,
@@ -399,18 +467,20 @@ impl<B: AutodiffBackend> Member<B> {
         purpose: Purpose,
         (to, from): (&[MemberId], &[MemberId]),
         values: &[f32],
-    ) -> Vec<(MemberId, Decoded)> {
+        trailer: Option<&[u8]>,
+    ) -> Vec<(MemberId, Decoded, Option<u64>)> {
         // Gradients are never top-k'd: an estimate of a gradient stream is meaningless.
         let compression = match (purpose, self.config.compression) {
             (Purpose::Gradients, Compression::TopK { .. }) => Compression::None,
             (_, c) => c,
         };
-        let outgoing = self.encode(to, purpose, compression, values);
+        let outgoing = self.encode(to, purpose, compression, values, trailer.unwrap_or(&[]));
         let received = ex.exchange(round, purpose, outgoing, from).await;
-        self.decode_all(purpose, compression, received)
+        self.decode_all(purpose, compression, received, trailer.is_some())
     }
 
-    /// One local step, then (every `average_every` steps) an averaging round.
+    /// One local step, then (every `average_every` steps, or on the edges the cadence says are
+    /// due) an averaging round.
     pub async fn step<E: Exchange>(
         &mut self,
         step: u64,
@@ -420,6 +490,7 @@ impl<B: AutodiffBackend> Member<B> {
         let model = self.model.take().expect("model present");
         let (loss_value, mut grads) = self.gradients(&model);
         let mut heard_from = 0;
+        let mut exchanged = false;
         let mut local_disagreement = None;
 
         if self.config.algorithm == AlgorithmKind::CliqueAveraging && !hood.clique_mates.is_empty()
@@ -434,87 +505,182 @@ impl<B: AutodiffBackend> Member<B> {
                     Purpose::Gradients,
                     (&hood.clique_mates, &hood.clique_mates),
                     &own,
+                    None,
                 )
                 .await;
             heard_from += received.len();
-            let refs: Vec<&[f32]> = received.iter().map(|(_, g)| &**g).collect();
+            exchanged = true;
+            let refs: Vec<&[f32]> = received.iter().map(|(_, g, _)| &**g).collect();
             grads = model::gradients_from_flat(&model, &mean(&own, &refs), &self.layout)?;
         }
         let mut model = self.optim.step(self.config.learning_rate, model, grads);
 
-        if (step + 1).is_multiple_of(self.config.average_every.max(1)) {
-            let round = step / self.config.average_every.max(1);
+        // Auto averaging labels a round by its step: at most one a step, and both ends of an
+        // edge agree on its steps.
+        let round = match self.config.averaging {
+            Averaging::Every(n) => (step + 1).is_multiple_of(n.max(1)).then(|| step / n.max(1)),
+            Averaging::Auto(_) => Some(step),
+        };
+        let plan = round.map(|round| (round, self.averaging_plan(step, round, hood)));
+        if let Some((round, plan)) = plan
+            && !plan.from.is_empty()
+        {
             // The scratch buffer keeps its pages between rounds: no page faults on every export.
             let mut own = std::mem::take(&mut self.scratch);
             let (exported, _) = model::export_into(model, &mut own);
             model = exported;
-            // Who to send to and hear from this round, and whether W's weights or a plain mean
-            // apply.
-            let (to, from, weighted): (Vec<MemberId>, Vec<MemberId>, bool) =
-                match self.config.algorithm {
-                    AlgorithmKind::Dpsgd | AlgorithmKind::CliqueAveraging => {
-                        match hood.one_peer(round) {
-                            // Half mine, half my one in-peer's: a plain mean of the two.
-                            Some(p) => (vec![p.send_to], vec![p.receive_from], false),
-                            None => {
-                                let all: Vec<MemberId> =
-                                    hood.neighbours.iter().map(|(id, _)| *id).collect();
-                                (all.clone(), all, true)
-                            }
-                        }
-                    }
-                    AlgorithmKind::Gossip => {
-                        let partner: Vec<MemberId> =
-                            gossip_partner(&hood.edges, self.config.seed, round, self.id)
-                                .into_iter()
-                                .collect();
-                        (partner.clone(), partner, false)
-                    }
-                    AlgorithmKind::Moshpit => {
-                        let group = hood.moshpit_group(self.config.group_size, round);
-                        (group.clone(), group, false)
-                    }
+            let trailer = self
+                .cadence
+                .as_ref()
+                .filter(|_| plan.paced)
+                .map(|c| c.trailer(&plan.to));
+            let received = self
+                .share(
+                    ex,
+                    round,
+                    Purpose::Parameters,
+                    (&plan.to, &plan.from),
+                    &own,
+                    trailer.as_deref(),
+                )
+                .await;
+            heard_from += received.len();
+            exchanged = true;
+            // The local disagreement is the distance to the plain mean of what was averaged;
+            // computed in the same pass over the received models as the mix itself.
+            let (mixed, disagreement) = if plan.weighted {
+                let weight = |id: MemberId| {
+                    hood.neighbours
+                        .iter()
+                        .find(|(n, _)| *n == id)
+                        .map_or(0.0, |(_, w)| *w)
                 };
-            let mixed = if from.is_empty() {
-                None
+                let weighted: Vec<(f64, &[f32])> = received
+                    .iter()
+                    .map(|(id, x, _)| (weight(*id), &**x))
+                    .collect();
+                weighted_average_and_disagreement(&own, plan.self_weight, &weighted)
             } else {
-                let received = self
-                    .share(ex, round, Purpose::Parameters, (&to, &from), &own)
-                    .await;
-                heard_from += received.len();
-                // The local disagreement is the distance to the plain mean of what was averaged;
-                // computed in the same pass over the received models as the mix itself.
-                let (mixed, disagreement) = if weighted {
-                    let weight = |id: MemberId| {
-                        hood.neighbours
-                            .iter()
-                            .find(|(n, _)| *n == id)
-                            .map_or(0.0, |(_, w)| *w)
-                    };
-                    let weighted: Vec<(f64, &[f32])> =
-                        received.iter().map(|(id, x)| (weight(*id), &**x)).collect();
-                    weighted_average_and_disagreement(&own, hood.self_weight, &weighted)
-                } else {
-                    let refs: Vec<&[f32]> = received.iter().map(|(_, x)| &**x).collect();
-                    let mixed = mean(&own, &refs);
-                    let disagreement = distance(&own, &mixed);
-                    (mixed, disagreement)
-                };
-                if !received.is_empty() {
-                    local_disagreement = Some(disagreement);
-                }
-                Some(mixed)
+                let refs: Vec<&[f32]> = received.iter().map(|(_, x, _)| &**x).collect();
+                let mixed = mean(&own, &refs);
+                let disagreement = distance(&own, &mixed);
+                (mixed, disagreement)
             };
-            self.scratch = own;
-            if let Some(mixed) = mixed {
-                model = model::import(model, &mixed, &self.layout)?;
+            if !received.is_empty() {
+                local_disagreement = Some(disagreement);
             }
+            if plan.paced && self.cadence.is_some() {
+                // Scored only on the edges I decide: the other end's gap comes in its trailer.
+                let decided: Vec<&(MemberId, Decoded, Option<u64>)> = received
+                    .iter()
+                    .filter(|(id, _, _)| self.cadence.as_ref().is_some_and(|c| c.decides(*id)))
+                    .collect();
+                let values: Vec<&[f32]> = decided.iter().map(|(_, x, _)| &**x).collect();
+                let skews = self.skews(&model, &values);
+                let outcomes: Vec<(MemberId, Outcome)> = plan
+                    .from
+                    .iter()
+                    .map(|&id| {
+                        let outcome = match received.iter().find(|(from, _, _)| *from == id) {
+                            Some((_, _, announced)) => Outcome::Delivered {
+                                announced: *announced,
+                                skew: decided
+                                    .iter()
+                                    .position(|(from, _, _)| *from == id)
+                                    .map(|i| skews[i]),
+                            },
+                            None => Outcome::Missed,
+                        };
+                        (id, outcome)
+                    })
+                    .collect();
+                if let Some(cadence) = &mut self.cadence {
+                    cadence.settle(step, &outcomes);
+                }
+            }
+            drop(received);
+            self.scratch = own;
+            model = model::import(model, &mixed, &self.layout)?;
         }
         self.model = Some(model);
         Ok(StepReport {
             loss: loss_value,
             heard_from,
+            exchanged,
             local_disagreement,
+            mean_average_every: self.cadence.as_ref().map(Cadence::mean_every),
         })
     }
+
+    /// Who to send to and hear from in this averaging round, and whether W's weights or a plain
+    /// mean apply.
+    fn averaging_plan(&mut self, step: u64, round: u64, hood: &Neighbourhood) -> AveragingPlan {
+        let plain = |to: Vec<MemberId>, from: Vec<MemberId>| AveragingPlan {
+            to,
+            from,
+            weighted: false,
+            self_weight: 1.0,
+            paced: false,
+        };
+        match self.config.algorithm {
+            AlgorithmKind::Dpsgd | AlgorithmKind::CliqueAveraging => match hood.one_peer(round) {
+                // Half mine, half my one in-peer's: a plain mean of the two.
+                Some(p) => plain(vec![p.send_to], vec![p.receive_from]),
+                None => {
+                    let all = hood.neighbours.iter().map(|(id, _)| *id);
+                    match &mut self.cadence {
+                        None => {
+                            let all: Vec<MemberId> = all.collect();
+                            AveragingPlan {
+                                to: all.clone(),
+                                from: all,
+                                weighted: true,
+                                self_weight: hood.self_weight,
+                                paced: false,
+                            }
+                        }
+                        Some(cadence) => {
+                            let due = cadence.due(step, all);
+                            // A skipped edge's weight stays here: W stays doubly stochastic.
+                            let skipped: f64 = hood
+                                .neighbours
+                                .iter()
+                                .filter(|(id, _)| !due.contains(id))
+                                .map(|(_, w)| w)
+                                .sum();
+                            AveragingPlan {
+                                to: due.clone(),
+                                from: due,
+                                weighted: true,
+                                self_weight: hood.self_weight + skipped,
+                                paced: true,
+                            }
+                        }
+                    }
+                }
+            },
+            AlgorithmKind::Gossip => {
+                let partner: Vec<MemberId> =
+                    gossip_partner(&hood.edges, self.config.seed, round, self.id)
+                        .into_iter()
+                        .collect();
+                plain(partner.clone(), partner)
+            }
+            AlgorithmKind::Moshpit => {
+                let group = hood.moshpit_group(self.config.group_size, round);
+                plain(group.clone(), group)
+            }
+        }
+    }
+}
+
+/// One averaging round's plan.
+struct AveragingPlan {
+    to: Vec<MemberId>,
+    from: Vec<MemberId>,
+    /// W's weights (with `self_weight` for W_ii) rather than a plain mean.
+    weighted: bool,
+    self_weight: f64,
+    /// The edges follow the cadence (auto averaging): payloads carry its trailer.
+    paced: bool,
 }

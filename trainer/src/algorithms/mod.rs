@@ -2,6 +2,7 @@
 //! Moshpit — written once against the small [`Exchange`] interface. The simulator runs it over
 //! in-process mailboxes; the networked trainer runs the very same code over TCP.
 
+pub mod cadence;
 mod member;
 pub mod mixing;
 mod neighbourhood;
@@ -9,6 +10,7 @@ pub mod sgd;
 
 use murmur_core::topology::MemberId;
 
+pub use cadence::{AutoPolicy, Averaging};
 pub use member::{Member, MemberConfig, MemberError, Optim, StepReport};
 pub use neighbourhood::Neighbourhood;
 

@@ -543,10 +543,13 @@ impl<B: AutodiffBackend> Trainer<B> {
                 if let Some(d) = report.local_disagreement {
                     s.progress.consensus_distance = Some(d);
                 }
-                if seen == 0 {
-                    s.neighbours_seen.clear();
-                } else {
-                    s.neighbours_seen = neighbours;
+                // Between averaging rounds nothing is heard, and nothing is lost either.
+                if report.exchanged {
+                    if seen == 0 {
+                        s.neighbours_seen.clear();
+                    } else {
+                        s.neighbours_seen = neighbours;
+                    }
                 }
             });
             self.observed.refresh(self.transport.stats());

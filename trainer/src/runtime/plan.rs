@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use murmur_core::api::{DecentralizedTrainingJobSpec, ModelKind, TopologyKind};
+use murmur_core::api::{AverageEvery, DecentralizedTrainingJobSpec, ModelKind, TopologyKind};
 
-use crate::algorithms::MemberConfig;
+use crate::algorithms::{AutoPolicy, Averaging, MemberConfig};
 use crate::compression::Compression;
 use crate::data::partition::Partition;
 
@@ -30,7 +30,12 @@ impl MemberPlan {
         Self {
             member: MemberConfig {
                 algorithm: spec.algorithm.kind,
-                average_every: u64::from(spec.algorithm.average_every.max(1)),
+                averaging: match spec.algorithm.average_every {
+                    AverageEvery::Steps(n) => Averaging::Every(u64::from(n.max(1))),
+                    AverageEvery::Auto => {
+                        Averaging::Auto(AutoPolicy::from_spec(spec.algorithm.auto.as_ref()))
+                    }
+                },
                 compression: Compression::from_spec(&spec.algorithm.compression),
                 optimizer: training.optimizer.kind,
                 momentum: training.optimizer.momentum.unwrap_or(0.0),

@@ -20,7 +20,7 @@ use murmur_core::api::{AlgorithmKind, ModelKind, OptimizerKind, TopologyKind};
 use murmur_core::topology::{self, MemberId, MemberProfile, Topology, TopologyOptions};
 
 use crate::algorithms::mixing::consensus_distance;
-use crate::algorithms::{Member, MemberConfig, MemberError, Neighbourhood};
+use crate::algorithms::{Averaging, Member, MemberConfig, MemberError, Neighbourhood};
 use crate::compression::Compression;
 use crate::data::partition::{Partition, label_histogram};
 use crate::data::{Dataset, Split};
@@ -104,7 +104,7 @@ pub struct SimulationConfig {
     pub learning_rate: f64,
     pub optimizer: OptimizerKind,
     pub momentum: f64,
-    pub average_every: u64,
+    pub averaging: Averaging,
     pub compression: Compression,
     pub seed: u64,
     pub topology: TopologyOptions,
@@ -266,7 +266,7 @@ fn build_topology<B: AutodiffBackend>(
 fn member_config(config: &SimulationConfig, algorithm: AlgorithmKind) -> MemberConfig {
     MemberConfig {
         algorithm,
-        average_every: config.average_every,
+        averaging: config.averaging,
         compression: config.compression,
         optimizer: config.optimizer,
         momentum: config.momentum,
@@ -322,6 +322,15 @@ pub fn simulate<B: AutodiffBackend>(
         let algorithm = config
             .algorithm
             .unwrap_or_else(|| choice.default_algorithm());
+        if matches!(config.averaging, Averaging::Auto(_))
+            && (matches!(algorithm, AlgorithmKind::Gossip | AlgorithmKind::Moshpit)
+                || choice == TopologyChoice::ExponentialOnePeer)
+        {
+            return Err(SimulationError::Config(format!(
+                "--average-every auto paces the edges of a static graph under D-PSGD or clique averaging, not {algorithm:?} on {}",
+                choice.name()
+            )));
+        }
         let started = Instant::now();
 
         let boxes = Arc::new(Mailboxes::default());

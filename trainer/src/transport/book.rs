@@ -72,6 +72,9 @@ pub struct Completed<R> {
 
 pub struct RoundBook<R> {
     completed: BTreeMap<Purpose, u64>,
+    /// The round an exchange is under way for: with auto averaging rounds are steps, and the
+    /// next one may lie far beyond the last completed.
+    begun: BTreeMap<Purpose, u64>,
     stored: BTreeMap<Key, Stored<R>>,
     skips: BTreeSet<Key>,
     sent: BTreeSet<Key>,
@@ -82,6 +85,7 @@ impl<R> Default for RoundBook<R> {
     fn default() -> Self {
         Self {
             completed: BTreeMap::new(),
+            begun: BTreeMap::new(),
             stored: BTreeMap::new(),
             skips: BTreeSet::new(),
             sent: BTreeSet::new(),
@@ -99,9 +103,17 @@ impl<R: Clone> RoundBook<R> {
     /// Before our first round we cannot tell ahead from behind (a replacement starts mid-job),
     /// so nothing is held back; senders queue only a few messages per peer anyway.
     pub fn has_room(&self, purpose: Purpose, round: u64) -> bool {
-        self.completed
-            .get(&purpose)
-            .is_none_or(|c| round <= c + 1 + WINDOW)
+        let current = self.completed.get(&purpose).map(|c| {
+            let begun = self.begun.get(&purpose).copied().unwrap_or(0);
+            (c + 1).max(begun)
+        });
+        current.is_none_or(|current| round <= current + WINDOW)
+    }
+
+    /// An exchange for `round` starts: payloads up to [`WINDOW`] rounds past it have room.
+    pub fn begin(&mut self, purpose: Purpose, round: u64) {
+        let b = self.begun.entry(purpose).or_insert(round);
+        *b = (*b).max(round);
     }
 
     /// Whether a payload of ours for `(purpose, round)`, still queued (the peer was unreachable),
@@ -390,5 +402,12 @@ mod tests {
         assert!(!book.has_room(P, 12 + WINDOW));
         assert!(book.has_room(Purpose::Gradients, 0));
         assert!(book.is_outdated(P, 7) && !book.is_outdated(P, 8));
+        // Auto averaging: the next round is a step far past the last completed one; the window
+        // moves with the round under way.
+        book.begin(P, 40);
+        assert!(book.has_room(P, 40 + WINDOW));
+        assert!(!book.has_room(P, 41 + WINDOW));
+        book.begin(P, 30);
+        assert!(book.has_room(P, 40 + WINDOW), "never moves back");
     }
 }

@@ -433,6 +433,9 @@ impl Exchange for Transport {
         from: &[MemberId],
     ) -> Vec<(MemberId, Payload)> {
         let version = self.topology_version();
+        self.shared.book.lock().begin(purpose, round);
+        // Readers held back by the window may have room now.
+        self.shared.changed.notify_waiters();
         for (to, payload) in outgoing {
             // Recorded before it can arrive, so a quick answer finds it; undone if not queued.
             self.shared.book.lock().record_sent(purpose, round, to);
