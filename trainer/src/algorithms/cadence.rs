@@ -204,14 +204,6 @@ impl Cadence {
             }
         }
     }
-
-    /// The mean agreed gap over my edges (for reports).
-    pub fn mean_every(&self) -> f64 {
-        if self.edges.is_empty() {
-            return 0.0;
-        }
-        self.edges.values().map(|e| e.every as f64).sum::<f64>() / self.edges.len() as f64
-    }
 }
 
 /// Trailer: (receiver id, gap) pairs as little-endian u32s, then their count as a u32.
@@ -400,6 +392,7 @@ mod tests {
         assert_eq!(c.due(12, [1, 7, 9]), vec![7, 9]);
         assert_eq!(c.due(14, [7]), vec![7]);
         assert_eq!(read_trailer(&c.trailer(&[7])).unwrap().1, vec![(7, 2)]);
-        assert!((c.mean_every() - 1.0).abs() < 1e-12);
+        let agreed: Vec<u64> = c.edges.values().map(|e| e.every).collect();
+        assert_eq!(agreed, vec![1]);
     }
 }

@@ -117,8 +117,6 @@ pub struct StepReport {
     /// Distance from this member's parameters to the mean of its own and what its peers sent,
     /// when an averaging round took place: what one member can see of the consensus distance.
     pub local_disagreement: Option<f64>,
-    /// Auto averaging: the mean gap, in steps, agreed on this member's edges.
-    pub mean_average_every: Option<f64>,
 }
 
 pub struct Member<B: AutodiffBackend> {
@@ -330,8 +328,8 @@ impl<B: AutodiffBackend> Member<B> {
         (value, GradientsParams::from_grads(loss.backward(), model))
     }
 
-    /// How much worse each of `theirs` (flat models) does than `model` on this step's mini-batch:
-    /// (L_theirs − L_mine) / L_mine, at least 0 — SkewScout's accuracy loss of a neighbour's
+    /// How differently each of `theirs` (flat models) scores from `model` on this step's
+    /// mini-batch: |L_theirs − L_mine| in nats — after SkewScout's accuracy loss of a neighbour's
     /// model on local data, which grows with label skew long before the parameters look far
     /// apart. NaN when it cannot be scored.
     fn skews(&self, model: &Model<B>, theirs: &[&[f32]]) -> Vec<f64> {
@@ -569,14 +567,16 @@ impl<B: AutodiffBackend> Member<B> {
             if !received.is_empty() {
                 local_disagreement = Some(disagreement);
             }
-            if plan.paced && self.cadence.is_some() {
+            if plan.paced {
                 // Scored only on the edges I decide: the other end's gap comes in its trailer.
-                let decided: Vec<&(MemberId, Decoded, Option<u64>)> = received
+                let decides = |id: MemberId| self.cadence.as_ref().is_some_and(|c| c.decides(id));
+                let (ids, values): (Vec<MemberId>, Vec<&[f32]>) = received
                     .iter()
-                    .filter(|(id, _, _)| self.cadence.as_ref().is_some_and(|c| c.decides(*id)))
-                    .collect();
-                let values: Vec<&[f32]> = decided.iter().map(|(_, x, _)| &**x).collect();
-                let skews = self.skews(&model, &values);
+                    .filter(|(id, _, _)| decides(*id))
+                    .map(|(id, x, _)| (*id, &**x))
+                    .unzip();
+                let skews: BTreeMap<MemberId, f64> =
+                    ids.into_iter().zip(self.skews(&model, &values)).collect();
                 let outcomes: Vec<(MemberId, Outcome)> = plan
                     .from
                     .iter()
@@ -584,10 +584,7 @@ impl<B: AutodiffBackend> Member<B> {
                         let outcome = match received.iter().find(|(from, _, _)| *from == id) {
                             Some((_, _, announced)) => Outcome::Delivered {
                                 announced: *announced,
-                                skew: decided
-                                    .iter()
-                                    .position(|(from, _, _)| *from == id)
-                                    .map(|i| skews[i]),
+                                skew: skews.get(&id).copied(),
                             },
                             None => Outcome::Missed,
                         };
@@ -608,7 +605,6 @@ impl<B: AutodiffBackend> Member<B> {
             heard_from,
             exchanged,
             local_disagreement,
-            mean_average_every: self.cadence.as_ref().map(Cadence::mean_every),
         })
     }
 
