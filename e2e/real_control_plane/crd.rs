@@ -95,6 +95,23 @@ fn cases() -> Vec<Broken> {
             spec(json!({"algorithm": {"kind": "moshpit", "averageEvery": "auto"}})),
         ),
         broken(
+            "algorithm.maxStaleness must be from 1 to 1000",
+            "spec.algorithm.maxStaleness",
+            spec(json!({"algorithm": {"kind": "asyncGossip", "maxStaleness": 0}})),
+        ),
+        broken(
+            "algorithm.maxStaleness applies only to kind asyncGossip",
+            "spec.algorithm.maxStaleness",
+            spec(json!({"algorithm": {"kind": "gossip", "maxStaleness": 4}})),
+        ),
+        broken(
+            "algorithm.compression topK does not apply to kind asyncGossip (requests and replies cross on different connections, so per-link estimates cannot stay in step): use int8 or fp16",
+            "spec.algorithm.compression.kind",
+            spec(
+                json!({"algorithm": {"kind": "asyncGossip", "compression": {"kind": "topK", "ratio": 0.01}}}),
+            ),
+        ),
+        broken(
             "algorithm.groupSize must be >= 2",
             "spec.algorithm.groupSize",
             spec(json!({"algorithm": {"kind": "moshpit", "groupSize": 1}})),

@@ -62,6 +62,7 @@ enum Algorithm {
     Gossip,
     CliqueAveraging,
     Moshpit,
+    AsyncGossip,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -129,6 +130,18 @@ struct SimulateArgs {
     topology_options: TopologyOptions,
     #[arg(long, default_value_t = 20)]
     proxy_warmup_steps: u64,
+    /// async-gossip: replies to requests older than this many steps are dropped.
+    #[arg(long, default_value_t = murmur_core::api::AlgorithmSpec::DEFAULT_MAX_STALENESS)]
+    max_staleness: u32,
+    /// Slow members, as MEMBER:FACTOR (4 = a step takes four times as long), comma-separated.
+    /// Time becomes virtual: synchronous rounds wait for their slowest member, asynchronous
+    /// gossip does not.
+    #[arg(long, value_delimiter = ',')]
+    slow: Vec<String>,
+    /// Report the virtual time (in steps of a full-speed member) at which the mean test
+    /// accuracy first reached this fraction.
+    #[arg(long)]
+    target_accuracy: Option<f64>,
     /// Threads to spread the members and their kernels over (default: every core). Results are
     /// the same whatever the count.
     #[arg(long)]
@@ -242,8 +255,8 @@ fn run_on<B: burn::tensor::backend::AutodiffBackend>(
 ) -> Result<Vec<simulator::TopologyResult>, CliError> {
     let device = B::Device::default();
     println!(
-        "{:<18} {:>6} {:>9} {:>9} {:>11}",
-        "topology", "step", "accuracy", "min", "consensus"
+        "{:<18} {:>6} {:>8} {:>9} {:>9} {:>11}",
+        "topology", "step", "time", "accuracy", "min", "consensus"
     );
     Ok(simulator::simulate::<B>(
         config,
@@ -251,15 +264,29 @@ fn run_on<B: burn::tensor::backend::AutodiffBackend>(
         &device,
         |name, p| {
             println!(
-                "{:<18} {:>6} {:>8.2}% {:>8.2}% {:>11.4}",
+                "{:<18} {:>6} {:>8.1} {:>8.2}% {:>8.2}% {:>11.4}",
                 name,
                 p.step,
+                p.time,
                 100.0 * p.mean_accuracy,
                 100.0 * p.min_accuracy,
                 p.consensus_distance
             );
         },
     )?)
+}
+
+/// `MEMBER:FACTOR`, as `--slow` takes it.
+fn slow_member(text: &str) -> Result<(u32, f64), CliError> {
+    let parsed = text
+        .split_once(':')
+        .and_then(|(id, f)| Some((id.parse::<u32>().ok()?, f.parse::<f64>().ok()?)));
+    match parsed {
+        Some((id, factor)) if factor.is_finite() && factor > 0.0 => Ok((id, factor)),
+        _ => Err(CliError::Flag(format!(
+            "--slow {text:?}: use MEMBER:FACTOR, e.g. 3:4 for member 3 at a quarter of the pace"
+        ))),
+    }
 }
 
 fn compression(text: &str) -> Result<Compression, CliError> {
@@ -384,6 +411,7 @@ fn simulate(args: SimulateArgs) -> Result<(), CliError> {
             Algorithm::Gossip => Some(AlgorithmKind::Gossip),
             Algorithm::CliqueAveraging => Some(AlgorithmKind::CliqueAveraging),
             Algorithm::Moshpit => Some(AlgorithmKind::Moshpit),
+            Algorithm::AsyncGossip => Some(AlgorithmKind::AsyncGossip),
         },
         partition: Partition::parse(&args.partition)
             .map_err(|e| CliError::Flag(format!("--partition: {e}")))?,
@@ -409,7 +437,27 @@ fn simulate(args: SimulateArgs) -> Result<(), CliError> {
         threads: args
             .threads
             .unwrap_or_else(murmur_trainer::backend::all_cores),
+        max_staleness: u64::from(args.max_staleness),
+        slow: args
+            .slow
+            .iter()
+            .map(|s| slow_member(s))
+            .collect::<Result<_, _>>()?,
+        target_accuracy: args.target_accuracy,
     };
+    if !(1..=1000).contains(&args.max_staleness) {
+        return Err(CliError::Flag(format!(
+            "--max-staleness {}: must be from 1 to 1000",
+            args.max_staleness
+        )));
+    }
+    if let Some(t) = args.target_accuracy
+        && !(t > 0.0 && t <= 1.0)
+    {
+        return Err(CliError::Flag(format!(
+            "--target-accuracy {t}: must be a fraction in (0, 1]"
+        )));
+    }
     if config.threads == 0 {
         return Err(CliError::Flag("--threads 0: must be at least 1".into()));
     }
@@ -442,18 +490,24 @@ fn simulate(args: SimulateArgs) -> Result<(), CliError> {
         }
     };
     println!(
-        "\n{:<18} {:<16} {:>9} {:>7} {:>12} {:>9}",
-        "topology", "algorithm", "accuracy", "edges", "MB sent", "seconds"
+        "\n{:<18} {:<16} {:>9} {:>7} {:>12} {:>9} {:>10}",
+        "topology", "algorithm", "accuracy", "edges", "MB sent", "seconds", "to target"
     );
     for r in &results {
+        let to_target = match (args.target_accuracy, r.time_to_target) {
+            (None, _) => "-".to_string(),
+            (Some(_), None) => "not reached".to_string(),
+            (Some(_), Some(t)) => format!("{t:.0}"),
+        };
         println!(
-            "{:<18} {:<16} {:>8.2}% {:>7} {:>12.1} {:>9.1}",
+            "{:<18} {:<16} {:>8.2}% {:>7} {:>12.1} {:>9.1} {:>10}",
             r.topology,
             r.algorithm,
             100.0 * r.final_test_accuracy,
             r.edges,
             r.bytes_sent as f64 / 1e6,
-            r.wall_seconds
+            r.wall_seconds,
+            to_target
         );
     }
     if let Some(dir) = &args.output {

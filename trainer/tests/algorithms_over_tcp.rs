@@ -92,3 +92,68 @@ fn moshpit_groups_agree_across_processes() {
         ),
     );
 }
+
+#[test]
+fn asynchronous_gossip_trains_on_past_a_member_killed_mid_run() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let job = LocalJob::new(
+        4,
+        TopologyKind::Ring,
+        &manifest(
+            "ring",
+            "{kind: asyncGossip, maxStaleness: 4, roundTimeout: 2s}",
+        ),
+    );
+    let mut procs = Reaper::default();
+    for id in 0..4 {
+        procs.0.push(job.spawn(id, 0, &[]));
+    }
+    // Member 3 dies (no notice, no leave) once it is gossiping with its neighbours.
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while logged(&job.log(3, 0), "first averaging round with peers").is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "member 3 never gossiped"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    procs.0[3].kill().unwrap();
+    for c in &mut procs.0[..3] {
+        let status = wait_exit(c, Duration::from_secs(180)).expect("a member hung");
+        assert!(status.success(), "{status:?}");
+    }
+    let mut abandoned = 0;
+    for id in 0..3 {
+        let lines = job.log(id, 0);
+        // No rounds, so nothing is ever dropped from one: a dead neighbour's requests are
+        // given up after maxStaleness steps, it is left alone for longer each time, and the
+        // member gossips with the other.
+        assert!(
+            logged(&lines, "neighbour dropped from the round").is_none(),
+            "member {id} waited on a round"
+        );
+        let last = lines
+            .iter()
+            .map(|l| &l["fields"])
+            .filter(|f| f["message"] == "progress")
+            .last()
+            .expect("progress reported")
+            .clone();
+        assert!(
+            last["settled"].as_u64().unwrap() > 30,
+            "member {id}: {last}"
+        );
+        assert!(
+            last["abandoned"].as_u64().unwrap() < 30,
+            "member {id} kept asking a dead member: {last}"
+        );
+        abandoned += last["abandoned"].as_u64().unwrap();
+        let done = logged(&lines, "done").expect("did not finish");
+        assert!(
+            done["accuracy"].as_f64().unwrap() >= 0.85,
+            "member {id}: {done}"
+        );
+    }
+    // Members 0 and 2 had member 3 as a neighbour: each gave up on it at least once.
+    assert!(abandoned >= 2, "{abandoned} requests given up");
+}

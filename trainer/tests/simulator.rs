@@ -38,6 +38,9 @@ fn config(
         },
         proxy_warmup_steps: 5,
         threads: 2,
+        max_staleness: 8,
+        slow: Vec::new(),
+        target_accuracy: None,
     }
 }
 
@@ -239,4 +242,83 @@ fn the_thread_count_changes_nothing_but_the_wall_time() {
     }
     assert_eq!(curves[0], curves[1], "1 thread against 2");
     assert_eq!(curves[0], curves[2], "1 thread against 5");
+}
+
+#[test]
+fn a_slow_member_holds_up_synchronous_rounds_but_not_asynchronous_gossip() {
+    let data = data::embedded();
+    let mut cfg = config(8, vec![TopologyChoice::Ring], Partition::Iid, 40);
+    cfg.eval_every = 20;
+    cfg.slow = vec![(3, 4.0)];
+    cfg.target_accuracy = Some(0.5);
+    let mut sync = cfg.clone();
+    sync.algorithm = Some(murmur_core::api::AlgorithmKind::Dpsgd);
+    let sync = &simulate::<B>(&sync, &data, &Default::default(), |_, _| {}).unwrap()[0];
+    let last = sync.curve.last().unwrap();
+    // Every round waits for member 3: 40 steps take 160 steps of a full-speed member.
+    assert_eq!((last.step, last.time), (40, 160.0));
+    cfg.algorithm = Some(murmur_core::api::AlgorithmKind::AsyncGossip);
+    let asynchronous = &simulate::<B>(&cfg, &data, &Default::default(), |_, _| {}).unwrap()[0];
+    let times: Vec<f64> = asynchronous.curve.iter().map(|p| p.time).collect();
+    assert_eq!(times, vec![0.0, 20.0, 40.0]);
+    let last = asynchronous.curve.last().unwrap();
+    assert!(last.mean_accuracy > 0.6, "{last:?}");
+    assert!(last.consensus_distance < 1.0, "{last:?}");
+    let reached = asynchronous.time_to_target.expect("reached 50%");
+    assert!(
+        reached < sync.time_to_target.expect("reached 50%"),
+        "async {reached} against sync {:?}",
+        sync.time_to_target
+    );
+    // One request a step per member at most, each a model; replies as many.
+    assert!(asynchronous.bytes_sent > 0);
+}
+
+#[test]
+fn asynchronous_gossip_is_deterministic_and_mixes_models() {
+    let data = data::embedded();
+    let mut cfg = config(
+        6,
+        vec![TopologyChoice::Ring],
+        Partition::ClassesPerMember { k: 2 },
+        30,
+    );
+    cfg.algorithm = Some(murmur_core::api::AlgorithmKind::AsyncGossip);
+    cfg.eval_every = 10;
+    cfg.slow = vec![(0, 2.5)];
+    let a = simulate::<B>(&cfg, &data, &Default::default(), |_, _| {}).unwrap();
+    cfg.threads = 1;
+    let b = simulate::<B>(&cfg, &data, &Default::default(), |_, _| {}).unwrap();
+    assert_eq!(a[0].curve, b[0].curve);
+    // Without exchanges, members on two classes each stay far apart; with them, they meet.
+    let mut alone = cfg.clone();
+    alone.averaging = Averaging::Every(1_000_000);
+    let alone = simulate::<B>(&alone, &data, &Default::default(), |_, _| {}).unwrap();
+    let mixed = a[0].curve.last().unwrap();
+    let apart = alone[0].curve.last().unwrap();
+    assert_eq!(alone[0].bytes_sent, 0);
+    assert!(
+        mixed.consensus_distance < 0.5 * apart.consensus_distance,
+        "mixed {} apart {}",
+        mixed.consensus_distance,
+        apart.consensus_distance
+    );
+    assert!(
+        mixed.mean_accuracy > apart.mean_accuracy + 0.1,
+        "{mixed:?} {apart:?}"
+    );
+}
+
+#[test]
+fn asynchronous_gossip_refuses_top_k_and_bad_slow_members() {
+    let data = data::embedded();
+    let mut cfg = config(4, vec![TopologyChoice::Ring], Partition::Iid, 2);
+    cfg.algorithm = Some(murmur_core::api::AlgorithmKind::AsyncGossip);
+    cfg.compression = Compression::TopK { ratio: 0.1 };
+    let err = simulate::<B>(&cfg, &data, &Default::default(), |_, _| {}).unwrap_err();
+    assert!(err.to_string().contains("top-k"), "{err}");
+    cfg.compression = Compression::Int8;
+    cfg.slow = vec![(9, 2.0)];
+    let err = simulate::<B>(&cfg, &data, &Default::default(), |_, _| {}).unwrap_err();
+    assert!(err.to_string().contains("slow member 9"), "{err}");
 }

@@ -57,6 +57,11 @@ pub enum Kind {
     /// Your parameters for this round were not used: do not wait for mine.
     SkipParameters = 7,
     SkipGradients = 8,
+    /// Asynchronous gossip: my parameters; answer with yours (the round field carries a
+    /// sequence number the answer repeats).
+    GossipRequest = 9,
+    /// The answer to a gossip request, on the connection the request came in on.
+    GossipReply = 10,
 }
 
 impl Kind {
@@ -70,6 +75,8 @@ impl Kind {
             6 => Kind::StateReply,
             7 => Kind::SkipParameters,
             8 => Kind::SkipGradients,
+            9 => Kind::GossipRequest,
+            10 => Kind::GossipReply,
             _ => return None,
         })
     }

@@ -171,6 +171,11 @@ pub enum AlgorithmKind {
     Gossip,
     CliqueAveraging,
     Moshpit,
+    /// Asynchronous gossip (AD-PSGD, Lian et al. 2018): no rounds. After each step a member
+    /// sends its model to one neighbour and goes on; whoever receives it answers with its own
+    /// model and both move halfway, so the pair's sum is kept. A slow or dead neighbour holds
+    /// nobody up: its replies come late or never, and late ones are dropped.
+    AsyncGossip,
 }
 
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -181,6 +186,9 @@ pub enum AlgorithmKind {
     validation = Rule::new("string(self.averageEvery) == 'auto' || !has(self.auto)").message("algorithm.auto applies only to averageEvery auto").field_path(".auto"),
     validation = Rule::new("!has(self.groupSize) || self.groupSize >= 2").message("algorithm.groupSize must be >= 2").field_path(".groupSize"),
     validation = Rule::new("self.kind == 'moshpit' || !has(self.groupSize)").message("algorithm.groupSize applies only to kind moshpit").field_path(".groupSize"),
+    validation = Rule::new("!has(self.maxStaleness) || (self.maxStaleness >= 1 && self.maxStaleness <= 1000)").message("algorithm.maxStaleness must be from 1 to 1000").field_path(".maxStaleness"),
+    validation = Rule::new("self.kind == 'asyncGossip' || !has(self.maxStaleness)").message("algorithm.maxStaleness applies only to kind asyncGossip").field_path(".maxStaleness"),
+    validation = Rule::new("self.kind != 'asyncGossip' || !has(self.compression) || self.compression.kind != 'topK'").message("algorithm.compression topK does not apply to kind asyncGossip (requests and replies cross on different connections, so per-link estimates cannot stay in step): use int8 or fp16").field_path(".compression.kind"),
 )]
 pub struct AlgorithmSpec {
     #[x_kube(validation = Rule::new("self == oldSelf").message("algorithm.kind is immutable"))]
@@ -202,11 +210,21 @@ pub struct AlgorithmSpec {
     /// moshpit: members per averaging group (grid side).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group_size: Option<u32>,
+    /// asyncGossip: a neighbour's reply to a request older than this many of the requester's
+    /// own steps is dropped, and the request given up (default 8).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_staleness: Option<u32>,
 }
 
 impl AlgorithmSpec {
     /// Moshpit's grid side when `groupSize` is not set.
     pub const DEFAULT_GROUP_SIZE: u32 = 4;
+    /// asyncGossip's staleness bound when `maxStaleness` is not set.
+    pub const DEFAULT_MAX_STALENESS: u32 = 8;
+
+    pub fn max_staleness(&self) -> u64 {
+        u64::from(self.max_staleness.unwrap_or(Self::DEFAULT_MAX_STALENESS))
+    }
 
     pub fn group_size(&self) -> usize {
         self.group_size.unwrap_or(Self::DEFAULT_GROUP_SIZE) as usize
@@ -226,6 +244,7 @@ impl Default for AlgorithmSpec {
             compression: CompressionSpec::default(),
             round_timeout: default_round_timeout(),
             group_size: None,
+            max_staleness: None,
         }
     }
 }

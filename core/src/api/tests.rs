@@ -152,6 +152,31 @@ fn every_cel_rule_rejects_with_the_field_it_guards() {
             "spec.algorithm.averageEvery",
         ),
         (
+            "{kind: cliqueAveraging, averageEvery: 1,",
+            "{kind: asyncGossip, maxStaleness: 0, averageEvery: 1,",
+            "spec.algorithm.maxStaleness",
+        ),
+        (
+            "{kind: cliqueAveraging, averageEvery: 1,",
+            "{kind: asyncGossip, maxStaleness: 1001, averageEvery: 1,",
+            "spec.algorithm.maxStaleness",
+        ),
+        (
+            "{kind: cliqueAveraging, averageEvery: 1,",
+            "{kind: dpsgd, maxStaleness: 4, averageEvery: 1,",
+            "spec.algorithm.maxStaleness",
+        ),
+        (
+            "{kind: cliqueAveraging, averageEvery: 1, roundTimeout: 5s}",
+            "{kind: asyncGossip, averageEvery: 1, roundTimeout: 5s, compression: {kind: topK, ratio: 0.01}}",
+            "spec.algorithm.compression.kind",
+        ),
+        (
+            "{kind: cliqueAveraging, averageEvery: 1,",
+            "{kind: asyncGossip, averageEvery: auto,",
+            "spec.algorithm.averageEvery",
+        ),
+        (
             "roundTimeout: 5s}",
             "roundTimeout: 5s, compression: {kind: topK}}",
             "spec.algorithm.compression.ratio",
@@ -338,6 +363,14 @@ fn the_boundaries_of_each_rule_are_accepted() {
         ),
         ("averageEvery: 1,", "averageEvery: '7',"),
         ("averageEvery: 1,", "averageEvery: 999999999,"),
+        (
+            "{kind: cliqueAveraging, averageEvery: 1, roundTimeout: 5s}",
+            "{kind: asyncGossip, maxStaleness: 1000, averageEvery: 1, roundTimeout: 5s, compression: {kind: int8}}",
+        ),
+        (
+            "{kind: cliqueAveraging, averageEvery: 1,",
+            "{kind: asyncGossip, maxStaleness: 1, averageEvery: 3,",
+        ),
         (
             "steps: 100",
             "steps: 100\n  trainer: {backend: cuda, resources: {gpus: 1}}",

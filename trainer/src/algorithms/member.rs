@@ -10,13 +10,14 @@ use burn::optim::{Adam, AdamConfig, GradientsParams, Optimizer};
 use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Int, Tensor, TensorData};
-use rand::SeedableRng;
 use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use murmur_core::api::{AlgorithmKind, OptimizerKind};
 use murmur_core::topology::MemberId;
 
+use super::async_gossip::{self, GossipCounts, Letter, LetterKind, Mailbox, Requests};
 use super::cadence::{self, Averaging, Cadence, Outcome};
 use super::mixing::{distance, gossip_partner, mean, weighted_average_and_disagreement};
 use super::sgd::InPlaceSgd;
@@ -37,6 +38,8 @@ pub struct MemberConfig {
     pub seed: u64,
     /// Moshpit grid side.
     pub group_size: usize,
+    /// Asynchronous gossip: replies to requests older than this many steps are dropped.
+    pub max_staleness: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -138,6 +141,8 @@ pub struct Member<B: AutodiffBackend> {
     cadence: Option<Cadence>,
     /// Auto averaging: this step's mini-batch, on which neighbours' models are scored.
     last_batch: Option<Batch<B::InnerBackend>>,
+    /// Asynchronous gossip: requests waiting for their replies.
+    requests: Requests,
     pub bytes_sent: u64,
     pub bytes_received: u64,
     device: B::Device,
@@ -167,6 +172,7 @@ impl<B: AutodiffBackend> Member<B> {
         Ok(Self {
             cadence,
             last_batch: None,
+            requests: Requests::default(),
             id,
             optim: Optim::new(config.optimizer, config.momentum),
             config,
@@ -608,6 +614,152 @@ impl<B: AutodiffBackend> Member<B> {
         })
     }
 
+    /// Asynchronous gossip's step: a local step; then answer the requests and settle the replies
+    /// that have arrived, and (every `average_every` steps) send a request to one neighbour
+    /// chosen at random among those without one in flight. Never waits for anybody.
+    pub fn gossip_step<M: Mailbox>(
+        &mut self,
+        step: u64,
+        hood: &Neighbourhood,
+        mail: &mut M,
+    ) -> Result<StepReport, MemberError> {
+        self.gossip(step, hood, mail, true)
+    }
+
+    /// Asynchronous gossip after the last step: answer requests with this model, which no longer
+    /// changes. Neighbours still training keep a partner to mix with, so a member that finishes
+    /// late does not spend its last steps alone on its own shard; and the finished model does not
+    /// follow them (a model that only mixes with one late member, training on its own classes,
+    /// would become a copy of it: measured, that cost the late member 20 to 35 points). The
+    /// pair's sum is no longer kept: training is over here. Returns how many requests were
+    /// answered.
+    pub fn gossip_serve<M: Mailbox>(
+        &mut self,
+        step: u64,
+        hood: &Neighbourhood,
+        mail: &mut M,
+    ) -> Result<usize, MemberError> {
+        Ok(self.gossip(step, hood, mail, false)?.heard_from)
+    }
+
+    fn gossip<M: Mailbox>(
+        &mut self,
+        step: u64,
+        hood: &Neighbourhood,
+        mail: &mut M,
+        train: bool,
+    ) -> Result<StepReport, MemberError> {
+        let mut model = self.model.take().expect("model present");
+        let mut loss = f64::NAN;
+        if train {
+            let (value, grads) = self.gradients(&model);
+            loss = value;
+            model = self.optim.step(self.config.learning_rate, model, grads);
+        }
+        let neighbours: Vec<MemberId> = hood.neighbours.iter().map(|(id, _)| *id).collect();
+        let max_staleness = self.config.max_staleness;
+        let letters = mail.collect();
+        self.requests.expire(step, max_staleness, &neighbours);
+        let every = match self.config.averaging {
+            Averaging::Every(n) => n.max(1),
+            Averaging::Auto(_) => 1,
+        };
+        let free = self.requests.free(step, neighbours.iter().copied());
+        let ask = train && (step + 1).is_multiple_of(every) && !free.is_empty();
+        let mut report = StepReport {
+            loss,
+            heard_from: 0,
+            exchanged: ask || !letters.is_empty(),
+            local_disagreement: None,
+        };
+        if !report.exchanged {
+            self.model = Some(model);
+            return Ok(report);
+        }
+        let mut own = std::mem::take(&mut self.scratch);
+        let (exported, _) = model::export_into(model, &mut own);
+        model = exported;
+        let before = (!letters.is_empty()).then(|| own.clone());
+        let compression = self.config.compression;
+        for (from, letter) in letters {
+            // A letter from a member that is not (or no longer) a neighbour is ignored: its
+            // request goes unanswered and is given up at the other end.
+            if !neighbours.contains(&from) {
+                continue;
+            }
+            let Some((_, theirs, _)) = self
+                .decode_all(
+                    Purpose::Parameters,
+                    compression,
+                    vec![(from, letter.payload)],
+                    false,
+                )
+                .pop()
+            else {
+                continue;
+            };
+            match letter.kind {
+                LetterKind::Request => {
+                    // The reply carries the model the move is taken from, so the pair's sum holds.
+                    let (_, payload) = self
+                        .encode(&[from], Purpose::Parameters, compression, &own, &[])
+                        .pop()
+                        .expect("one destination");
+                    mail.post(
+                        from,
+                        Letter {
+                            kind: LetterKind::Reply,
+                            seq: letter.seq,
+                            payload,
+                        },
+                    );
+                    if train {
+                        async_gossip::meet_halfway(&mut own, &theirs);
+                    }
+                    self.requests.counts.served += 1;
+                    report.heard_from += 1;
+                }
+                LetterKind::Reply if train => {
+                    if let Some(sent) = self.requests.close(from, letter.seq, step, max_staleness) {
+                        async_gossip::settle(&mut own, &sent, &theirs);
+                        report.heard_from += 1;
+                    }
+                }
+                LetterKind::Reply => {}
+            }
+        }
+        if ask {
+            let to = free[self.rng.random_range(0..free.len())];
+            let (_, payload) = self
+                .encode(&[to], Purpose::Parameters, compression, &own, &[])
+                .pop()
+                .expect("one destination");
+            let seq = self.requests.open(to, step, own.clone());
+            mail.post(
+                to,
+                Letter {
+                    kind: LetterKind::Request,
+                    seq,
+                    payload,
+                },
+            );
+        }
+        if let Some(before) = before
+            && report.heard_from > 0
+        {
+            report.local_disagreement = Some(distance(&before, &own));
+        }
+        model = model::import(model, &own, &self.layout)?;
+        self.scratch = own;
+        self.model = Some(model);
+        Ok(report)
+    }
+
+    /// What asynchronous gossip has done so far.
+    pub fn gossip_counts(&self) -> GossipCounts {
+        self.requests.counts
+    }
+
     /// Who to send to and hear from in this averaging round, and whether W's weights or a plain
     /// mean apply.
     fn averaging_plan(&mut self, step: u64, round: u64, hood: &Neighbourhood) -> AveragingPlan {
@@ -655,7 +807,9 @@ impl<B: AutodiffBackend> Member<B> {
                     }
                 }
             },
-            AlgorithmKind::Gossip => {
+            // Asynchronous gossip has no rounds (see `gossip_step`); if asked for one anyway it
+            // behaves as gossip.
+            AlgorithmKind::Gossip | AlgorithmKind::AsyncGossip => {
                 let partner: Vec<MemberId> =
                     gossip_partner(&hood.edges, self.config.seed, round, self.id)
                         .into_iter()

@@ -1,7 +1,9 @@
 //! One implementation of each decentralized algorithm — D-PSGD, gossip, clique averaging and
-//! Moshpit — written once against the small [`Exchange`] interface. The simulator runs it over
-//! in-process mailboxes; the networked trainer runs the very same code over TCP.
+//! Moshpit — written once against the small [`Exchange`] interface, and asynchronous gossip
+//! against the smaller [`Mailbox`]. The simulator runs them over in-process mailboxes; the
+//! networked trainer runs the very same code over TCP.
 
+pub mod async_gossip;
 pub mod cadence;
 mod member;
 pub mod mixing;
@@ -10,6 +12,7 @@ pub mod sgd;
 
 use murmur_core::topology::MemberId;
 
+pub use async_gossip::{GossipCounts, Letter, LetterKind, Mailbox};
 pub use cadence::{AutoPolicy, Averaging};
 pub use member::{Member, MemberConfig, MemberError, Optim, StepReport};
 pub use neighbourhood::Neighbourhood;

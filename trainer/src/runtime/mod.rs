@@ -19,7 +19,9 @@ use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder, Recorder};
 use burn::tensor::backend::AutodiffBackend;
 use tokio::sync::{Notify, watch};
 
-use murmur_core::api::{DecentralizedTrainingJob, DecentralizedTrainingJobSpec, TopologyKind};
+use murmur_core::api::{
+    AlgorithmKind, DecentralizedTrainingJob, DecentralizedTrainingJobSpec, TopologyKind,
+};
 use murmur_core::contract::{
     JoinReport, PeerEvent, TopologyDocument, TrainerEnv, TrainerState, TrainerStatus,
 };
@@ -496,6 +498,34 @@ impl<B: AutodiffBackend> Trainer<B> {
         Ok(())
     }
 
+    /// Asynchronous gossip, stopping target reached: keep answering neighbours that still train
+    /// (members finish at their own pace), until none has asked for a round timeout — they are
+    /// done or gone — or SIGTERM.
+    async fn linger(&mut self) -> Result<(), RunError> {
+        let Some(hood) = self.hood.clone() else {
+            return Ok(());
+        };
+        let quiet = self.plan.round_timeout;
+        let mut last_heard = Instant::now();
+        let mut served = 0;
+        while !self.stop.raised() && last_heard.elapsed() < quiet {
+            self.serve_state_requests();
+            let heard = self
+                .member
+                .gossip_serve(self.step, &hood, &mut self.transport)?;
+            if heard > 0 {
+                served += heard;
+                last_heard = Instant::now();
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tracing::info!(
+            served,
+            "stopping target reached; neighbours served until they were done"
+        );
+        Ok(())
+    }
+
     async fn train(&mut self) -> Result<Outcome, RunError> {
         self.observed.set_ready(true);
         self.set_state(TrainerState::Training);
@@ -516,7 +546,11 @@ impl<B: AutodiffBackend> Trainer<B> {
                 self.set_state(TrainerState::Training);
             }
             let hood = self.hood.clone().expect("applied above");
-            let report = {
+            let report = if self.plan.member.algorithm == AlgorithmKind::AsyncGossip {
+                // No rounds: whatever has arrived is mixed in, and nothing is waited for.
+                self.member
+                    .gossip_step(self.step, &hood, &mut self.transport)?
+            } else {
                 let mut timed = Timed {
                     transport: &mut self.transport,
                     observed: &self.observed,
@@ -557,7 +591,22 @@ impl<B: AutodiffBackend> Trainer<B> {
                 let accuracy = self.evaluate();
                 let loss = recent_loss.iter().sum::<f64>() / recent_loss.len().max(1) as f64;
                 recent_loss.clear();
-                tracing::info!(step, loss, accuracy, "progress");
+                if self.plan.member.algorithm == AlgorithmKind::AsyncGossip {
+                    let c = self.member.gossip_counts();
+                    tracing::info!(
+                        step,
+                        loss,
+                        accuracy,
+                        requested = c.requested,
+                        served = c.served,
+                        settled = c.settled,
+                        stale = c.stale,
+                        abandoned = c.abandoned,
+                        "progress"
+                    );
+                } else {
+                    tracing::info!(step, loss, accuracy, "progress");
+                }
             }
             if self
                 .plan
@@ -566,6 +615,9 @@ impl<B: AutodiffBackend> Trainer<B> {
             {
                 self.checkpoint()?;
             }
+        }
+        if self.plan.member.algorithm == AlgorithmKind::AsyncGossip {
+            self.linger().await?;
         }
         let accuracy = self.evaluate();
         self.write_final_model()?;

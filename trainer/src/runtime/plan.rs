@@ -43,6 +43,7 @@ impl MemberPlan {
                 batch_size: training.batch_size.max(1) as usize,
                 seed: training.seed,
                 group_size: spec.algorithm.group_size(),
+                max_staleness: spec.algorithm.max_staleness(),
             },
             model: training.model,
             partition: Partition::from_spec(&training.partition),

@@ -2,6 +2,10 @@
 //! which may run on several threads. A member posts its payloads, wakes the recipients, and waits
 //! until everyone it expects has posted for the same round; what it receives is keyed by sender
 //! and round, so it does not depend on which thread ran first.
+//!
+//! Each member also keeps a virtual clock (in ticks; see [`super::TICKS_PER_STEP`]): its steps
+//! advance it by the member's step duration, and a round ends, for each member, when the last
+//! payload it waits for was sent — a synchronous round waits for its slowest participant.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -17,7 +21,8 @@ type Key = (MemberId, u64, Purpose, MemberId); // (to, round, purpose, from)
 
 #[derive(Default)]
 pub struct Mailboxes {
-    letters: Mutex<BTreeMap<Key, Payload>>,
+    /// Each payload with its sender's clock when sent.
+    letters: Mutex<BTreeMap<Key, (Payload, u64)>>,
     bells: Mutex<BTreeMap<MemberId, Arc<Notify>>>,
 }
 
@@ -34,6 +39,8 @@ impl Mailboxes {
 pub struct LocalExchange {
     pub me: MemberId,
     pub boxes: Arc<Mailboxes>,
+    /// Virtual time at which this member is.
+    pub clock: u64,
 }
 
 impl Exchange for LocalExchange {
@@ -48,7 +55,7 @@ impl Exchange for LocalExchange {
             self.boxes
                 .letters
                 .lock()
-                .insert((to, round, purpose, self.me), payload);
+                .insert((to, round, purpose, self.me), (payload, self.clock));
             // notify_one keeps a permit when nobody waits yet, so no wake-up is lost.
             self.boxes.bell(to).notify_one();
         }
@@ -65,12 +72,11 @@ impl Exchange for LocalExchange {
                     return from
                         .iter()
                         .map(|f| {
-                            (
-                                *f,
-                                letters
-                                    .remove(&(self.me, round, purpose, *f))
-                                    .expect("checked"),
-                            )
+                            let (payload, sent_at) = letters
+                                .remove(&(self.me, round, purpose, *f))
+                                .expect("checked");
+                            self.clock = self.clock.max(sent_at);
+                            (*f, payload)
                         })
                         .collect();
                 }

@@ -7,7 +7,8 @@
 mod exchange;
 pub mod output;
 
-use std::collections::BTreeMap;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -20,7 +21,9 @@ use murmur_core::api::{AlgorithmKind, ModelKind, OptimizerKind, TopologyKind};
 use murmur_core::topology::{self, MemberId, MemberProfile, Topology, TopologyOptions};
 
 use crate::algorithms::mixing::consensus_distance;
-use crate::algorithms::{Averaging, Member, MemberConfig, MemberError, Neighbourhood};
+use crate::algorithms::{
+    Averaging, Letter, Mailbox, Member, MemberConfig, MemberError, Neighbourhood,
+};
 use crate::compression::Compression;
 use crate::data::partition::{Partition, label_histogram};
 use crate::data::{Dataset, Split};
@@ -112,11 +115,37 @@ pub struct SimulationConfig {
     pub proxy_warmup_steps: u64,
     /// Threads the members run on (at least 1); results do not depend on it.
     pub threads: usize,
+    /// Asynchronous gossip: replies to requests older than this many steps are dropped.
+    pub max_staleness: u64,
+    /// Members slower than the rest, with their step's duration in steps of a full-speed
+    /// member (4.0: a quarter of the pace). Time is virtual: see [`CurvePoint::time`].
+    pub slow: Vec<(MemberId, f64)>,
+    /// Report the virtual time at which the mean test accuracy first reached this.
+    pub target_accuracy: Option<f64>,
+}
+
+/// Virtual time per step of a full-speed member. Integer ticks keep the order of events exact.
+pub const TICKS_PER_STEP: u64 = 1000;
+
+impl SimulationConfig {
+    /// A member's step duration in ticks.
+    fn ticks_per_step(&self, member: MemberId) -> u64 {
+        let factor = self
+            .slow
+            .iter()
+            .rev()
+            .find(|(id, _)| *id == member)
+            .map_or(1.0, |(_, f)| *f);
+        ((factor * TICKS_PER_STEP as f64).round() as u64).max(1)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct CurvePoint {
     pub step: u64,
+    /// Virtual time, in steps of a full-speed member: with nobody slow it equals `step`; with a
+    /// slow member, a synchronous algorithm's rounds wait for it and this runs ahead of `step`.
+    pub time: f64,
     pub mean_accuracy: f64,
     pub min_accuracy: f64,
     pub max_accuracy: f64,
@@ -135,6 +164,8 @@ pub struct TopologyResult {
     pub final_test_accuracy: f64,
     pub bytes_sent: u64,
     pub wall_seconds: f64,
+    /// Virtual time at which the mean accuracy first reached the target, if it did.
+    pub time_to_target: Option<f64>,
     pub curve: Vec<CurvePoint>,
 }
 
@@ -151,6 +182,8 @@ pub enum SimulationError {
 /// One member's evaluation at one step.
 struct Evaluation {
     member: MemberId,
+    /// The member's virtual clock, in ticks.
+    time: u64,
     accuracy: f64,
     test_loss: f64,
     train_loss: Option<f64>,
@@ -180,6 +213,8 @@ impl Collector {
             let params: Vec<&[f32]> = entries.iter().map(|e| e.params.as_slice()).collect();
             self.curve.push(CurvePoint {
                 step,
+                time: entries.iter().map(|e| e.time).max().unwrap_or(0) as f64
+                    / TICKS_PER_STEP as f64,
                 mean_accuracy: accs.iter().sum::<f64>() / n,
                 min_accuracy: accs.iter().copied().fold(f64::INFINITY, f64::min),
                 max_accuracy: accs.iter().copied().fold(0.0, f64::max),
@@ -274,6 +309,7 @@ fn member_config(config: &SimulationConfig, algorithm: AlgorithmKind) -> MemberC
         batch_size: config.batch_size,
         seed: config.seed,
         group_size: config.topology.group_size,
+        max_staleness: config.max_staleness,
     }
 }
 
@@ -292,6 +328,14 @@ pub fn simulate<B: AutodiffBackend>(
         return Err(SimulationError::Config(
             "members and steps must be at least 1".into(),
         ));
+    }
+    for &(id, factor) in &config.slow {
+        if id as usize >= config.members || !(factor.is_finite() && factor > 0.0) {
+            return Err(SimulationError::Config(format!(
+                "slow member {id}:{factor}: the member must be below {} and its factor a positive number",
+                config.members
+            )));
+        }
     }
     let parts = config
         .partition
@@ -331,14 +375,91 @@ pub fn simulate<B: AutodiffBackend>(
                 choice.name()
             )));
         }
+        if algorithm == AlgorithmKind::AsyncGossip
+            && matches!(config.compression, Compression::TopK { .. })
+        {
+            return Err(SimulationError::Config(
+                "asynchronous gossip does not take top-k compression (its requests and replies cross, so per-link estimates cannot stay in step): use int8 or fp16".into(),
+            ));
+        }
         let started = Instant::now();
+        let name = choice.name();
+        let hoods: Vec<Neighbourhood> = (0..config.members as MemberId)
+            .map(|id| {
+                Neighbourhood::from_document(&doc, id).expect("every member is in the document")
+            })
+            .collect();
+        let (curve, bytes_sent) = if algorithm == AlgorithmKind::AsyncGossip {
+            let mut members = (0..config.members as MemberId)
+                .map(|id| {
+                    Member::new(
+                        id,
+                        member_config(config, algorithm),
+                        initial.clone(),
+                        shards[id as usize].clone(),
+                        device.clone(),
+                    )
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let curve = run_async(config, &hoods, &mut members, &data.test, |point| {
+                progress(&name, point)
+            })?;
+            (curve, members.iter().map(|m| m.bytes_sent).sum())
+        } else {
+            run_rounds(
+                config,
+                algorithm,
+                &hoods,
+                &initial,
+                &shards,
+                data,
+                device,
+                &runtime,
+                |point| progress(&name, point),
+            )?
+        };
+        let time_to_target = config.target_accuracy.and_then(|target| {
+            curve
+                .iter()
+                .find(|p| p.mean_accuracy >= target)
+                .map(|p| p.time)
+        });
+        results.push(TopologyResult {
+            topology: name,
+            algorithm: format!("{algorithm:?}"),
+            members: config.members,
+            edges: topo.graph.edge_count(),
+            final_test_accuracy: curve.last().map_or(0.0, |p| p.mean_accuracy),
+            bytes_sent,
+            wall_seconds: started.elapsed().as_secs_f64(),
+            time_to_target,
+            curve,
+        });
+    }
+    Ok(results)
+}
 
+/// A round-synchronous algorithm: members as tasks over the in-process mailboxes, each with its
+/// virtual clock. Returns the curve and the bytes sent.
+#[allow(clippy::too_many_arguments)]
+fn run_rounds<B: AutodiffBackend>(
+    config: &SimulationConfig,
+    algorithm: AlgorithmKind,
+    hoods: &[Neighbourhood],
+    initial: &Model<B>,
+    shards: &[Dataset],
+    data: &Split,
+    device: &B::Device,
+    runtime: &tokio::runtime::Runtime,
+    mut progress: impl FnMut(&CurvePoint),
+) -> Result<(Vec<CurvePoint>, u64), SimulationError> {
+    {
         let boxes = Arc::new(Mailboxes::default());
         let collector = Arc::new(Mutex::new(Collector::default()));
         let mut handles = Vec::new();
         for id in 0..config.members as MemberId {
-            let hood =
-                Neighbourhood::from_document(&doc, id).expect("every member is in the document");
+            let hood = hoods[id as usize].clone();
+            let ticks_per_step = config.ticks_per_step(id);
             let mut member = Member::new(
                 id,
                 member_config(config, algorithm),
@@ -349,6 +470,7 @@ pub fn simulate<B: AutodiffBackend>(
             let mut exchange = LocalExchange {
                 me: id,
                 boxes: boxes.clone(),
+                clock: 0,
             };
             let collector = collector.clone();
             let (members, steps, eval_every, test) = (
@@ -364,6 +486,7 @@ pub fn simulate<B: AutodiffBackend>(
                     let params = member.parameters();
                     let evaluation = Evaluation {
                         member: id,
+                        time: 0,
                         accuracy,
                         test_loss,
                         train_loss: None,
@@ -372,6 +495,7 @@ pub fn simulate<B: AutodiffBackend>(
                     collector.lock().deposit(members, 0, evaluation);
                     let mut recent = Vec::new();
                     for step in 0..steps {
+                        exchange.clock += ticks_per_step;
                         let report = member.step(step, &hood, &mut exchange).await?;
                         recent.push(report.loss);
                         if (step + 1) % eval_every == 0 || step + 1 == steps {
@@ -385,6 +509,7 @@ pub fn simulate<B: AutodiffBackend>(
                                 step + 1,
                                 Evaluation {
                                     member: id,
+                                    time: exchange.clock,
                                     accuracy,
                                     test_loss,
                                     train_loss,
@@ -403,7 +528,6 @@ pub fn simulate<B: AutodiffBackend>(
                 outcome
             }));
         }
-        let name = choice.name();
         let bytes_sent = runtime.block_on(async {
             let mut reported = 0;
             loop {
@@ -412,7 +536,7 @@ pub fn simulate<B: AutodiffBackend>(
                 let all_done = {
                     let c = collector.lock();
                     for point in &c.curve[reported..] {
-                        progress(&name, point);
+                        progress(point);
                     }
                     reported = c.curve.len();
                     c.finished == config.members
@@ -429,16 +553,88 @@ pub fn simulate<B: AutodiffBackend>(
             Ok::<u64, MemberError>(total)
         })?;
         let curve = std::mem::take(&mut collector.lock().curve);
-        results.push(TopologyResult {
-            topology: name,
-            algorithm: format!("{algorithm:?}"),
-            members: config.members,
-            edges: topo.graph.edge_count(),
-            final_test_accuracy: curve.last().map_or(0.0, |p| p.mean_accuracy),
-            bytes_sent,
-            wall_seconds: started.elapsed().as_secs_f64(),
-            curve,
-        });
+        Ok((curve, bytes_sent))
     }
-    Ok(results)
+}
+
+/// Asynchronous gossip in virtual time: each member steps at its own pace (a heap holds the
+/// end of every member's next step), a letter is there for its recipient's next step, and the
+/// models are evaluated at fixed virtual times. One thread: the clocks alone fix the order of
+/// events, and so the result.
+fn run_async<B: AutodiffBackend>(
+    config: &SimulationConfig,
+    hoods: &[Neighbourhood],
+    members: &mut [Member<B>],
+    test: &Dataset,
+    mut progress: impl FnMut(&CurvePoint),
+) -> Result<Vec<CurvePoint>, MemberError> {
+    let n = members.len();
+    let end = config.steps * TICKS_PER_STEP;
+    let eval_every = config.eval_every.max(1) * TICKS_PER_STEP;
+    let mut evaluations: Vec<u64> = (0..end).step_by(eval_every as usize).collect();
+    evaluations.push(end);
+    let mut inboxes: Vec<Vec<(MemberId, Letter)>> = vec![Vec::new(); n];
+    let mut steps = vec![0u64; n];
+    let mut recent: Vec<Vec<f64>> = vec![Vec::new(); n];
+    let mut queue: BinaryHeap<Reverse<(u64, usize)>> = (0..n)
+        .map(|i| Reverse((config.ticks_per_step(i as MemberId), i)))
+        .collect();
+    let mut collector = Collector::default();
+    for at in evaluations {
+        // Every step that ends by `at` is taken before the models are looked at.
+        while let Some(&Reverse((t, i))) = queue.peek()
+            && t <= at
+        {
+            queue.pop();
+            let mut mail = Instantly {
+                me: i as MemberId,
+                inboxes: &mut inboxes,
+            };
+            let report = members[i].gossip_step(steps[i], &hoods[i], &mut mail)?;
+            recent[i].push(report.loss);
+            steps[i] += 1;
+            queue.push(Reverse((t + config.ticks_per_step(i as MemberId), i)));
+        }
+        for (i, member) in members.iter_mut().enumerate() {
+            let (accuracy, test_loss) = member.evaluate(test);
+            let losses = std::mem::take(&mut recent[i]);
+            let train_loss =
+                (at > 0).then(|| losses.iter().sum::<f64>() / losses.len().max(1) as f64);
+            collector.deposit(
+                n,
+                at / TICKS_PER_STEP,
+                Evaluation {
+                    member: member.id,
+                    time: at,
+                    accuracy,
+                    test_loss,
+                    train_loss,
+                    params: member.parameters(),
+                },
+            );
+        }
+        if let Some(point) = collector.curve.last() {
+            progress(point);
+        }
+    }
+    Ok(collector.curve)
+}
+
+/// Asynchronous gossip's in-process mailbox: a letter waits in its recipient's inbox until the
+/// recipient's next step.
+struct Instantly<'a> {
+    me: MemberId,
+    inboxes: &'a mut [Vec<(MemberId, Letter)>],
+}
+
+impl Mailbox for Instantly<'_> {
+    fn post(&mut self, to: MemberId, letter: Letter) {
+        if let Some(inbox) = self.inboxes.get_mut(to as usize) {
+            inbox.push((self.me, letter));
+        }
+    }
+
+    fn collect(&mut self) -> Vec<(MemberId, Letter)> {
+        std::mem::take(&mut self.inboxes[self.me as usize])
+    }
 }

@@ -1,5 +1,5 @@
 //! Files a simulation leaves behind: curves as CSV, a results.json, and a PNG plot of test
-//! accuracy against step, one line per topology.
+//! accuracy against virtual time (steps of a full-speed member), one line per topology.
 
 use std::path::{Path, PathBuf};
 
@@ -37,6 +37,7 @@ struct Summary<'a> {
     edges: usize,
     bytes_sent: u64,
     wall_seconds: f64,
+    time_to_target: Option<f64>,
 }
 
 pub fn write_all(dir: &Path, results: &[TopologyResult]) -> Result<(), OutputError> {
@@ -54,6 +55,7 @@ pub fn write_all(dir: &Path, results: &[TopologyResult]) -> Result<(), OutputErr
             edges: r.edges,
             bytes_sent: r.bytes_sent,
             wall_seconds: r.wall_seconds,
+            time_to_target: r.time_to_target,
         })
         .collect();
     let text =
@@ -65,7 +67,7 @@ pub fn write_all(dir: &Path, results: &[TopologyResult]) -> Result<(), OutputErr
 
 pub fn curves_csv(results: &[TopologyResult]) -> String {
     let mut out = String::from(
-        "topology,algorithm,step,mean_accuracy,min_accuracy,max_accuracy,mean_test_loss,mean_train_loss,consensus_distance\n",
+        "topology,algorithm,step,time,mean_accuracy,min_accuracy,max_accuracy,mean_test_loss,mean_train_loss,consensus_distance\n",
     );
     for r in results {
         for p in &r.curve {
@@ -73,10 +75,11 @@ pub fn curves_csv(results: &[TopologyResult]) -> String {
                 .mean_train_loss
                 .map_or(String::new(), |l| format!("{l:.6}"));
             out.push_str(&format!(
-                "{},{},{},{:.6},{:.6},{:.6},{:.6},{},{:.6}\n",
+                "{},{},{},{},{:.6},{:.6},{:.6},{:.6},{},{:.6}\n",
                 r.topology,
                 r.algorithm,
                 p.step,
+                p.time,
                 p.mean_accuracy,
                 p.min_accuracy,
                 p.max_accuracy,
@@ -99,11 +102,19 @@ pub fn plot(path: &Path, results: &[TopologyResult]) -> Result<(), OutputError> 
         .map_err(|_| fail("embedded font is invalid".into()))?;
     let root = BitMapBackend::new(path, (1000, 620)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| fail(e.to_string()))?;
-    let max_step = results
+    let max_time = results
         .iter()
-        .flat_map(|r| r.curve.iter().map(|p| p.step))
-        .max()
-        .unwrap_or(1);
+        .flat_map(|r| r.curve.iter().map(|p| p.time))
+        .fold(1.0, f64::max);
+    // With nobody slow, time is the step count; otherwise say what the axis is.
+    let x_desc = if results
+        .iter()
+        .all(|r| r.curve.iter().all(|p| p.time == p.step as f64))
+    {
+        "step"
+    } else {
+        "time (steps of a full-speed member)"
+    };
     let members = results.first().map_or(0, |r| r.members);
     let mut chart = ChartBuilder::on(&root)
         .caption(
@@ -113,11 +124,11 @@ pub fn plot(path: &Path, results: &[TopologyResult]) -> Result<(), OutputError> 
         .margin(18)
         .x_label_area_size(48)
         .y_label_area_size(64)
-        .build_cartesian_2d(0u64..max_step, 0f64..100f64)
+        .build_cartesian_2d(0f64..max_time, 0f64..100f64)
         .map_err(|e| fail(e.to_string()))?;
     chart
         .configure_mesh()
-        .x_desc("step")
+        .x_desc(x_desc)
         .y_desc("test accuracy (%)")
         .label_style(("sans-serif", 15))
         .axis_desc_style(("sans-serif", 17))
@@ -144,7 +155,7 @@ pub fn plot(path: &Path, results: &[TopologyResult]) -> Result<(), OutputError> 
         );
         chart
             .draw_series(LineSeries::new(
-                r.curve.iter().map(|p| (p.step, 100.0 * p.mean_accuracy)),
+                r.curve.iter().map(|p| (p.time, 100.0 * p.mean_accuracy)),
                 colour.stroke_width(3),
             ))
             .map_err(|e| fail(e.to_string()))?

@@ -29,7 +29,7 @@ use tokio::time::{Instant, timeout};
 use murmur_core::contract::DropReason;
 use murmur_core::topology::MemberId;
 
-use crate::algorithms::{Exchange, Payload, Purpose};
+use crate::algorithms::{Exchange, Letter, LetterKind, Mailbox, Payload, Purpose};
 use book::{Deposit, RoundBook, Standing};
 use frame::{Assembler, Hello, Kind, Reject, SessionCipher};
 use session::{ReadError, read_message, template, write_message};
@@ -188,6 +188,20 @@ struct Shared {
     drops: Mutex<Vec<Dropped>>,
     /// Accepted connections, so that [`Transport::close`] can cut them.
     sessions: Mutex<Vec<tokio::task::AbortHandle>>,
+    /// Asynchronous gossip: letters waiting for the trainer's next step, in arrival order, at
+    /// most one of each kind per peer (a newer one replaces it: a member has one request in
+    /// flight per neighbour, so only the newest can still be answered or settled).
+    letters: Mutex<Vec<(MemberId, Letter)>>,
+    /// Where to answer each peer's gossip requests: the connection they came in on.
+    reply_to: Mutex<BTreeMap<MemberId, ReplyTx>>,
+}
+
+impl Shared {
+    fn deliver(&self, from: MemberId, letter: Letter) {
+        let mut letters = self.letters.lock();
+        letters.retain(|(peer, l)| !(*peer == from && l.kind == letter.kind));
+        letters.push((from, letter));
+    }
 }
 
 /// The TCP peer transport of one member.
@@ -223,6 +237,8 @@ impl Transport {
             addresses: Mutex::new(BTreeMap::new()),
             drops: Mutex::new(Vec::new()),
             sessions: Mutex::new(Vec::new()),
+            letters: Mutex::new(Vec::new()),
+            reply_to: Mutex::new(BTreeMap::new()),
         });
         let weak = Arc::downgrade(&shared);
         let accept_task = tokio::spawn(async move {
@@ -495,6 +511,36 @@ impl Exchange for Transport {
     }
 }
 
+/// Asynchronous gossip over TCP: nothing here waits. A request goes to the peer's send queue
+/// (its dialer writes it when it can; a queue that is full drops its oldest message), a reply
+/// goes back on the connection its request came in on, or nowhere if that one is gone. A slow
+/// or dead peer therefore costs a queued message, never time: the round book is not involved.
+impl Mailbox for Transport {
+    fn post(&mut self, to: MemberId, letter: Letter) {
+        match letter.kind {
+            LetterKind::Request => {
+                self.send(to, Kind::GossipRequest, letter.seq, letter.payload);
+            }
+            LetterKind::Reply => {
+                let reply = self.shared.reply_to.lock().get(&to).cloned();
+                if let Some(reply) = reply {
+                    let version = self.topology_version();
+                    let _ = reply.try_send(Outgoing::new(
+                        Kind::GossipReply,
+                        letter.seq,
+                        version,
+                        letter.payload,
+                    ));
+                }
+            }
+        }
+    }
+
+    fn collect(&mut self) -> Vec<(MemberId, Letter)> {
+        std::mem::take(&mut *self.shared.letters.lock())
+    }
+}
+
 /// The next message from `peer` on a session, or `None` once the session is over: closed, or
 /// cut after a refused frame (counted under its reason).
 async fn next_from<R: tokio::io::AsyncRead + Unpin>(
@@ -638,7 +684,22 @@ async fn serve_incoming(shared: Arc<Shared>, stream: TcpStream) {
                 });
                 shared.changed.notify_waiters();
             }
-            Kind::Hello | Kind::StateReply | Kind::SkipParameters | Kind::SkipGradients => {
+            Kind::GossipRequest => {
+                shared.reply_to.lock().insert(peer, reply_tx.clone());
+                shared.deliver(
+                    peer,
+                    Letter {
+                        kind: LetterKind::Request,
+                        seq: message.round,
+                        payload: Payload::new(message.payload),
+                    },
+                );
+            }
+            Kind::Hello
+            | Kind::StateReply
+            | Kind::SkipParameters
+            | Kind::SkipGradients
+            | Kind::GossipReply => {
                 shared.stats.reject(Reject::Malformed);
                 break;
             }
@@ -756,6 +817,14 @@ async fn run_outgoing(shared: &Arc<Shared>, peer: MemberId, stream: TcpStream, q
                             parameters,
                         });
                     }
+                    Kind::GossipReply => shared.deliver(
+                        peer,
+                        Letter {
+                            kind: LetterKind::Reply,
+                            seq: message.round,
+                            payload: Payload::new(message.payload),
+                        },
+                    ),
                     _ => return shared.stats.reject(Reject::Malformed),
                 }
                 shared.changed.notify_waiters();

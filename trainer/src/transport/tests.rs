@@ -235,3 +235,47 @@ fn each_purpose_has_its_own_payload_and_skip_kinds_and_maps_back() {
         assert_eq!((payload_purpose(other), skip_purpose(other)), (None, None));
     }
 }
+
+/// Collect from `t` until `want` letters have come, or the timeout.
+async fn letters(t: &mut Transport, want: usize) -> Vec<(MemberId, Letter)> {
+    let deadline = Instant::now() + TIMEOUT;
+    let mut got = Vec::new();
+    while got.len() < want && Instant::now() < deadline {
+        got.extend(t.collect());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    got
+}
+
+fn letter(kind: LetterKind, seq: u64, byte: u8) -> Letter {
+    Letter {
+        kind,
+        seq,
+        payload: Payload::new(vec![byte; 4]),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gossip_requests_are_answered_on_their_connection_and_a_dead_peer_costs_nothing() {
+    let mut ts = members(3).await;
+    // Member 2 is gone: its address is known, nobody listens there any more.
+    ts.pop().unwrap().close();
+    let (mut a, mut b) = (ts.remove(0), ts.remove(0));
+    a.post(2, letter(LetterKind::Request, 1, 0xd));
+    a.post(1, letter(LetterKind::Request, 7, 0xa));
+    let got = letters(&mut b, 1).await;
+    assert_eq!(got, vec![(0, letter(LetterKind::Request, 7, 0xa))]);
+    b.post(0, letter(LetterKind::Reply, 7, 0xb));
+    let got = letters(&mut a, 1).await;
+    assert_eq!(got, vec![(1, letter(LetterKind::Reply, 7, 0xb))]);
+    // A reply to a member that never asked goes nowhere; nothing waits for it.
+    b.post(2, letter(LetterKind::Reply, 3, 0xc));
+    // A newer request from the same peer replaces one not yet collected.
+    a.post(1, letter(LetterKind::Request, 8, 1));
+    a.post(1, letter(LetterKind::Request, 9, 2));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let got = letters(&mut b, 1).await;
+    assert_eq!(got.last(), Some(&(0, letter(LetterKind::Request, 9, 2))));
+    assert!(got.len() <= 2, "{got:?}");
+    assert_eq!(a.stats().rejected_total() + b.stats().rejected_total(), 0);
+}
