@@ -135,8 +135,7 @@ fn asynchronous_gossip_trains_on_past_a_member_killed_mid_run() {
         let last = lines
             .iter()
             .map(|l| &l["fields"])
-            .filter(|f| f["message"] == "progress")
-            .last()
+            .rfind(|f| f["message"] == "progress")
             .expect("progress reported")
             .clone();
         assert!(
