@@ -30,6 +30,19 @@ enum Command {
     /// Run one member of a job: the process in each pod and each local process. Configured by
     /// the MURMUR_* environment variables (the contract between the planes).
     Run(RunArgs),
+    /// Draw the curves of several simulations (their results.json) on one plot.
+    Plot(PlotArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct PlotArgs {
+    /// The PNG to write.
+    #[arg(long, short)]
+    output: PathBuf,
+    /// results.json files, each optionally as LABEL=PATH (the label replaces the topology's
+    /// name in the legend).
+    #[arg(required = true)]
+    results: Vec<String>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -135,7 +148,8 @@ struct SimulateArgs {
     max_staleness: u32,
     /// Slow members, as MEMBER:FACTOR (4 = a step takes four times as long), comma-separated.
     /// Time becomes virtual: synchronous rounds wait for their slowest member, asynchronous
-    /// gossip does not.
+    /// gossip does not. The summary's "to target" then reads ALL/FULL-SPEED: the time for the
+    /// mean accuracy of all members, and of the full-speed members alone.
     #[arg(long, value_delimiter = ',')]
     slow: Vec<String>,
     /// Report the virtual time (in steps of a full-speed member) at which the mean test
@@ -188,6 +202,7 @@ impl CliError {
                 | RunError::Data(_),
             ) => 2,
             CliError::Simulation(SimulationError::Config(_) | SimulationError::Topology(_)) => 2,
+            CliError::Output(output::OutputError::Results { .. }) => 2,
             _ => 1,
         }
     }
@@ -307,7 +322,27 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Command::Simulate(args) => simulate(*args),
         Command::Run(args) => run_member(args),
+        Command::Plot(args) => plot(args),
     }
+}
+
+fn plot(args: PlotArgs) -> Result<(), CliError> {
+    let mut all = Vec::new();
+    for spec in &args.results {
+        let (label, path) = match spec.split_once('=') {
+            Some((label, path)) => (Some(label), path),
+            None => (None, spec.as_str()),
+        };
+        for mut r in output::read_results(std::path::Path::new(path))? {
+            if let Some(label) = label {
+                r.topology = label.to_string();
+            }
+            all.push(r);
+        }
+    }
+    output::plot(&args.output, &all)?;
+    println!("wrote {}", args.output.display());
+    Ok(())
 }
 
 fn run_member(args: RunArgs) -> Result<(), CliError> {
@@ -490,17 +525,22 @@ fn simulate(args: SimulateArgs) -> Result<(), CliError> {
         }
     };
     println!(
-        "\n{:<18} {:<16} {:>9} {:>7} {:>12} {:>9} {:>10}",
+        "\n{:<18} {:<16} {:>9} {:>7} {:>12} {:>9} {:>12}",
         "topology", "algorithm", "accuracy", "edges", "MB sent", "seconds", "to target"
     );
     for r in &results {
-        let to_target = match (args.target_accuracy, r.time_to_target) {
+        let reached = |time: Option<f64>| match (args.target_accuracy, time) {
             (None, _) => "-".to_string(),
             (Some(_), None) => "not reached".to_string(),
             (Some(_), Some(t)) => format!("{t:.0}"),
         };
+        let mut to_target = reached(r.time_to_target);
+        if !config.slow.is_empty() {
+            // The full-speed members' mean, after the slash: how far the slow ones held them up.
+            to_target = format!("{to_target}/{}", reached(r.full_speed_time_to_target));
+        }
         println!(
-            "{:<18} {:<16} {:>8.2}% {:>7} {:>12.1} {:>9.1} {:>10}",
+            "{:<18} {:<16} {:>8.2}% {:>7} {:>12.1} {:>9.1} {:>12}",
             r.topology,
             r.algorithm,
             100.0 * r.final_test_accuracy,

@@ -106,7 +106,7 @@ fn simulate_writes_curves_results_and_a_plot() {
         "{stdout}"
     );
     let csv = std::fs::read_to_string(out_dir.join("curves.csv")).unwrap();
-    assert!(csv.starts_with("topology,algorithm,step,mean_accuracy"));
+    assert!(csv.starts_with("topology,algorithm,step,time,mean_accuracy"));
     assert_eq!(
         csv.lines().count(),
         1 + 2 * 3,
@@ -122,6 +122,56 @@ fn simulate_writes_curves_results_and_a_plot() {
     }
     let png = std::fs::read(out_dir.join("accuracy.png")).unwrap();
     assert!(png.starts_with(b"\x89PNG"), "accuracy.png is a PNG");
+
+    // `plot` draws several results on one chart, under the labels given.
+    let both = dir.path().join("both.png");
+    let labelled = format!("first run={}", out_dir.join("results.json").display());
+    let out = succeeds(&[
+        "plot",
+        "-o",
+        both.to_str().unwrap(),
+        &labelled,
+        out_dir.join("results.json").to_str().unwrap(),
+    ]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("both.png"));
+    assert!(std::fs::read(&both).unwrap().starts_with(b"\x89PNG"));
+    let bogus = dir.path().join("curves.csv");
+    std::fs::copy(out_dir.join("curves.csv"), &bogus).unwrap();
+    fails_with(
+        &[
+            "plot",
+            "-o",
+            both.to_str().unwrap(),
+            bogus.to_str().unwrap(),
+        ],
+        "curves.csv: not a results.json the simulator wrote",
+    );
+}
+
+#[test]
+fn slow_members_report_virtual_time_to_the_target() {
+    let out = succeeds(&[
+        "simulate",
+        "--members",
+        "4",
+        "--steps",
+        "20",
+        "--eval-every",
+        "10",
+        "--topology",
+        "ring",
+        "--algorithm",
+        "dpsgd",
+        "--slow",
+        "2:3",
+        "--target-accuracy",
+        "0.05",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    // Rounds wait for member 2: the last point, step 20, is at time 60; 5% is reached at
+    // once (step 0), by all and by the full-speed members.
+    assert!(stdout.contains("    20     60.0"), "{stdout}");
+    assert!(stdout.contains("0/0"), "{stdout}");
 }
 
 #[test]
@@ -134,6 +184,20 @@ fn bad_flags_and_data_exit_2_naming_the_cause() {
     fails_with(&["simulate", "--compression", "top-k:2"], "--compression");
     fails_with(&["simulate", "--learning-rate", "0"], "--learning-rate");
     fails_with(&["simulate", "--threads", "0"], "--threads");
+    fails_with(
+        &["simulate", "--slow", "3"],
+        "--slow \"3\": use MEMBER:FACTOR",
+    );
+    fails_with(&["simulate", "--slow", "3:-2"], "--slow \"3:-2\"");
+    fails_with(
+        &["simulate", "--members", "4", "--slow", "4:2"],
+        "slow member 4:2",
+    );
+    fails_with(
+        &["simulate", "--target-accuracy", "85"],
+        "--target-accuracy 85",
+    );
+    fails_with(&["simulate", "--max-staleness", "0"], "--max-staleness 0");
     fails_with(&["simulate", "--data", "parquet:/x"], "--data");
     fails_with(
         &["simulate", "--data", "idx:/nonexistent/mnist"],

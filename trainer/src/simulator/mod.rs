@@ -15,7 +15,7 @@ use std::time::Instant;
 use parking_lot::Mutex;
 
 use burn::tensor::backend::AutodiffBackend;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use murmur_core::api::{AlgorithmKind, ModelKind, OptimizerKind, TopologyKind};
 use murmur_core::topology::{self, MemberId, MemberProfile, Topology, TopologyOptions};
@@ -128,6 +128,13 @@ pub struct SimulationConfig {
 pub const TICKS_PER_STEP: u64 = 1000;
 
 impl SimulationConfig {
+    /// The members that do not run at full speed.
+    fn slow_members(&self) -> Vec<MemberId> {
+        (0..self.members as MemberId)
+            .filter(|&id| self.ticks_per_step(id) != TICKS_PER_STEP)
+            .collect()
+    }
+
     /// A member's step duration in ticks.
     fn ticks_per_step(&self, member: MemberId) -> u64 {
         let factor = self
@@ -140,7 +147,7 @@ impl SimulationConfig {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CurvePoint {
     pub step: u64,
     /// Virtual time, in steps of a full-speed member: with nobody slow it equals `step`; with a
@@ -152,10 +159,13 @@ pub struct CurvePoint {
     pub mean_test_loss: f64,
     /// Mean training loss since the previous point (none at step 0).
     pub mean_train_loss: Option<f64>,
+    /// Mean accuracy of the members not slowed down (`mean_accuracy` when none is): how much a
+    /// slow member holds the others back.
+    pub full_speed_accuracy: f64,
     pub consensus_distance: f64,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TopologyResult {
     pub topology: String,
     pub algorithm: String,
@@ -166,6 +176,8 @@ pub struct TopologyResult {
     pub wall_seconds: f64,
     /// Virtual time at which the mean accuracy first reached the target, if it did.
     pub time_to_target: Option<f64>,
+    /// The same for the mean accuracy of the full-speed members.
+    pub full_speed_time_to_target: Option<f64>,
     pub curve: Vec<CurvePoint>,
 }
 
@@ -195,6 +207,8 @@ struct Evaluation {
 struct Collector {
     pending: BTreeMap<u64, Vec<Evaluation>>,
     curve: Vec<CurvePoint>,
+    /// Members slowed down, left out of `full_speed_accuracy`.
+    slow: Vec<MemberId>,
     finished: usize,
     /// Rung when a curve point completes or a member finishes, so progress prints live.
     bell: Arc<tokio::sync::Notify>,
@@ -218,6 +232,18 @@ impl Collector {
                 mean_accuracy: accs.iter().sum::<f64>() / n,
                 min_accuracy: accs.iter().copied().fold(f64::INFINITY, f64::min),
                 max_accuracy: accs.iter().copied().fold(0.0, f64::max),
+                full_speed_accuracy: {
+                    let full: Vec<f64> = entries
+                        .iter()
+                        .filter(|e| !self.slow.contains(&e.member))
+                        .map(|e| e.accuracy)
+                        .collect();
+                    if full.is_empty() {
+                        f64::NAN
+                    } else {
+                        full.iter().sum::<f64>() / full.len() as f64
+                    }
+                },
                 mean_test_loss: entries.iter().map(|e| e.test_loss).sum::<f64>() / n,
                 mean_train_loss: entries
                     .iter()
@@ -418,12 +444,13 @@ pub fn simulate<B: AutodiffBackend>(
                 |point| progress(&name, point),
             )?
         };
-        let time_to_target = config.target_accuracy.and_then(|target| {
-            curve
-                .iter()
-                .find(|p| p.mean_accuracy >= target)
-                .map(|p| p.time)
-        });
+        let reached = |accuracy: fn(&CurvePoint) -> f64| {
+            config
+                .target_accuracy
+                .and_then(|target| curve.iter().find(|p| accuracy(p) >= target).map(|p| p.time))
+        };
+        let time_to_target = reached(|p| p.mean_accuracy);
+        let full_speed_time_to_target = reached(|p| p.full_speed_accuracy);
         results.push(TopologyResult {
             topology: name,
             algorithm: format!("{algorithm:?}"),
@@ -433,6 +460,7 @@ pub fn simulate<B: AutodiffBackend>(
             bytes_sent,
             wall_seconds: started.elapsed().as_secs_f64(),
             time_to_target,
+            full_speed_time_to_target,
             curve,
         });
     }
@@ -455,7 +483,10 @@ fn run_rounds<B: AutodiffBackend>(
 ) -> Result<(Vec<CurvePoint>, u64), SimulationError> {
     {
         let boxes = Arc::new(Mailboxes::default());
-        let collector = Arc::new(Mutex::new(Collector::default()));
+        let collector = Arc::new(Mutex::new(Collector {
+            slow: config.slow_members(),
+            ..Collector::default()
+        }));
         let mut handles = Vec::new();
         for id in 0..config.members as MemberId {
             let hood = hoods[id as usize].clone();
@@ -579,7 +610,10 @@ fn run_async<B: AutodiffBackend>(
     let mut queue: BinaryHeap<Reverse<(u64, usize)>> = (0..n)
         .map(|i| Reverse((config.ticks_per_step(i as MemberId), i)))
         .collect();
-    let mut collector = Collector::default();
+    let mut collector = Collector {
+        slow: config.slow_members(),
+        ..Collector::default()
+    };
     for at in evaluations {
         // Every step that ends by `at` is taken before the models are looked at.
         while let Some(&Reverse((t, i))) = queue.peek()

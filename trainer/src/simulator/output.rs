@@ -17,6 +17,8 @@ pub enum OutputError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("{path}: not a results.json the simulator wrote: {message}")]
+    Results { path: PathBuf, message: String },
     #[error("{path}: cannot draw the plot: {message}")]
     Plot { path: PathBuf, message: String },
 }
@@ -38,6 +40,7 @@ struct Summary<'a> {
     bytes_sent: u64,
     wall_seconds: f64,
     time_to_target: Option<f64>,
+    full_speed_time_to_target: Option<f64>,
 }
 
 pub fn write_all(dir: &Path, results: &[TopologyResult]) -> Result<(), OutputError> {
@@ -56,6 +59,7 @@ pub fn write_all(dir: &Path, results: &[TopologyResult]) -> Result<(), OutputErr
             bytes_sent: r.bytes_sent,
             wall_seconds: r.wall_seconds,
             time_to_target: r.time_to_target,
+            full_speed_time_to_target: r.full_speed_time_to_target,
         })
         .collect();
     let text =
@@ -65,9 +69,24 @@ pub fn write_all(dir: &Path, results: &[TopologyResult]) -> Result<(), OutputErr
     plot(&dir.join("accuracy.png"), results)
 }
 
+/// The curves of a `results.json` written by [`write_all`].
+pub fn read_results(path: &Path) -> Result<Vec<TopologyResult>, OutputError> {
+    #[derive(serde::Deserialize)]
+    struct File {
+        curves: Vec<TopologyResult>,
+    }
+    let text = std::fs::read_to_string(path).map_err(io(path))?;
+    serde_json::from_str::<File>(&text)
+        .map(|f| f.curves)
+        .map_err(|e| OutputError::Results {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })
+}
+
 pub fn curves_csv(results: &[TopologyResult]) -> String {
     let mut out = String::from(
-        "topology,algorithm,step,time,mean_accuracy,min_accuracy,max_accuracy,mean_test_loss,mean_train_loss,consensus_distance\n",
+        "topology,algorithm,step,time,mean_accuracy,min_accuracy,max_accuracy,full_speed_accuracy,mean_test_loss,mean_train_loss,consensus_distance\n",
     );
     for r in results {
         for p in &r.curve {
@@ -75,7 +94,7 @@ pub fn curves_csv(results: &[TopologyResult]) -> String {
                 .mean_train_loss
                 .map_or(String::new(), |l| format!("{l:.6}"));
             out.push_str(&format!(
-                "{},{},{},{},{:.6},{:.6},{:.6},{:.6},{},{:.6}\n",
+                "{},{},{},{},{:.6},{:.6},{:.6},{:.6},{:.6},{},{:.6}\n",
                 r.topology,
                 r.algorithm,
                 p.step,
@@ -83,6 +102,7 @@ pub fn curves_csv(results: &[TopologyResult]) -> String {
                 p.mean_accuracy,
                 p.min_accuracy,
                 p.max_accuracy,
+                p.full_speed_accuracy,
                 p.mean_test_loss,
                 train_loss,
                 p.consensus_distance
