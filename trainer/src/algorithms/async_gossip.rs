@@ -243,6 +243,32 @@ mod tests {
         ]
     }
 
+    /// `to` handles the oldest letter waiting for it: answers a request and meets it halfway,
+    /// or settles a reply (no staleness bound here: every reply is settled).
+    fn deliver(
+        to: usize,
+        step: u64,
+        models: &mut [Vec<f32>],
+        requests: &mut [Requests],
+        inbox: &mut [Inbox],
+    ) {
+        let Some((from, kind, seq, theirs)) = inbox[to].pop_front() else {
+            return;
+        };
+        match kind {
+            LetterKind::Request => {
+                let reply = models[to].clone();
+                inbox[from].push_back((to, LetterKind::Reply, seq, reply));
+                meet_halfway(&mut models[to], &theirs);
+            }
+            LetterKind::Reply => {
+                let sent = requests[to].close(from as MemberId, seq, step, u64::MAX);
+                let sent = sent.expect("one request per pair, answered once");
+                settle(&mut models[to], &sent, &theirs);
+            }
+        }
+    }
+
     proptest! {
         /// Whatever the interleaving of steps, requests and crossing replies, the sum of the
         /// models changes only by the local steps: pairwise averaging keeps the mean.
@@ -271,46 +297,14 @@ mod tests {
                         }
                     }
                     Event::Deliver { to } => {
-                        let Some((from, kind, seq, theirs)) = inbox[to].pop_front() else {
-                            continue;
-                        };
-                        match kind {
-                            LetterKind::Request => {
-                                let reply = models[to].clone();
-                                inbox[from].push_back((to, LetterKind::Reply, seq, reply));
-                                meet_halfway(&mut models[to], &theirs);
-                            }
-                            LetterKind::Reply => {
-                                // No staleness bound here: every reply is settled.
-                                let sent = requests[to].close(from as MemberId, seq, step, u64::MAX);
-                                let sent = sent.expect("one request per pair, answered once");
-                                settle(&mut models[to], &sent, &theirs);
-                            }
-                        }
+                        deliver(to, step, &mut models, &mut requests, &mut inbox);
                     }
                 }
             }
-            // Replies still in flight carry the rest of their exchange: settle them.
-            for to in 0..n {
-                while let Some((from, kind, seq, theirs)) = inbox[to].pop_front() {
-                    match kind {
-                        LetterKind::Request => {
-                            let reply = models[to].clone();
-                            inbox[from].push_back((to, LetterKind::Reply, seq, reply));
-                            meet_halfway(&mut models[to], &theirs);
-                        }
-                        LetterKind::Reply => {
-                            let sent = requests[to].close(from as MemberId, seq, u64::MAX, u64::MAX);
-                            settle(&mut models[to], &sent.expect("in flight"), &theirs);
-                        }
-                    }
-                }
-            }
-            for to in 0..n {
-                while let Some((from, _, seq, theirs)) = inbox[to].pop_front() {
-                    let sent = requests[to].close(from as MemberId, seq, u64::MAX, u64::MAX);
-                    settle(&mut models[to], &sent.expect("in flight"), &theirs);
-                }
+            // Letters still in flight carry the rest of their exchanges: deliver them all (the
+            // requests among them turn into replies, delivered in turn).
+            while let Some(to) = (0..n).find(|&m| !inbox[m].is_empty()) {
+                deliver(to, u64::MAX, &mut models, &mut requests, &mut inbox);
             }
             let sum: f64 = models.iter().map(|m| f64::from(m[0])).sum();
             let mirror: f64 = models.iter().map(|m| f64::from(m[1])).sum();
