@@ -310,7 +310,7 @@ fn asynchronous_gossip_is_deterministic_and_mixes_models() {
 }
 
 #[test]
-fn asynchronous_gossip_refuses_top_k_and_bad_slow_members() {
+fn asynchronous_gossip_refuses_top_k_auto_averaging_and_bad_slow_members() {
     let data = data::embedded();
     let mut cfg = config(4, vec![TopologyChoice::Ring], Partition::Iid, 2);
     cfg.algorithm = Some(murmur_core::api::AlgorithmKind::AsyncGossip);
@@ -318,6 +318,10 @@ fn asynchronous_gossip_refuses_top_k_and_bad_slow_members() {
     let err = simulate::<B>(&cfg, &data, &Default::default(), |_, _| {}).unwrap_err();
     assert!(err.to_string().contains("top-k"), "{err}");
     cfg.compression = Compression::Int8;
+    cfg.averaging = Averaging::Auto(AutoPolicy::from_spec(None));
+    let err = simulate::<B>(&cfg, &data, &Default::default(), |_, _| {}).unwrap_err();
+    assert!(err.to_string().contains("auto"), "{err}");
+    cfg.averaging = Averaging::Every(1);
     cfg.slow = vec![(9, 2.0)];
     let err = simulate::<B>(&cfg, &data, &Default::default(), |_, _| {}).unwrap_err();
     assert!(err.to_string().contains("slow member 9"), "{err}");

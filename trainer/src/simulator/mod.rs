@@ -393,8 +393,10 @@ pub fn simulate<B: AutodiffBackend>(
             .algorithm
             .unwrap_or_else(|| choice.default_algorithm());
         if matches!(config.averaging, Averaging::Auto(_))
-            && (matches!(algorithm, AlgorithmKind::Gossip | AlgorithmKind::Moshpit)
-                || choice == TopologyChoice::ExponentialOnePeer)
+            && (matches!(
+                algorithm,
+                AlgorithmKind::Gossip | AlgorithmKind::Moshpit | AlgorithmKind::AsyncGossip
+            ) || choice == TopologyChoice::ExponentialOnePeer)
         {
             return Err(SimulationError::Config(format!(
                 "--average-every auto paces the edges of a static graph under D-PSGD or clique averaging, not {algorithm:?} on {}",
