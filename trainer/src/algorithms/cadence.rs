@@ -277,13 +277,19 @@ mod tests {
         assert_eq!(read_trailer(&u32::MAX.to_le_bytes()), None);
     }
 
-    /// Two ends of one edge, driven through exchanges where each end's delivery may fail on its
-    /// own: they always agree again within a few steps, and when both deliver they agree exactly.
-    fn run_edge(drifts: &[f64], failures: &[(bool, bool)], policy: AutoPolicy) -> Vec<(u64, bool)> {
+    /// Two ends of one edge, driven for `steps` steps through exchanges where each end's
+    /// delivery may fail on its own: they always agree again within a few steps, and when both
+    /// deliver they agree exactly.
+    fn run_edge(
+        drifts: &[f64],
+        failures: &[(bool, bool)],
+        policy: AutoPolicy,
+        steps: u64,
+    ) -> Vec<(u64, bool)> {
         let (mut low, mut high) = (Cadence::new(1, policy), Cadence::new(2, policy));
         let mut exchanges = Vec::new();
         let mut i = 0;
-        for step in 0..400u64 {
+        for step in 0..steps {
             let low_due = !low.due(step, [2]).is_empty();
             let high_due = !high.due(step, [1]).is_empty();
             if !low_due && !high_due {
@@ -338,7 +344,11 @@ mod tests {
             max_every in 1u64..20,
         ) {
             let policy = AutoPolicy { max_every, target_skew: 0.02 };
-            let exchanges = run_edge(&drifts, &failures, policy);
+            // Long enough that the scripted exchanges (60 at most, gaps of max_every at most)
+            // leave room to heal: with 400 steps, failures late in a slow schedule left a tail
+            // shorter than one gap, and the ends could not be seen to meet again.
+            let steps = 64 * (max_every + 1) + 400;
+            let exchanges = run_edge(&drifts, &failures, policy, steps);
             // After the scripted failures, the two ends meet at every exchange again.
             let scripted = failures.len().max(drifts.len());
             let tail = &exchanges[scripted.min(exchanges.len())..];
@@ -356,11 +366,11 @@ mod tests {
             max_every: 8,
             target_skew: 0.02,
         };
-        let quiet = run_edge(&[0.001; 400], &[], policy);
+        let quiet = run_edge(&[0.001; 400], &[], policy, 400);
         let gaps: Vec<u64> = quiet.windows(2).map(|w| w[1].0 - w[0].0).collect();
         assert_eq!(&gaps[..5], &[1, 2, 4, 8, 8], "{quiet:?}");
         assert!(quiet.iter().all(|(_, met)| *met));
-        let drifting = run_edge(&[0.5; 400], &[], policy);
+        let drifting = run_edge(&[0.5; 400], &[], policy, 400);
         assert_eq!(drifting.len(), 400, "every step");
     }
 
