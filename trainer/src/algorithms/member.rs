@@ -649,13 +649,8 @@ impl<B: AutodiffBackend> Member<B> {
         mail: &mut M,
         train: bool,
     ) -> Result<StepReport, MemberError> {
+        let loss = if train { self.local_step() } else { f64::NAN };
         let mut model = self.model.take().expect("model present");
-        let mut loss = f64::NAN;
-        if train {
-            let (value, grads) = self.gradients(&model);
-            loss = value;
-            model = self.optim.step(self.config.learning_rate, model, grads);
-        }
         let neighbours: Vec<MemberId> = hood.neighbours.iter().map(|(id, _)| *id).collect();
         let max_staleness = self.config.max_staleness;
         let letters = mail.collect();
@@ -701,10 +696,7 @@ impl<B: AutodiffBackend> Member<B> {
             match letter.kind {
                 LetterKind::Request => {
                     // The reply carries the model the move is taken from, so the pair's sum holds.
-                    let (_, payload) = self
-                        .encode(&[from], Purpose::Parameters, compression, &own, &[])
-                        .pop()
-                        .expect("one destination");
+                    let payload = self.encode_for(from, compression, &own);
                     mail.post(
                         from,
                         Letter {
@@ -730,10 +722,7 @@ impl<B: AutodiffBackend> Member<B> {
         }
         if ask {
             let to = free[self.rng.random_range(0..free.len())];
-            let (_, payload) = self
-                .encode(&[to], Purpose::Parameters, compression, &own, &[])
-                .pop()
-                .expect("one destination");
+            let payload = self.encode_for(to, compression, &own);
             let seq = self.requests.open(to, step, own.clone());
             mail.post(
                 to,
@@ -753,6 +742,15 @@ impl<B: AutodiffBackend> Member<B> {
         self.scratch = own;
         self.model = Some(model);
         Ok(report)
+    }
+
+    /// Parameters for one member (asynchronous gossip's letters carry no trailer).
+    fn encode_for(&mut self, to: MemberId, compression: Compression, values: &[f32]) -> Payload {
+        let (_, payload) = self
+            .encode(&[to], Purpose::Parameters, compression, values, &[])
+            .pop()
+            .expect("one destination, one payload");
+        payload
     }
 
     /// What asynchronous gossip has done so far.

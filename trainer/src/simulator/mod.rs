@@ -483,111 +483,109 @@ fn run_rounds<B: AutodiffBackend>(
     runtime: &tokio::runtime::Runtime,
     mut progress: impl FnMut(&CurvePoint),
 ) -> Result<(Vec<CurvePoint>, u64), SimulationError> {
-    {
-        let boxes = Arc::new(Mailboxes::default());
-        let collector = Arc::new(Mutex::new(Collector {
-            slow: config.slow_members(),
-            ..Collector::default()
-        }));
-        let mut handles = Vec::new();
-        for id in 0..config.members as MemberId {
-            let hood = hoods[id as usize].clone();
-            let ticks_per_step = config.ticks_per_step(id);
-            let mut member = Member::new(
-                id,
-                member_config(config, algorithm),
-                initial.clone(),
-                shards[id as usize].clone(),
-                device.clone(),
-            )?;
-            let mut exchange = LocalExchange {
-                me: id,
-                boxes: boxes.clone(),
-                clock: 0,
-            };
-            let collector = collector.clone();
-            let (members, steps, eval_every, test) = (
-                config.members,
-                config.steps,
-                config.eval_every.max(1),
-                data.test.clone(),
-            );
-            handles.push(runtime.spawn(async move {
-                let outcome = async {
-                    // Step 0: where every topology starts from (the shared initial model).
-                    let (accuracy, test_loss) = member.evaluate(&test);
-                    let params = member.parameters();
-                    let evaluation = Evaluation {
-                        member: id,
-                        time: 0,
-                        accuracy,
-                        test_loss,
-                        train_loss: None,
-                        params,
-                    };
-                    collector.lock().deposit(members, 0, evaluation);
-                    let mut recent = Vec::new();
-                    for step in 0..steps {
-                        exchange.clock += ticks_per_step;
-                        let report = member.step(step, &hood, &mut exchange).await?;
-                        recent.push(report.loss);
-                        if (step + 1) % eval_every == 0 || step + 1 == steps {
-                            let (accuracy, test_loss) = member.evaluate(&test);
-                            let train_loss =
-                                Some(recent.iter().sum::<f64>() / recent.len().max(1) as f64);
-                            recent.clear();
-                            let params = member.parameters();
-                            collector.lock().deposit(
-                                members,
-                                step + 1,
-                                Evaluation {
-                                    member: id,
-                                    time: exchange.clock,
-                                    accuracy,
-                                    test_loss,
-                                    train_loss,
-                                    params,
-                                },
-                            );
-                        }
-                    }
-                    Ok::<u64, MemberError>(member.bytes_sent)
-                }
-                .await;
-                // Counted even on error, so the driver never waits for a member that is gone.
-                let mut c = collector.lock();
-                c.finished += 1;
-                c.bell.notify_one();
-                outcome
-            }));
-        }
-        let bytes_sent = runtime.block_on(async {
-            let mut reported = 0;
-            loop {
-                let bell = collector.lock().bell.clone();
-                let rung = bell.notified();
-                let all_done = {
-                    let c = collector.lock();
-                    for point in &c.curve[reported..] {
-                        progress(point);
-                    }
-                    reported = c.curve.len();
-                    c.finished == config.members
+    let boxes = Arc::new(Mailboxes::default());
+    let collector = Arc::new(Mutex::new(Collector {
+        slow: config.slow_members(),
+        ..Collector::default()
+    }));
+    let mut handles = Vec::new();
+    for id in 0..config.members as MemberId {
+        let hood = hoods[id as usize].clone();
+        let ticks_per_step = config.ticks_per_step(id);
+        let mut member = Member::new(
+            id,
+            member_config(config, algorithm),
+            initial.clone(),
+            shards[id as usize].clone(),
+            device.clone(),
+        )?;
+        let mut exchange = LocalExchange {
+            me: id,
+            boxes: boxes.clone(),
+            clock: 0,
+        };
+        let collector = collector.clone();
+        let (members, steps, eval_every, test) = (
+            config.members,
+            config.steps,
+            config.eval_every.max(1),
+            data.test.clone(),
+        );
+        handles.push(runtime.spawn(async move {
+            let outcome = async {
+                // Step 0: where every topology starts from (the shared initial model).
+                let (accuracy, test_loss) = member.evaluate(&test);
+                let params = member.parameters();
+                let evaluation = Evaluation {
+                    member: id,
+                    time: 0,
+                    accuracy,
+                    test_loss,
+                    train_loss: None,
+                    params,
                 };
-                if all_done {
-                    break;
+                collector.lock().deposit(members, 0, evaluation);
+                let mut recent = Vec::new();
+                for step in 0..steps {
+                    exchange.clock += ticks_per_step;
+                    let report = member.step(step, &hood, &mut exchange).await?;
+                    recent.push(report.loss);
+                    if (step + 1) % eval_every == 0 || step + 1 == steps {
+                        let (accuracy, test_loss) = member.evaluate(&test);
+                        let train_loss =
+                            Some(recent.iter().sum::<f64>() / recent.len().max(1) as f64);
+                        recent.clear();
+                        let params = member.parameters();
+                        collector.lock().deposit(
+                            members,
+                            step + 1,
+                            Evaluation {
+                                member: id,
+                                time: exchange.clock,
+                                accuracy,
+                                test_loss,
+                                train_loss,
+                                params,
+                            },
+                        );
+                    }
                 }
-                rung.await;
+                Ok::<u64, MemberError>(member.bytes_sent)
             }
-            let mut total = 0u64;
-            for handle in handles {
-                total += handle.await.expect("member task panicked")?;
-            }
-            Ok::<u64, MemberError>(total)
-        })?;
-        let curve = std::mem::take(&mut collector.lock().curve);
-        Ok((curve, bytes_sent))
+            .await;
+            // Counted even on error, so the driver never waits for a member that is gone.
+            let mut c = collector.lock();
+            c.finished += 1;
+            c.bell.notify_one();
+            outcome
+        }));
     }
+    let bytes_sent = runtime.block_on(async {
+        let mut reported = 0;
+        loop {
+            let bell = collector.lock().bell.clone();
+            let rung = bell.notified();
+            let all_done = {
+                let c = collector.lock();
+                for point in &c.curve[reported..] {
+                    progress(point);
+                }
+                reported = c.curve.len();
+                c.finished == config.members
+            };
+            if all_done {
+                break;
+            }
+            rung.await;
+        }
+        let mut total = 0u64;
+        for handle in handles {
+            total += handle.await.expect("member task panicked")?;
+        }
+        Ok::<u64, MemberError>(total)
+    })?;
+    let curve = std::mem::take(&mut collector.lock().curve);
+    Ok((curve, bytes_sent))
 }
 
 /// Asynchronous gossip in virtual time: each member steps at its own pace (a heap holds the
@@ -609,9 +607,11 @@ fn run_async<B: AutodiffBackend>(
     let mut inboxes: Vec<Vec<(MemberId, Letter)>> = vec![Vec::new(); n];
     let mut steps = vec![0u64; n];
     let mut recent: Vec<Vec<f64>> = vec![Vec::new(); n];
-    let mut queue: BinaryHeap<Reverse<(u64, usize)>> = (0..n)
-        .map(|i| Reverse((config.ticks_per_step(i as MemberId), i)))
+    let ticks: Vec<u64> = (0..n)
+        .map(|i| config.ticks_per_step(i as MemberId))
         .collect();
+    let mut queue: BinaryHeap<Reverse<(u64, usize)>> =
+        (0..n).map(|i| Reverse((ticks[i], i))).collect();
     let mut collector = Collector {
         slow: config.slow_members(),
         ..Collector::default()
@@ -629,7 +629,7 @@ fn run_async<B: AutodiffBackend>(
             let report = members[i].gossip_step(steps[i], &hoods[i], &mut mail)?;
             recent[i].push(report.loss);
             steps[i] += 1;
-            queue.push(Reverse((t + config.ticks_per_step(i as MemberId), i)));
+            queue.push(Reverse((t + ticks[i], i)));
         }
         for (i, member) in members.iter_mut().enumerate() {
             let (accuracy, test_loss) = member.evaluate(test);
