@@ -181,14 +181,28 @@ fn cases() -> Vec<Broken> {
             ),
         ),
         broken(
-            "topology.cliqueSize and topology.interClique apply only to kind dCliques",
+            "topology.cliqueSize applies only to kind dCliques",
             "spec.topology.kind",
-            spec(json!({"topology": {"kind": "ring"}, "algorithm": {"kind": "dpsgd"}})),
+            spec(
+                json!({"topology": {"kind": "ring", "interClique": null}, "algorithm": {"kind": "dpsgd"}}),
+            ),
         ),
         broken(
-            "topology.clumps applies only to kind proxyClumps",
+            "topology.interClique applies only to kinds dCliques and proxyClumps",
+            "spec.topology.kind",
+            spec(
+                json!({"topology": {"kind": "exponential", "cliqueSize": null}, "algorithm": {"kind": "dpsgd"}}),
+            ),
+        ),
+        broken(
+            "topology.clumps and topology.cliqueMix apply only to kind proxyClumps",
             "spec.topology.kind",
             spec(json!({"topology": {"clumps": 3}})),
+        ),
+        broken(
+            "topology.clumps and topology.cliqueMix apply only to kind proxyClumps",
+            "spec.topology.kind",
+            spec(json!({"topology": {"cliqueMix": "homogeneous"}})),
         ),
         broken(
             "trainer.resources.gpus must be <= 16",

@@ -136,13 +136,27 @@ pub enum InterClique {
     FullyConnected,
 }
 
+/// proxyClumps: how a clique is composed from the clumps of similar members.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+#[serde(rename_all = "camelCase")]
+pub enum CliqueMix {
+    /// One member from every clump: each clique sees every kind of data (the point of clumps).
+    #[default]
+    Heterogeneous,
+    /// Cliques cut from one clump each, on the same ring of cliques of the same sizes: the
+    /// control of the proxy-clumps paper (arXiv 2212.08743), for experiments.
+    Homogeneous,
+}
+
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(
     validation = Rule::new("!has(self.cliqueSize) || self.cliqueSize >= 2").message("topology.cliqueSize must be >= 2").field_path(".cliqueSize"),
     validation = Rule::new("!has(self.clumps) || self.clumps >= 1").message("topology.clumps must be >= 1").field_path(".clumps"),
-    validation = Rule::new("self.kind == 'dCliques' || (!has(self.cliqueSize) && !has(self.interClique))").message("topology.cliqueSize and topology.interClique apply only to kind dCliques").field_path(".kind"),
-    validation = Rule::new("self.kind == 'proxyClumps' || !has(self.clumps)").message("topology.clumps applies only to kind proxyClumps").field_path(".kind"),
+    validation = Rule::new("self.kind == 'dCliques' || !has(self.cliqueSize)").message("topology.cliqueSize applies only to kind dCliques").field_path(".kind"),
+    validation = Rule::new("self.kind in ['dCliques', 'proxyClumps'] || !has(self.interClique)").message("topology.interClique applies only to kinds dCliques and proxyClumps").field_path(".kind"),
+    validation = Rule::new("self.kind == 'proxyClumps' || (!has(self.clumps) && !has(self.cliqueMix))").message("topology.clumps and topology.cliqueMix apply only to kind proxyClumps").field_path(".kind"),
 )]
 pub struct TopologySpec {
     /// Graph family.
@@ -151,12 +165,15 @@ pub struct TopologySpec {
     /// dCliques: members per clique (default 10).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clique_size: Option<u32>,
-    /// dCliques: how cliques are linked (default smallWorld).
+    /// dCliques and proxyClumps: how cliques are linked (default smallWorld).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inter_clique: Option<InterClique>,
     /// proxyClumps: number of clumps (default ceil(log2 n)).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clumps: Option<u32>,
+    /// proxyClumps: heterogeneous cliques (default), or the homogeneous control.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clique_mix: Option<CliqueMix>,
 }
 
 impl TopologySpec {

@@ -103,6 +103,21 @@ fn every_cel_rule_rejects_with_the_field_it_guards() {
         ),
         (
             "{kind: dCliques, cliqueSize: 4, interClique: smallWorld}",
+            "{kind: dCliques, cliqueMix: homogeneous}",
+            "spec.topology.kind",
+        ),
+        (
+            "{kind: dCliques, cliqueSize: 4, interClique: smallWorld}",
+            "{kind: exponential, interClique: ring}",
+            "spec.topology.kind",
+        ),
+        (
+            "{kind: dCliques, cliqueSize: 4, interClique: smallWorld}",
+            "{kind: proxyClumps, cliqueMix: sideways}",
+            "spec.topology.cliqueMix",
+        ),
+        (
+            "{kind: dCliques, cliqueSize: 4, interClique: smallWorld}",
             "{kind: ring}",
             "spec.algorithm.kind",
         ),
@@ -347,6 +362,10 @@ fn the_boundaries_of_each_rule_are_accepted() {
     for (from, to) in [
         ("{min: 2, target: 4, max: 8}", "{min: 4, target: 4, max: 4}"),
         ("cliqueSize: 4,", "cliqueSize: 2,"),
+        (
+            "{kind: dCliques, cliqueSize: 4, interClique: smallWorld}",
+            "{kind: proxyClumps, clumps: 3, interClique: ring, cliqueMix: homogeneous}",
+        ),
         (
             "roundTimeout: 5s}",
             "roundTimeout: 5s, compression: {kind: topK, ratio: 1}}",

@@ -17,6 +17,9 @@ pub enum CliqueFlavour {
         clump_of: BTreeMap<MemberId, u32>,
         /// k-means centroids, used to place joining members.
         centroids: Vec<Vec<f64>>,
+        /// The homogeneous control: a joiner goes where its clump already is.
+        #[serde(default)]
+        homogeneous: bool,
     },
 }
 

@@ -1,7 +1,7 @@
 //! How to shape a topology beyond its kind: the options the job spec, `murmur topology` and
 //! `murmur-trainer simulate` share. With the `cli` feature they are also command-line flags.
 
-use crate::api::{InterClique, TopologyKind};
+use crate::api::{CliqueMix, InterClique, TopologyKind};
 
 use super::BuildSpec;
 
@@ -11,12 +11,19 @@ pub struct TopologyOptions {
     /// dcliques: members per clique.
     #[cfg_attr(feature = "cli", arg(long, default_value_t = 10))]
     pub clique_size: usize,
-    /// dcliques: how cliques are linked.
-    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value = "small-world"))]
-    pub inter_clique: InterClique,
+    /// dcliques and proxy-clumps: how cliques are linked (default small-world).
+    #[cfg_attr(feature = "cli", arg(long, value_enum))]
+    pub inter_clique: Option<InterClique>,
     /// proxy-clumps: number of clumps (default ceil(log2 members)).
     #[cfg_attr(feature = "cli", arg(long))]
     pub clumps: Option<usize>,
+    /// proxy-clumps: one member of every clump per clique (heterogeneous), or cliques cut from
+    /// one clump each (homogeneous, the paper's control).
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, value_enum, default_value = "heterogeneous")
+    )]
+    pub clique_mix: CliqueMix,
     /// moshpit: grid side (members per group).
     #[cfg_attr(feature = "cli", arg(long, default_value_t = crate::api::AlgorithmSpec::DEFAULT_GROUP_SIZE as usize))]
     pub group_size: usize,
@@ -27,8 +34,9 @@ impl TopologyOptions {
     pub fn build_spec(&self, kind: TopologyKind, seed: u64) -> BuildSpec {
         BuildSpec {
             clique_size: self.clique_size,
-            inter_clique: self.inter_clique,
+            inter_clique: self.inter_clique.unwrap_or_default(),
             clumps: self.clumps,
+            clique_mix: self.clique_mix,
             seed,
             ..BuildSpec::new(kind)
         }

@@ -16,7 +16,7 @@ pub mod weights;
 
 use std::collections::BTreeMap;
 
-use crate::api::{InterClique, TopologyKind};
+use crate::api::{CliqueMix, InterClique, TopologyKind};
 use crate::contract::{DocumentEdge, DocumentMember, TopologyDocument};
 
 pub use cliques::{Bridge, CliqueFlavour, CliqueLayout};
@@ -68,6 +68,8 @@ pub struct BuildSpec {
     pub inter_clique: InterClique,
     /// proxyClumps: number of clumps; None means ceil(log2 n).
     pub clumps: Option<usize>,
+    /// proxyClumps: heterogeneous cliques, or the homogeneous control.
+    pub clique_mix: CliqueMix,
     pub seed: u64,
     /// dCliques: Greedy Swap iterations.
     pub swap_steps: usize,
@@ -80,6 +82,7 @@ impl BuildSpec {
             clique_size: crate::api::TopologySpec::DEFAULT_CLIQUE_SIZE as usize,
             inter_clique: InterClique::default(),
             clumps: None,
+            clique_mix: CliqueMix::default(),
             seed: 0,
             swap_steps: dcliques::DEFAULT_SWAP_STEPS,
         }
@@ -95,6 +98,7 @@ impl BuildSpec {
                 as usize,
             inter_clique: spec.inter_clique.unwrap_or_default(),
             clumps: spec.clumps.map(|c| c as usize),
+            clique_mix: spec.clique_mix.unwrap_or_default(),
             seed,
             swap_steps: dcliques::DEFAULT_SWAP_STEPS,
         }

@@ -1,7 +1,9 @@
-//! Proxy clumps: members are described by a similarity vector (a label histogram, or their model's
-//! mean output on a shared proxy batch), clustered by k-means into K clumps of similar members;
-//! every clique then draws one member from each clump, so cliques are diverse without anyone
-//! revealing labels. Cliques are joined in a ring with bridge ends from different clumps.
+//! Proxy clumps (arXiv 2212.08743): members are described by a similarity vector (their model's
+//! mean output on a shared public proxy batch, or else a label histogram), clustered into K
+//! clumps of similar members of equal size; every clique then draws one member from each clump,
+//! so cliques are diverse without anyone revealing labels. The homogeneous control cuts the same
+//! number of cliques, of the same sizes, out of one clump each. Cliques are linked like D-Cliques'
+//! (`interClique`), with bridge ends from different clumps.
 
 use std::collections::BTreeMap;
 
@@ -11,7 +13,7 @@ use rand_chacha::ChaCha8Rng;
 use super::cliques::{CliqueFlavour, CliqueLayout};
 use super::graph::{Graph, MemberId};
 use super::{BuildSpec, MemberProfile, Shape, TopologyError, profile_vectors};
-use crate::api::InterClique;
+use crate::api::CliqueMix;
 
 /// Default clump count: ceil(log2 n), at least 1.
 pub fn default_clumps(members: usize) -> usize {
@@ -43,21 +45,12 @@ pub(super) fn build(
         .clumps
         .unwrap_or_else(|| default_clumps(members.len()))
         .clamp(1, members.len());
-    let (assignment, centroids) = kmeans(&vectors, k, spec.seed);
-
-    // Deal members into ceil(n / k) cliques clump by clump, so each clique gets about one member
-    // from every clump.
-    let clique_count = members.len().div_ceil(k);
-    let mut groups = vec![Vec::new(); clique_count];
-    let mut next = 0;
-    for clump in 0..k {
-        for (idx, m) in members.iter().enumerate() {
-            if assignment[idx] == clump {
-                groups[next % clique_count].push(m.id);
-                next += 1;
-            }
-        }
-    }
+    let (assignment, centroids) = balanced_kmeans(&vectors, k, spec.seed);
+    let groups = compose(&assignment, k, spec.clique_mix);
+    let groups = groups
+        .into_iter()
+        .map(|g| g.into_iter().map(|i| members[i].id).collect())
+        .collect();
     let clump_of: BTreeMap<MemberId, u32> = members
         .iter()
         .zip(&assignment)
@@ -67,12 +60,38 @@ pub(super) fn build(
         CliqueFlavour::ProxyClumps {
             clump_of,
             centroids,
+            homogeneous: spec.clique_mix == CliqueMix::Homogeneous,
         },
-        InterClique::Ring,
+        spec.inter_clique,
         k,
         groups,
     );
     Ok((layout.graph(), Shape::Cliques(layout)))
+}
+
+/// Cliques (as indices into `clump`) from each member's clump: ceil(n / k) cliques. Members are
+/// taken clump by clump; heterogeneous deals them round the cliques, so with clumps of at most
+/// ceil(n / k) members no clique holds two of one clump; homogeneous fills the cliques one after
+/// the other with the same sizes, so each is cut from one clump (or two, where a clump ends).
+fn compose(clump: &[usize], k: usize, mix: CliqueMix) -> Vec<Vec<usize>> {
+    let n = clump.len();
+    let cliques = n.div_ceil(k.max(1));
+    let order: Vec<usize> = (0..k)
+        .flat_map(|c| (0..n).filter(move |&i| clump[i] == c))
+        .collect();
+    let mut groups = vec![Vec::new(); cliques];
+    for (slot, &i) in order.iter().enumerate() {
+        groups[slot % cliques].push(i);
+    }
+    if mix == CliqueMix::Homogeneous {
+        let sizes: Vec<usize> = groups.iter().map(Vec::len).collect();
+        let mut rest = order.into_iter();
+        groups = sizes
+            .into_iter()
+            .map(|size| rest.by_ref().take(size).collect())
+            .collect();
+    }
+    groups
 }
 
 fn normalise(v: &[f64]) -> Vec<f64> {
@@ -136,21 +155,76 @@ pub fn kmeans(vectors: &[Vec<f64>], k: usize, seed: u64) -> (Vec<usize>, Vec<Vec
             break;
         }
         assignment = next;
-        for (c, centroid) in centroids.iter_mut().enumerate() {
-            let members: Vec<&Vec<f64>> = vectors
+        update_centroids(vectors, &assignment, &mut centroids);
+    }
+    (assignment, centroids)
+}
+
+/// k-means with clumps of equal size (floor or ceil of n / k): seeded k-means for the centroids,
+/// then assignments under capacity (nearest pairs first) alternating with centroid updates until
+/// stable. Equal clumps are what lets every clique take one member of each.
+pub fn balanced_kmeans(vectors: &[Vec<f64>], k: usize, seed: u64) -> (Vec<usize>, Vec<Vec<f64>>) {
+    let (_, mut centroids) = kmeans(vectors, k, seed);
+    let mut assignment = Vec::new();
+    for _ in 0..100 {
+        let next = assign_with_capacity(vectors, &centroids);
+        if next == assignment {
+            break;
+        }
+        assignment = next;
+        update_centroids(vectors, &assignment, &mut centroids);
+    }
+    (assignment, centroids)
+}
+
+/// Nearest (member, centroid) pairs first; a clump takes floor(n / k) members, and n mod k of
+/// them one more.
+fn assign_with_capacity(vectors: &[Vec<f64>], centroids: &[Vec<f64>]) -> Vec<usize> {
+    let (n, k) = (vectors.len(), centroids.len().max(1));
+    let floor = n / k;
+    let mut extra = n % k;
+    let mut pairs: Vec<(f64, usize, usize)> = vectors
+        .iter()
+        .enumerate()
+        .flat_map(|(i, v)| {
+            centroids
                 .iter()
-                .zip(&assignment)
-                .filter(|(_, a)| **a == c)
-                .map(|(v, _)| v)
-                .collect();
-            if !members.is_empty() {
-                for (d, x) in centroid.iter_mut().enumerate() {
-                    *x = members.iter().map(|m| m[d]).sum::<f64>() / members.len() as f64;
-                }
+                .enumerate()
+                .map(move |(c, centroid)| (distance2(centroid, v), i, c))
+        })
+        .collect();
+    pairs.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+    let mut assignment = vec![usize::MAX; n];
+    let mut size = vec![0usize; k];
+    for (_, i, c) in pairs {
+        if assignment[i] != usize::MAX {
+            continue;
+        }
+        if size[c] < floor || (size[c] == floor && extra > 0) {
+            if size[c] == floor {
+                extra -= 1;
+            }
+            size[c] += 1;
+            assignment[i] = c;
+        }
+    }
+    assignment
+}
+
+fn update_centroids(vectors: &[Vec<f64>], assignment: &[usize], centroids: &mut [Vec<f64>]) {
+    for (c, centroid) in centroids.iter_mut().enumerate() {
+        let members: Vec<&Vec<f64>> = vectors
+            .iter()
+            .zip(assignment)
+            .filter(|(_, a)| **a == c)
+            .map(|(v, _)| v)
+            .collect();
+        if !members.is_empty() {
+            for (d, x) in centroid.iter_mut().enumerate() {
+                *x = members.iter().map(|m| m[d]).sum::<f64>() / members.len() as f64;
             }
         }
     }
-    (assignment, centroids)
 }
 
 #[cfg(test)]

@@ -190,6 +190,7 @@ fn best_clique(
         CliqueFlavour::ProxyClumps {
             clump_of,
             centroids,
+            homogeneous,
         } => {
             let v = profile.proxy.as_deref().or(profile.histogram.as_deref());
             let Some(v) = v.filter(|v| centroids.first().is_some_and(|c| c.len() == v.len()))
@@ -203,11 +204,23 @@ fn best_clique(
                 v.to_vec()
             };
             let clump = nearest(centroids, &normalised) as u32;
-            open.iter()
-                .filter(|(_, ms)| !ms.iter().any(|m| clump_of.get(m) == Some(&clump)))
-                .min_by_key(|(c, ms)| (ms.len(), *c))
-                .map(|(c, _)| *c)
-                .or(smallest)
+            let of_clump = |ms: &[MemberId]| {
+                ms.iter()
+                    .filter(|m| clump_of.get(m) == Some(&clump))
+                    .count()
+            };
+            if *homogeneous {
+                // The clique holding most of the joiner's clump (the smallest on a tie).
+                open.iter()
+                    .max_by_key(|(c, ms)| (of_clump(ms), std::cmp::Reverse((ms.len(), *c))))
+                    .map(|(c, _)| *c)
+            } else {
+                open.iter()
+                    .filter(|(_, ms)| of_clump(ms) == 0)
+                    .min_by_key(|(c, ms)| (ms.len(), *c))
+                    .map(|(c, _)| *c)
+                    .or(smallest)
+            }
         }
     }
 }

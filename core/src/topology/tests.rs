@@ -281,6 +281,33 @@ fn proxy_clumps_put_one_member_of_each_clump_in_a_clique() {
 }
 
 #[test]
+fn a_joiner_goes_where_its_clump_is_in_the_homogeneous_control() {
+    // 4 clumps of 4 (one class each), 4 cliques: homogeneous cliques are the clumps.
+    let members = MemberProfile::from_histograms(one_class_per_member(16, 4, 10.0));
+    let mut s = spec(TopologyKind::ProxyClumps);
+    s.clumps = Some(4);
+    s.clique_mix = crate::api::CliqueMix::Homogeneous;
+    let mut t = build(&s, &members).unwrap();
+    for m in 0..16 {
+        assert_eq!(t.clique_of(m), t.clique_of(m % 4), "member {m}");
+    }
+    // Members 5 (class 1) and 6 (class 2) leave; a newcomer of class 1 refills the clique of
+    // class 1 (heterogeneous cliques would send it to the one without class 1).
+    t.remove_member(5).unwrap();
+    t.remove_member(6).unwrap();
+    let mut h = vec![0.0; 4];
+    h[1] = 10.0;
+    t.add_member(MemberProfile {
+        id: 99,
+        histogram: Some(h),
+        proxy: None,
+    })
+    .unwrap();
+    assert_eq!(t.clique_of(99), t.clique_of(1));
+    assert_weights_valid(&t);
+}
+
+#[test]
 fn proxy_vectors_take_precedence_over_histograms() {
     let mut members = bare(12);
     for m in &mut members {
@@ -407,6 +434,61 @@ fn class_histogram(class: usize) -> Vec<f64> {
 
 proptest! {
 
+    /// Clumps hold floor(n/k) or ceil(n/k) members; heterogeneous cliques never hold two of one
+    /// clump; the homogeneous control has the same clique sizes on the same ring of cliques, and
+    /// where its cliques are no larger than a clump, each spans at most two clumps.
+    #[test]
+    fn clumps_are_equal_and_cliques_mix_them_as_asked(
+        vectors in prop::collection::vec(prop::collection::vec(0.0f64..1.0, 3), 1..60),
+        k in 1usize..9,
+        seed in any::<u64>(),
+    ) {
+        let n = vectors.len();
+        let members: Vec<MemberProfile> = vectors
+            .into_iter()
+            .enumerate()
+            .map(|(id, v)| MemberProfile { id: id as u32, histogram: None, proxy: Some(v) })
+            .collect();
+        let build_mix = |mix| {
+            let mut s = spec(TopologyKind::ProxyClumps);
+            s.clumps = Some(k);
+            s.seed = seed;
+            s.inter_clique = InterClique::Ring;
+            s.clique_mix = mix;
+            build(&s, &members).unwrap()
+        };
+        let hetero = build_mix(crate::api::CliqueMix::Heterogeneous);
+        let homo = build_mix(crate::api::CliqueMix::Homogeneous);
+        let k = k.min(n);
+        let mut sizes = vec![0usize; k];
+        for m in 0..n as u32 {
+            let clump = hetero.clump_of(m).unwrap() as usize;
+            prop_assert_eq!(Some(clump as u32), homo.clump_of(m), "the same clumps");
+            sizes[clump] += 1;
+        }
+        prop_assert!(sizes.iter().all(|&s| s == n / k || s == n.div_ceil(k)), "clump sizes {:?}", sizes);
+        let cliques = |t: &Topology| -> Vec<Vec<MemberId>> {
+            let Shape::Cliques(layout) = &t.shape else { unreachable!() };
+            layout.cliques.values().cloned().collect()
+        };
+        let spans = |t: &Topology, c: &[MemberId]| -> usize {
+            c.iter().map(|&m| t.clump_of(m).unwrap()).collect::<BTreeSet<_>>().len()
+        };
+        for c in cliques(&hetero) {
+            prop_assert_eq!(spans(&hetero, &c), c.len(), "a clique repeats a clump: {:?}", c);
+        }
+        let lengths = |t: &Topology| cliques(t).iter().map(Vec::len).collect::<Vec<_>>();
+        prop_assert_eq!(lengths(&hetero), lengths(&homo));
+        prop_assert_eq!(hetero.graph.edge_count(), homo.graph.edge_count());
+        if lengths(&homo).into_iter().max().unwrap() <= n / k {
+            for c in cliques(&homo) {
+                prop_assert!(spans(&homo, &c) <= 2, "a homogeneous clique spans {:?}", c);
+            }
+        }
+        assert_weights_valid(&hetero);
+        assert_weights_valid(&homo);
+    }
+
     // 256 cases by default; PROPTEST_CASES=N runs more.
     /// After any sequence of removals and joins: connected, W symmetric and doubly stochastic,
     /// versions only grow, and the members are exactly those expected.
@@ -418,6 +500,7 @@ proptest! {
         seed in any::<u64>(),
         ops in ops(),
         shape in 0usize..3,
+        homogeneous in any::<bool>(),
     ) {
         let members: Vec<MemberProfile> = (0..n)
             .map(|k| MemberProfile { id: k as u32, histogram: Some(class_histogram(k % 10)), proxy: None })
@@ -431,6 +514,9 @@ proptest! {
             s.inter_clique = inter;
             s.clique_size = clique_size;
             s.seed = seed;
+            if homogeneous {
+                s.clique_mix = crate::api::CliqueMix::Homogeneous;
+            }
             build(&s, &members).unwrap()
         };
         let mut expected: BTreeSet<MemberId> = (0..n as u32).collect();
@@ -488,4 +574,18 @@ fn random_regular_graphs_are_regular_connected_and_stay_so() {
     t.remove_member(5).unwrap();
     assert!(t.graph.members().all(|m| t.graph.degree(m) <= 4) && t.graph.is_connected());
     assert!(random_regular(&bare(5), 3, 0).is_err(), "n*d must be even");
+}
+
+#[test]
+fn random_regular_graphs_of_higher_degree_are_random_not_circulant() {
+    // A circulant 7-regular graph on 100 members (the fallback) has a spectral gap of 0.03; a
+    // random one about 0.25. Different seeds give different graphs.
+    let a = random_regular(&bare(100), 7, 7).unwrap();
+    let b = random_regular(&bare(100), 7, 8).unwrap();
+    for t in [&a, &b] {
+        assert!(t.graph.members().all(|m| t.graph.degree(m) == 7));
+        let gap = measure(t).spectral_gap.unwrap();
+        assert!(gap > 0.15, "spectral gap {gap}");
+    }
+    assert_ne!(a.graph, b.graph);
 }
