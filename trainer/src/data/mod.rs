@@ -95,21 +95,40 @@ impl Dataset {
     }
 }
 
+/// Training data, the public proxy batch and the test set: three disjoint sets.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Split {
     pub train: Dataset,
+    /// The fixed batch every member evaluates for its proxy vector (proxy clumps): the same for
+    /// every member, never trained on, and never tested on, so the accuracy a topology is judged
+    /// by was not used to build it.
+    pub proxy: Dataset,
     pub test: Dataset,
 }
 
-/// Images in the shared proxy batch.
-pub const PROXY_BATCH: usize = 100;
+/// Images of each class held out of the test set for the proxy batch.
+pub const PROXY_PER_CLASS: usize = 10;
 
 impl Split {
-    /// The fixed batch every member evaluates for its proxy vector: the first test images. The
-    /// same for every member, and never trained on.
-    pub fn proxy_batch(&self) -> Dataset {
-        let n = PROXY_BATCH.min(self.test.len());
-        self.test.subset(&(0..n).collect::<Vec<_>>())
+    /// `train`, and `held_out` split into the proxy batch (the first [`PROXY_PER_CLASS`] images
+    /// of each class, in file order) and the test set (the rest).
+    pub fn new(train: Dataset, held_out: Dataset) -> Self {
+        let mut seen = [0usize; CLASSES];
+        let (mut proxy, mut test) = (Vec::new(), Vec::new());
+        for (i, &l) in held_out.labels.iter().enumerate() {
+            let slot = &mut seen[usize::from(l).min(CLASSES - 1)];
+            if *slot < PROXY_PER_CLASS {
+                proxy.push(i);
+            } else {
+                test.push(i);
+            }
+            *slot += 1;
+        }
+        Split {
+            train,
+            proxy: held_out.subset(&proxy),
+            test: held_out.subset(&test),
+        }
     }
 }
 
@@ -132,10 +151,7 @@ pub fn embedded() -> Split {
         }
         *slot += 1;
     }
-    Split {
-        train: all.subset(&train),
-        test: all.subset(&test),
-    }
+    Split::new(all.subset(&train), all.subset(&test))
 }
 
 /// Load what a job's `training.dataset` names.
@@ -145,16 +161,16 @@ pub fn load(spec: &DatasetSpec) -> Result<Split, DataError> {
         DatasetSource::Idx => {
             let dir = Path::new(spec.path.as_deref().unwrap_or("."));
             let find = |stem: &str| find_file(dir, &[stem.to_string(), format!("{stem}.gz")]);
-            Ok(Split {
-                train: load_idx_pair(
+            Ok(Split::new(
+                load_idx_pair(
                     &find("train-images-idx3-ubyte")?,
                     &find("train-labels-idx1-ubyte")?,
                 )?,
-                test: load_idx_pair(
+                load_idx_pair(
                     &find("t10k-images-idx3-ubyte")?,
                     &find("t10k-labels-idx1-ubyte")?,
                 )?,
-            })
+            ))
         }
         DatasetSource::Csv => {
             let dir = Path::new(spec.path.as_deref().unwrap_or("."));
@@ -171,10 +187,10 @@ pub fn load(spec: &DatasetSpec) -> Result<Split, DataError> {
                     parse_csv(f, &file, LabelColumn::First)
                 }
             };
-            Ok(Split {
-                train: read("mnist_train.csv")?,
-                test: read("mnist_test.csv")?,
-            })
+            Ok(Split::new(
+                read("mnist_train.csv")?,
+                read("mnist_test.csv")?,
+            ))
         }
     }
 }
@@ -198,9 +214,20 @@ mod tests {
     fn embedded_sample_has_the_documented_shape_and_split() {
         let split = embedded();
         assert_eq!(split.train.len(), 4000);
-        assert_eq!(split.test.len(), 1000);
+        assert_eq!(split.proxy.len(), 100);
+        assert_eq!(split.test.len(), 900);
         assert_eq!(split.train.label_histogram(), vec![400; 10]);
-        assert_eq!(split.test.label_histogram(), vec![100; 10]);
+        assert_eq!(split.proxy.label_histogram(), vec![10; 10]);
+        assert_eq!(split.test.label_histogram(), vec![90; 10]);
+        // The proxy batch is neither trained nor tested on.
+        let images = |d: &Dataset| -> std::collections::HashSet<Vec<u32>> {
+            (0..d.len())
+                .map(|i| d.image(i).iter().map(|p| p.to_bits()).collect())
+                .collect()
+        };
+        let proxy = images(&split.proxy);
+        assert!(proxy.is_disjoint(&images(&split.test)));
+        assert!(proxy.is_disjoint(&images(&split.train)));
         assert!(split.train.pixels.iter().all(|p| (0.0..=1.0).contains(p)));
         // Real digits: roughly a fifth of MNIST pixels are ink.
         let ink = split.train.pixels.iter().filter(|&&p| p > 0.5).count() as f64;

@@ -717,7 +717,7 @@ pub async fn run<B: AutodiffBackend>(
             for _ in 0..PROXY_WARMUP_STEPS {
                 warm.local_step();
             }
-            Ok(warm.proxy_vector(&split.proxy_batch()))
+            Ok(warm.proxy_vector(&split.proxy))
         })
         .transpose()?;
     let member = Member::new(me, plan.member.clone(), initial, shard, device)?;
