@@ -43,6 +43,10 @@ struct PlotArgs {
     /// name in the legend).
     #[arg(required = true)]
     results: Vec<String>,
+    /// Plot the consensus distance (log scale) rather than the test accuracy: for runs of
+    /// `simulate --consensus-only`.
+    #[arg(long)]
+    consensus: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -156,6 +160,20 @@ struct SimulateArgs {
     /// accuracy first reached this fraction.
     #[arg(long)]
     target_accuracy: Option<f64>,
+    /// Averaging alone: members start from different random models and take no gradient step,
+    /// so only mixing moves them (accuracy is not measured). With --target-consensus, how many
+    /// rounds each algorithm and graph needs to agree.
+    #[arg(long)]
+    consensus_only: bool,
+    /// Report the first step at which the consensus distance (the members' mean L2 distance
+    /// to their average model) is at most this.
+    #[arg(long)]
+    target_consensus: Option<f64>,
+    /// Build each topology for MEMBERS + this many and remove these, picked at random, as the
+    /// control plane's repair would after preemptions (holes in a Moshpit grid). Not with
+    /// dcliques or proxy-clumps.
+    #[arg(long, default_value_t = 0)]
+    departed: usize,
     /// Threads to spread the members and their kernels over (default: every core). Results are
     /// the same whatever the count.
     #[arg(long)]
@@ -167,7 +185,8 @@ struct SimulateArgs {
     /// Training data: embedded (the 5 000-image sample), idx:DIR or csv:DIR.
     #[arg(long, default_value = "embedded")]
     data: String,
-    /// Write curves.csv, results.json and accuracy.png here.
+    /// Write curves.csv, results.json and accuracy.png (consensus.png with --consensus-only)
+    /// here.
     #[arg(long)]
     output: Option<PathBuf>,
 }
@@ -279,7 +298,7 @@ fn run_on<B: burn::tensor::backend::AutodiffBackend>(
         &device,
         |name, p| {
             println!(
-                "{:<18} {:>6} {:>8.1} {:>8.2}% {:>8.2}% {:>11.4}",
+                "{:<18} {:>6} {:>8.1} {:>8.2}% {:>8.2}% {:>11.3e}",
                 name,
                 p.step,
                 p.time,
@@ -340,7 +359,12 @@ fn plot(args: PlotArgs) -> Result<(), CliError> {
             all.push(r);
         }
     }
-    output::plot(&args.output, &all)?;
+    let metric = if args.consensus {
+        output::Metric::Consensus
+    } else {
+        output::Metric::Accuracy
+    };
+    output::plot(&args.output, &all, metric)?;
     println!("wrote {}", args.output.display());
     Ok(())
 }
@@ -479,7 +503,22 @@ fn simulate(args: SimulateArgs) -> Result<(), CliError> {
             .map(|s| slow_member(s))
             .collect::<Result<_, _>>()?,
         target_accuracy: args.target_accuracy,
+        consensus_only: args.consensus_only,
+        target_consensus: args.target_consensus,
+        departed: args.departed,
     };
+    if args.target_accuracy.is_some() && args.target_consensus.is_some() {
+        return Err(CliError::Flag(
+            "--target-accuracy and --target-consensus share the summary's \"to target\" column: give one".into(),
+        ));
+    }
+    if let Some(d) = args.target_consensus
+        && !(d >= 0.0 && d.is_finite())
+    {
+        return Err(CliError::Flag(format!(
+            "--target-consensus {d}: must be a distance of 0 or more"
+        )));
+    }
     if !(1..=1000).contains(&args.max_staleness) {
         return Err(CliError::Flag(format!(
             "--max-staleness {}: must be from 1 to 1000",
@@ -525,8 +564,8 @@ fn simulate(args: SimulateArgs) -> Result<(), CliError> {
         }
     };
     println!(
-        "\n{:<18} {:<16} {:>9} {:>7} {:>12} {:>9} {:>12}",
-        "topology", "algorithm", "accuracy", "edges", "MB sent", "seconds", "to target"
+        "\n{:<18} {:<16} {:>9} {:>7} {:>7} {:>12} {:>9} {:>12}",
+        "topology", "algorithm", "accuracy", "edges", "gap", "MB sent", "seconds", "to target"
     );
     for r in &results {
         let reached = |time: Option<f64>| match (args.target_accuracy, time) {
@@ -534,27 +573,47 @@ fn simulate(args: SimulateArgs) -> Result<(), CliError> {
             (Some(_), None) => "not reached".to_string(),
             (Some(_), Some(t)) => format!("{t:.0}"),
         };
-        let mut to_target = reached(r.time_to_target);
+        let mut to_target = match config.target_consensus {
+            Some(_) => r
+                .steps_to_consensus
+                .map_or_else(|| "not reached".to_string(), |s| s.to_string()),
+            None => reached(r.time_to_target),
+        };
         if !config.slow.is_empty() {
             // The full-speed members' mean, after the slash: how far the slow ones held them up.
             to_target = format!("{to_target}/{}", reached(r.full_speed_time_to_target));
         }
+        let gap = r
+            .spectral_gap
+            .map_or_else(|| "-".to_string(), |g| format!("{g:.4}"));
+        let accuracy = if config.consensus_only {
+            "-".to_string()
+        } else {
+            format!("{:.2}%", 100.0 * r.final_test_accuracy)
+        };
         println!(
-            "{:<18} {:<16} {:>8.2}% {:>7} {:>12.1} {:>9.1} {:>12}",
+            "{:<18} {:<16} {:>9} {:>7} {:>7} {:>12.1} {:>9.1} {:>12}",
             r.topology,
             r.algorithm,
-            100.0 * r.final_test_accuracy,
+            accuracy,
             r.edges,
+            gap,
             r.bytes_sent as f64 / 1e6,
             r.wall_seconds,
             to_target
         );
     }
     if let Some(dir) = &args.output {
-        output::write_all(dir, &results)?;
+        let metric = if config.consensus_only {
+            output::Metric::Consensus
+        } else {
+            output::Metric::Accuracy
+        };
+        output::write_all(dir, &results, metric)?;
         println!(
-            "\nwrote {}/curves.csv, results.json, accuracy.png",
-            dir.display()
+            "\nwrote {}/curves.csv, results.json, {}",
+            dir.display(),
+            metric.file_name()
         );
     }
     Ok(())

@@ -1,6 +1,6 @@
 //! The simulator end to end, on small jobs: same member code, in-process exchange.
 
-use murmur_core::api::{InterClique, ModelKind, OptimizerKind};
+use murmur_core::api::{CliqueMix, InterClique, ModelKind, OptimizerKind};
 use murmur_core::topology::TopologyOptions;
 use murmur_trainer::algorithms::{AutoPolicy, Averaging};
 use murmur_trainer::compression::Compression;
@@ -32,8 +32,9 @@ fn config(
         seed: 3,
         topology: TopologyOptions {
             clique_size: 5,
-            inter_clique: InterClique::SmallWorld,
+            inter_clique: Some(InterClique::SmallWorld),
             clumps: None,
+            clique_mix: CliqueMix::Heterogeneous,
             group_size: 3,
         },
         proxy_warmup_steps: 5,
@@ -41,6 +42,9 @@ fn config(
         max_staleness: 8,
         slow: Vec::new(),
         target_accuracy: None,
+        consensus_only: false,
+        target_consensus: None,
+        departed: 0,
     }
 }
 
@@ -147,7 +151,7 @@ fn auto_averaging_saves_bytes_where_models_agree_and_none_where_they_cannot() {
     let data = data::embedded();
     let run = |topology: TopologyChoice, averaging: Averaging| {
         let mut cfg = config(10, vec![topology], Partition::ClassesPerMember { k: 2 }, 60);
-        cfg.topology.inter_clique = InterClique::Ring;
+        cfg.topology.inter_clique = Some(InterClique::Ring);
         cfg.averaging = averaging;
         simulate::<B>(&cfg, &data, &Default::default(), |_, _| {})
             .unwrap()
@@ -325,4 +329,45 @@ fn asynchronous_gossip_refuses_top_k_auto_averaging_and_bad_slow_members() {
     cfg.slow = vec![(9, 2.0)];
     let err = simulate::<B>(&cfg, &data, &Default::default(), |_, _| {}).unwrap_err();
     assert!(err.to_string().contains("slow member 9"), "{err}");
+}
+
+#[test]
+fn averaging_alone_is_exact_in_d_rounds_on_a_full_moshpit_grid_and_slower_with_holes() {
+    let data = data::embedded();
+    let rounds = |members: usize, departed: usize, choice: TopologyChoice, algorithm| {
+        let mut cfg = config(members, vec![choice], Partition::Iid, 40);
+        cfg.algorithm = Some(algorithm);
+        cfg.eval_every = 1;
+        cfg.consensus_only = true;
+        cfg.target_consensus = Some(1e-6);
+        cfg.departed = departed;
+        let r = simulate::<B>(&cfg, &data, &Default::default(), |_, _| {})
+            .unwrap()
+            .remove(0);
+        // Members start apart (each its own random model), and nothing but mixing moves them.
+        assert!(r.curve[0].consensus_distance > 0.5, "{:?}", r.curve[0]);
+        assert_eq!(
+            r.curve.last().unwrap().mean_accuracy,
+            0.0,
+            "accuracy is not measured"
+        );
+        r.steps_to_consensus
+    };
+    use murmur_core::api::AlgorithmKind::{Dpsgd, Moshpit};
+    // A 3x3x3 grid (group size 3): the exact average after 3 rounds.
+    assert_eq!(rounds(27, 0, TopologyChoice::Moshpit, Moshpit), Some(3));
+    // Two of the 27 gone: the groups are uneven, the average is no longer exact in 3 rounds.
+    let holes = rounds(25, 2, TopologyChoice::Moshpit, Moshpit).expect("reached in 40 rounds");
+    assert!(holes > 3, "{holes}");
+    // D-PSGD on a ring of 25 is far from it after 40 rounds.
+    assert_eq!(rounds(25, 0, TopologyChoice::Ring, Dpsgd), None);
+}
+
+#[test]
+fn departed_members_are_refused_on_topologies_built_from_data() {
+    let data = data::embedded();
+    let mut cfg = config(8, vec![TopologyChoice::DCliques], Partition::Iid, 2);
+    cfg.departed = 2;
+    let err = simulate::<B>(&cfg, &data, &Default::default(), |_, _| {}).unwrap_err();
+    assert!(err.to_string().contains("--departed"), "{err}");
 }

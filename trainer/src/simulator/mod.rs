@@ -13,6 +13,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use parking_lot::Mutex;
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use rand_chacha::ChaCha8Rng;
 
 use burn::tensor::backend::AutodiffBackend;
 use serde::{Deserialize, Serialize};
@@ -122,6 +125,15 @@ pub struct SimulationConfig {
     pub slow: Vec<(MemberId, f64)>,
     /// Report the virtual time at which the mean test accuracy first reached this.
     pub target_accuracy: Option<f64>,
+    /// Averaging alone: members start from different random models (seed + id) and take no
+    /// gradient step (learning rate 0), so only the algorithm's mixing moves them; accuracy is
+    /// not measured. How fast each algorithm and graph reaches consensus.
+    pub consensus_only: bool,
+    /// Report the first step at which the consensus distance is at most this.
+    pub target_consensus: Option<f64>,
+    /// Build each topology for `members + departed` and remove `departed` of them, picked at
+    /// random, the way the control plane repairs it after preemptions (holes in a Moshpit grid).
+    pub departed: usize,
 }
 
 /// Virtual time per step of a full-speed member. Integer ticks keep the order of events exact.
@@ -171,11 +183,17 @@ pub struct TopologyResult {
     pub algorithm: String,
     pub members: usize,
     pub edges: usize,
+    /// 1 − |λ₂| of the graph's mixing matrix (larger mixes faster), when measured.
+    #[serde(default)]
+    pub spectral_gap: Option<f64>,
     pub final_test_accuracy: f64,
     pub bytes_sent: u64,
     pub wall_seconds: f64,
     /// Virtual time at which the mean accuracy first reached the target, if it did.
     pub time_to_target: Option<f64>,
+    /// The first step at which the consensus distance reached its target, if it did.
+    #[serde(default)]
+    pub steps_to_consensus: Option<u64>,
     /// The same for the mean accuracy of the full-speed members.
     pub full_speed_time_to_target: Option<f64>,
     pub curve: Vec<CurvePoint>,
@@ -262,7 +280,7 @@ fn build_topology<B: AutodiffBackend>(
     choice: TopologyChoice,
     shards: &[Dataset],
     proxy_batch: &Dataset,
-    initial: &Model<B>,
+    initials: &[Model<B>],
     device: &B::Device,
 ) -> Result<Topology, SimulationError> {
     let ids: Vec<MemberId> = (0..config.members as MemberId).collect();
@@ -282,8 +300,14 @@ fn build_topology<B: AutodiffBackend>(
             proxy: None,
         })
         .collect();
+    if config.departed > 0 {
+        // The departed hold no data; in a seeded order, so they leave holes anywhere.
+        let total = (config.members + config.departed) as MemberId;
+        profiles.extend((config.members as MemberId..total).map(MemberProfile::bare));
+        profiles.shuffle(&mut ChaCha8Rng::seed_from_u64(config.seed));
+    }
     let spec = |kind| config.topology.build_spec(kind, config.seed);
-    Ok(match choice {
+    let mut topology = match choice {
         TopologyChoice::Ring => topology::build(&spec(TopologyKind::Ring), &profiles)?,
         TopologyChoice::FullyConnected => {
             topology::build(&spec(TopologyKind::FullyConnected), &profiles)?
@@ -305,7 +329,7 @@ fn build_topology<B: AutodiffBackend>(
                 let mut warm = Member::new(
                     p.id,
                     member_config,
-                    initial.clone(),
+                    initials[p.id as usize].clone(),
                     shards[p.id as usize].clone(),
                     device.clone(),
                 )?;
@@ -321,7 +345,11 @@ fn build_topology<B: AutodiffBackend>(
             }
             topology::build(&spec(TopologyKind::ProxyClumps), &profiles)?
         }
-    })
+    };
+    for id in config.members..config.members + config.departed {
+        topology.remove_member(id as MemberId)?;
+    }
+    Ok(topology)
 }
 
 fn member_config(config: &SimulationConfig, algorithm: AlgorithmKind) -> MemberConfig {
@@ -331,7 +359,12 @@ fn member_config(config: &SimulationConfig, algorithm: AlgorithmKind) -> MemberC
         compression: config.compression,
         optimizer: config.optimizer,
         momentum: config.momentum,
-        learning_rate: config.learning_rate,
+        // Consensus only: the same step, with a step size that leaves the model where it is.
+        learning_rate: if config.consensus_only {
+            0.0
+        } else {
+            config.learning_rate
+        },
         batch_size: config.batch_size,
         seed: config.seed,
         group_size: config.topology.group_size,
@@ -355,6 +388,16 @@ pub fn simulate<B: AutodiffBackend>(
             "members and steps must be at least 1".into(),
         ));
     }
+    if config.departed > 0
+        && config
+            .topologies
+            .iter()
+            .any(|t| matches!(t, TopologyChoice::DCliques | TopologyChoice::ProxyClumps))
+    {
+        return Err(SimulationError::Config(
+            "--departed builds a topology with members that hold no data: use it with ring, fully-connected, exponential, exponential-one-peer, moshpit or random-regular, not dcliques or proxy-clumps".into(),
+        ));
+    }
     for &(id, factor) in &config.slow {
         if id as usize >= config.members || !(factor.is_finite() && factor > 0.0) {
             return Err(SimulationError::Config(format!(
@@ -373,21 +416,37 @@ pub fn simulate<B: AutodiffBackend>(
             .zip(&shards)
             .all(|(ix, s)| label_histogram(&data.train.labels, ix) == s.label_histogram())
     );
-    let proxy_batch = data.proxy_batch();
+    let proxy_batch = &data.proxy;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(config.threads.max(1))
         .thread_name("member")
         .build()
         .expect("a tokio runtime");
 
+    // Consensus only: nothing to test, and each member its own random start.
+    let nothing = Dataset::default();
+    let test = if config.consensus_only {
+        &nothing
+    } else {
+        &data.test
+    };
     let mut results = Vec::new();
     for &choice in &config.topologies {
-        let initial = {
+        let initials: Vec<Model<B>> = {
             let _alone = MODEL_INIT.lock();
-            B::seed(device, config.seed);
-            Model::<B>::new(config.model, device)
+            if config.consensus_only {
+                (0..config.members as u64)
+                    .map(|id| {
+                        B::seed(device, config.seed.wrapping_add(id));
+                        Model::<B>::new(config.model, device)
+                    })
+                    .collect()
+            } else {
+                B::seed(device, config.seed);
+                vec![Model::<B>::new(config.model, device); config.members]
+            }
         };
-        let topo = build_topology(config, choice, &shards, &proxy_batch, &initial, device)?;
+        let topo = build_topology(config, choice, &shards, proxy_batch, &initials, device)?;
         let doc = topo.to_document(|_| None);
         let algorithm = config
             .algorithm
@@ -423,13 +482,13 @@ pub fn simulate<B: AutodiffBackend>(
                     Member::new(
                         id,
                         member_config(config, algorithm),
-                        initial.clone(),
+                        initials[id as usize].clone(),
                         shards[id as usize].clone(),
                         device.clone(),
                     )
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            let curve = run_async(config, &hoods, &mut members, &data.test, |point| {
+            let curve = run_async(config, &hoods, &mut members, test, |point| {
                 progress(&name, point)
             })?;
             (curve, members.iter().map(|m| m.bytes_sent).sum())
@@ -438,9 +497,9 @@ pub fn simulate<B: AutodiffBackend>(
                 config,
                 algorithm,
                 &hoods,
-                &initial,
+                &initials,
                 &shards,
-                data,
+                test,
                 device,
                 &runtime,
                 |point| progress(&name, point),
@@ -452,16 +511,24 @@ pub fn simulate<B: AutodiffBackend>(
                 .and_then(|target| curve.iter().find(|p| accuracy(p) >= target).map(|p| p.time))
         };
         let time_to_target = reached(|p| p.mean_accuracy);
+        let steps_to_consensus = config.target_consensus.and_then(|target| {
+            curve
+                .iter()
+                .find(|p| p.consensus_distance <= target)
+                .map(|p| p.step)
+        });
         let full_speed_time_to_target = reached(|p| p.full_speed_accuracy);
         results.push(TopologyResult {
             topology: name,
             algorithm: format!("{algorithm:?}"),
             members: config.members,
             edges: topo.graph.edge_count(),
+            spectral_gap: topology::measure(&topo).spectral_gap,
             final_test_accuracy: curve.last().map_or(0.0, |p| p.mean_accuracy),
             bytes_sent,
             wall_seconds: started.elapsed().as_secs_f64(),
             time_to_target,
+            steps_to_consensus,
             full_speed_time_to_target,
             curve,
         });
@@ -476,9 +543,9 @@ fn run_rounds<B: AutodiffBackend>(
     config: &SimulationConfig,
     algorithm: AlgorithmKind,
     hoods: &[Neighbourhood],
-    initial: &Model<B>,
+    initials: &[Model<B>],
     shards: &[Dataset],
-    data: &Split,
+    test: &Dataset,
     device: &B::Device,
     runtime: &tokio::runtime::Runtime,
     mut progress: impl FnMut(&CurvePoint),
@@ -495,7 +562,7 @@ fn run_rounds<B: AutodiffBackend>(
         let mut member = Member::new(
             id,
             member_config(config, algorithm),
-            initial.clone(),
+            initials[id as usize].clone(),
             shards[id as usize].clone(),
             device.clone(),
         )?;
@@ -509,11 +576,12 @@ fn run_rounds<B: AutodiffBackend>(
             config.members,
             config.steps,
             config.eval_every.max(1),
-            data.test.clone(),
+            test.clone(),
         );
         handles.push(runtime.spawn(async move {
             let outcome = async {
-                // Step 0: where every topology starts from (the shared initial model).
+                // Step 0: where every topology starts from (the shared initial model, or with
+                // consensus only each member's own).
                 let (accuracy, test_loss) = member.evaluate(&test);
                 let params = member.parameters();
                 let evaluation = Evaluation {

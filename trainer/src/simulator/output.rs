@@ -1,8 +1,11 @@
 //! Files a simulation leaves behind: curves as CSV, a results.json, and a PNG plot of test
-//! accuracy against virtual time (steps of a full-speed member), one line per topology.
+//! accuracy (or, averaging alone, of the consensus distance on a log scale) against virtual time
+//! (steps of a full-speed member), one line per topology.
 
 use std::path::{Path, PathBuf};
 
+use plotters::coord::ranged1d::ValueFormatter;
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use serde::Serialize;
 
@@ -37,13 +40,40 @@ struct Summary<'a> {
     members: usize,
     final_test_accuracy: f64,
     edges: usize,
+    spectral_gap: Option<f64>,
     bytes_sent: u64,
     wall_seconds: f64,
     time_to_target: Option<f64>,
     full_speed_time_to_target: Option<f64>,
+    steps_to_consensus: Option<u64>,
 }
 
-pub fn write_all(dir: &Path, results: &[TopologyResult]) -> Result<(), OutputError> {
+/// What a plot shows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Metric {
+    /// Mean test accuracy (accuracy.png).
+    Accuracy,
+    /// Consensus distance, log scale (consensus.png): for runs of averaging alone.
+    Consensus,
+}
+
+impl Metric {
+    pub fn file_name(self) -> &'static str {
+        match self {
+            Metric::Accuracy => "accuracy.png",
+            Metric::Consensus => "consensus.png",
+        }
+    }
+}
+
+/// Below this a consensus distance is drawn as this (a log axis has no zero).
+const CONSENSUS_FLOOR: f64 = 1e-9;
+
+pub fn write_all(
+    dir: &Path,
+    results: &[TopologyResult],
+    metric: Metric,
+) -> Result<(), OutputError> {
     std::fs::create_dir_all(dir).map_err(io(dir))?;
     let csv = dir.join("curves.csv");
     std::fs::write(&csv, curves_csv(results)).map_err(io(&csv))?;
@@ -56,17 +86,19 @@ pub fn write_all(dir: &Path, results: &[TopologyResult]) -> Result<(), OutputErr
             members: r.members,
             final_test_accuracy: r.final_test_accuracy,
             edges: r.edges,
+            spectral_gap: r.spectral_gap,
             bytes_sent: r.bytes_sent,
             wall_seconds: r.wall_seconds,
             time_to_target: r.time_to_target,
             full_speed_time_to_target: r.full_speed_time_to_target,
+            steps_to_consensus: r.steps_to_consensus,
         })
         .collect();
     let text =
         serde_json::to_string_pretty(&serde_json::json!({ "results": summary, "curves": results }))
             .expect("serializable");
     std::fs::write(&json, text + "\n").map_err(io(&json))?;
-    plot(&dir.join("accuracy.png"), results)
+    plot(&dir.join(metric.file_name()), results, metric)
 }
 
 /// The curves of a `results.json` written by [`write_all`].
@@ -94,7 +126,7 @@ pub fn curves_csv(results: &[TopologyResult]) -> String {
                 .mean_train_loss
                 .map_or(String::new(), |l| format!("{l:.6}"));
             out.push_str(&format!(
-                "{},{},{},{},{:.6},{:.6},{:.6},{:.6},{:.6},{},{:.6}\n",
+                "{},{},{},{},{:.6},{:.6},{:.6},{:.6},{:.6},{},{:.6e}\n",
                 r.topology,
                 r.algorithm,
                 p.step,
@@ -112,7 +144,7 @@ pub fn curves_csv(results: &[TopologyResult]) -> String {
     out
 }
 
-pub fn plot(path: &Path, results: &[TopologyResult]) -> Result<(), OutputError> {
+pub fn plot(path: &Path, results: &[TopologyResult], metric: Metric) -> Result<(), OutputError> {
     let fail = |message: String| OutputError::Plot {
         path: path.to_path_buf(),
         message,
@@ -136,25 +168,93 @@ pub fn plot(path: &Path, results: &[TopologyResult]) -> Result<(), OutputError> 
         "time (steps of a full-speed member)"
     };
     let members = results.first().map_or(0, |r| r.members);
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            format!("Mean test accuracy of {members} members"),
-            ("sans-serif", 26),
-        )
-        .margin(18)
-        .x_label_area_size(48)
-        .y_label_area_size(64)
-        .build_cartesian_2d(0f64..max_time, 0f64..100f64)
-        .map_err(|e| fail(e.to_string()))?;
+    let mut chart = ChartBuilder::on(&root);
+    chart.margin(18).x_label_area_size(48).y_label_area_size(64);
+    match metric {
+        Metric::Accuracy => {
+            let mut chart = chart
+                .caption(
+                    format!("Mean test accuracy of {members} members"),
+                    ("sans-serif", 26),
+                )
+                .build_cartesian_2d(0f64..max_time, 0f64..100f64)
+                .map_err(|e| fail(e.to_string()))?;
+            draw(
+                &mut chart,
+                results,
+                Axes {
+                    x: x_desc,
+                    y: "test accuracy (%)",
+                    y_labels: &|v| format!("{v:.0}"),
+                    legend: SeriesLabelPosition::LowerRight,
+                },
+                |p| 100.0 * p.mean_accuracy,
+                |r| format!("{:.1}%", 100.0 * r.final_test_accuracy),
+            )
+            .map_err(fail)?;
+        }
+        Metric::Consensus => {
+            let top = results
+                .iter()
+                .flat_map(|r| r.curve.iter().map(|p| p.consensus_distance))
+                .fold(1.0, f64::max);
+            let mut chart = chart
+                .caption(
+                    format!("Consensus distance of {members} members, averaging alone"),
+                    ("sans-serif", 26),
+                )
+                .build_cartesian_2d(0f64..max_time, (CONSENSUS_FLOOR..top * 2.0).log_scale())
+                .map_err(|e| fail(e.to_string()))?;
+            draw(
+                &mut chart,
+                results,
+                Axes {
+                    x: x_desc,
+                    y: "mean distance to the average model",
+                    y_labels: &|v| format!("{v:.0e}"),
+                    legend: SeriesLabelPosition::UpperRight,
+                },
+                |p| p.consensus_distance.max(CONSENSUS_FLOOR),
+                |r| match r.steps_to_consensus {
+                    Some(steps) => format!("target in {steps}"),
+                    None => "target not reached".into(),
+                },
+            )
+            .map_err(fail)?;
+        }
+    }
+    root.present().map_err(|e| fail(e.to_string()))
+}
+
+/// How a plot's axes and legend read.
+struct Axes<'s> {
+    x: &'s str,
+    y: &'s str,
+    y_labels: &'s dyn Fn(&f64) -> String,
+    legend: SeriesLabelPosition,
+}
+
+/// The mesh, one line per result (`y` of each curve point) and the legend (`outcome` of each).
+fn draw<'a, Y>(
+    chart: &mut ChartContext<'a, BitMapBackend<'a>, Cartesian2d<RangedCoordf64, Y>>,
+    results: &[TopologyResult],
+    axes: Axes<'_>,
+    y: impl Fn(&super::CurvePoint) -> f64,
+    outcome: impl Fn(&TopologyResult) -> String,
+) -> Result<(), String>
+where
+    Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
+{
     chart
         .configure_mesh()
-        .x_desc(x_desc)
-        .y_desc("test accuracy (%)")
+        .x_desc(axes.x)
+        .y_desc(axes.y)
+        .y_label_formatter(axes.y_labels)
         .label_style(("sans-serif", 15))
         .axis_desc_style(("sans-serif", 17))
         .light_line_style(RGBColor(235, 235, 240))
         .draw()
-        .map_err(|e| fail(e.to_string()))?;
+        .map_err(|e| e.to_string())?;
     let palette = [
         RGBColor(78, 121, 167),
         RGBColor(242, 142, 43),
@@ -167,18 +267,18 @@ pub fn plot(path: &Path, results: &[TopologyResult]) -> Result<(), OutputError> 
     for (k, r) in results.iter().enumerate() {
         let colour = palette[k % palette.len()];
         let label = format!(
-            "{} ({}, {} edges): {:.1}%",
+            "{} ({}, {} edges): {}",
             r.topology,
             r.algorithm,
             r.edges,
-            100.0 * r.final_test_accuracy
+            outcome(r)
         );
         chart
             .draw_series(LineSeries::new(
-                r.curve.iter().map(|p| (p.time, 100.0 * p.mean_accuracy)),
+                r.curve.iter().map(|p| (p.time, y(p))),
                 colour.stroke_width(3),
             ))
-            .map_err(|e| fail(e.to_string()))?
+            .map_err(|e| e.to_string())?
             .label(label)
             .legend(move |(x, y)| {
                 PathElement::new(vec![(x, y), (x + 24, y)], colour.stroke_width(3))
@@ -186,11 +286,10 @@ pub fn plot(path: &Path, results: &[TopologyResult]) -> Result<(), OutputError> 
     }
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
+        .position(axes.legend)
         .label_font(("sans-serif", 16))
         .background_style(WHITE.mix(0.9))
         .border_style(RGBColor(200, 200, 210))
         .draw()
-        .map_err(|e| fail(e.to_string()))?;
-    root.present().map_err(|e| fail(e.to_string()))
+        .map_err(|e| e.to_string())
 }
