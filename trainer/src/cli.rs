@@ -174,6 +174,10 @@ struct SimulateArgs {
     /// dcliques or proxy-clumps.
     #[arg(long, default_value_t = 0)]
     departed: usize,
+    /// Spread the members over this many zones (member i in zone i mod ZONES) and report the
+    /// bytes that crossed between zones; with --zone-aware, cliques form inside zones.
+    #[arg(long, default_value_t = 0)]
+    zones: usize,
     /// Threads to spread the members and their kernels over (default: every core). Results are
     /// the same whatever the count.
     #[arg(long)]
@@ -506,6 +510,7 @@ fn simulate(args: SimulateArgs) -> Result<(), CliError> {
         consensus_only: args.consensus_only,
         target_consensus: args.target_consensus,
         departed: args.departed,
+        zones: args.zones,
     };
     if args.target_accuracy.is_some() && args.target_consensus.is_some() {
         return Err(CliError::Flag(
@@ -564,8 +569,16 @@ fn simulate(args: SimulateArgs) -> Result<(), CliError> {
         }
     };
     println!(
-        "\n{:<18} {:<16} {:>9} {:>7} {:>7} {:>12} {:>9} {:>12}",
-        "topology", "algorithm", "accuracy", "edges", "gap", "MB sent", "seconds", "to target"
+        "\n{:<18} {:<16} {:>9} {:>7} {:>7} {:>12} {:>12} {:>9} {:>12}",
+        "topology",
+        "algorithm",
+        "accuracy",
+        "edges",
+        "gap",
+        "MB sent",
+        "cross-zone",
+        "seconds",
+        "to target"
     );
     for r in &results {
         let reached = |time: Option<f64>| match (args.target_accuracy, time) {
@@ -591,14 +604,18 @@ fn simulate(args: SimulateArgs) -> Result<(), CliError> {
         } else {
             format!("{:.2}%", 100.0 * r.final_test_accuracy)
         };
+        let cross_zone = r
+            .cross_zone_bytes
+            .map_or_else(|| "-".to_string(), |b| format!("{:.1}", b as f64 / 1e6));
         println!(
-            "{:<18} {:<16} {:>9} {:>7} {:>7} {:>12.1} {:>9.1} {:>12}",
+            "{:<18} {:<16} {:>9} {:>7} {:>7} {:>12.1} {:>12} {:>9.1} {:>12}",
             r.topology,
             r.algorithm,
             accuracy,
             r.edges,
             gap,
             r.bytes_sent as f64 / 1e6,
+            cross_zone,
             r.wall_seconds,
             to_target
         );

@@ -104,6 +104,7 @@ async fn join(
                 id: j.member_id,
                 histogram: Some(j.label_histogram.iter().map(|&c| c as f64).collect()),
                 proxy: None,
+                zone: None,
             })
             .collect();
         let mut spec = BuildSpec::new(murmur_core::api::TopologyKind::DCliques);

@@ -35,6 +35,7 @@ fn config(
             inter_clique: Some(InterClique::SmallWorld),
             clumps: None,
             clique_mix: CliqueMix::Heterogeneous,
+            zone_aware: false,
             group_size: 3,
         },
         proxy_warmup_steps: 5,
@@ -45,6 +46,7 @@ fn config(
         consensus_only: false,
         target_consensus: None,
         departed: 0,
+        zones: 0,
     }
 }
 
@@ -370,4 +372,40 @@ fn departed_members_are_refused_on_topologies_built_from_data() {
     cfg.departed = 2;
     let err = simulate::<B>(&cfg, &data, &Default::default(), |_, _| {}).unwrap_err();
     assert!(err.to_string().contains("--departed"), "{err}");
+}
+
+#[test]
+fn zone_aware_cliques_keep_clique_traffic_inside_zones() {
+    let data = data::embedded();
+    let run = |zone_aware| {
+        let mut cfg = config(
+            20,
+            vec![TopologyChoice::DCliques],
+            Partition::ClassesPerMember { k: 2 },
+            10,
+        );
+        cfg.zones = 2;
+        cfg.topology.zone_aware = zone_aware;
+        simulate::<B>(&cfg, &data, &Default::default(), |_, _| {})
+            .unwrap()
+            .remove(0)
+    };
+    let (blind, aware) = (run(false), run(true));
+    let (blind_cross, aware_cross) = (
+        blind.cross_zone_bytes.unwrap(),
+        aware.cross_zone_bytes.unwrap(),
+    );
+    assert!(aware_cross > 0, "bridges still cross");
+    assert!(
+        blind_cross >= 3 * aware_cross,
+        "{blind_cross} cross-zone bytes without zones, {aware_cross} with"
+    );
+    // The same graph shape and traffic, only placed differently.
+    assert_eq!(blind.bytes_sent, aware.bytes_sent);
+    assert_eq!(blind.edges, aware.edges);
+    // Without zones nothing is counted.
+    let mut cfg = config(4, vec![TopologyChoice::Ring], Partition::Iid, 2);
+    cfg.zones = 0;
+    let r = simulate::<B>(&cfg, &data, &Default::default(), |_, _| {}).unwrap();
+    assert_eq!(r[0].cross_zone_bytes, None);
 }

@@ -37,6 +37,9 @@ pub struct CliqueLayout {
     pub inter: InterClique,
     /// Intended members per clique; repair refills towards it.
     pub target_size: usize,
+    /// Cliques were formed inside zones: a joiner prefers a clique of its own zone.
+    #[serde(default)]
+    pub zone_aware: bool,
     /// Clique id -> members. Ids are stable across repairs.
     pub cliques: BTreeMap<u32, Vec<MemberId>>,
     /// In the order they were made; change them only through `push_bridge` / `drop_bridges`.
@@ -59,6 +62,7 @@ impl CliqueLayout {
             flavour,
             inter,
             target_size,
+            zone_aware: false,
             cliques: BTreeMap::new(),
             bridges: Vec::new(),
             next_clique: groups.len() as u32,

@@ -8,6 +8,7 @@ use rand_chacha::ChaCha8Rng;
 use super::cliques::{CliqueFlavour, CliqueLayout};
 use super::graph::Graph;
 use super::skew::{distribution, skew, sum};
+use super::zones::zone_groups;
 use super::{BuildSpec, MemberProfile, Shape, TopologyError, profile_vectors};
 
 /// Greedy Swap iterations when the job does not say.
@@ -27,17 +28,27 @@ pub(super) fn build(
     let histograms = profile_vectors(members, "label histogram", "dCliques", |m| {
         m.histogram.as_ref()
     })?;
-    let groups = greedy_swap(&histograms, spec.clique_size, spec.swap_steps, spec.seed);
-    let groups = groups
-        .into_iter()
-        .map(|g| g.into_iter().map(|k| members[k].id).collect())
-        .collect();
-    let layout = CliqueLayout::new(
+    // Zone-aware: cliques are swapped inside each zone, towards the job's label distribution.
+    let classes = histograms.first().map_or(0, |h| h.len());
+    let global = distribution(&sum(histograms.iter().copied(), classes));
+    let mut groups = Vec::new();
+    for zone in zone_groups(members, spec.zone_aware) {
+        let own: Vec<&[f64]> = zone.iter().map(|&i| histograms[i]).collect();
+        let cliques =
+            greedy_swap_towards(&own, &global, spec.clique_size, spec.swap_steps, spec.seed);
+        groups.extend(
+            cliques
+                .into_iter()
+                .map(|g| g.into_iter().map(|k| members[zone[k]].id).collect()),
+        );
+    }
+    let mut layout = CliqueLayout::new(
         CliqueFlavour::DCliques,
         spec.inter_clique,
         spec.clique_size,
         groups,
     );
+    layout.zone_aware = spec.zone_aware;
     Ok((layout.graph(), Shape::Cliques(layout)))
 }
 
@@ -45,9 +56,21 @@ pub(super) fn build(
 /// `steps` rounds of: pick two cliques, list every member swap that lowers their summed skew,
 /// apply one of those at random. Each step costs O(size^2 * classes).
 pub fn greedy_swap(histograms: &[&[f64]], size: usize, steps: usize, seed: u64) -> Vec<Vec<usize>> {
-    let n = histograms.len();
     let classes = histograms.first().map_or(0, |h| h.len());
     let global = distribution(&sum(histograms.iter().copied(), classes));
+    greedy_swap_towards(histograms, &global, size, steps, seed)
+}
+
+/// Greedy Swap towards a given label distribution (the job's, when these members are one zone).
+fn greedy_swap_towards(
+    histograms: &[&[f64]],
+    global: &[f64],
+    size: usize,
+    steps: usize,
+    seed: u64,
+) -> Vec<Vec<usize>> {
+    let n = histograms.len();
+    let classes = global.len();
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut order: Vec<usize> = (0..n).collect();
     order.shuffle(&mut rng);
@@ -68,7 +91,7 @@ pub fn greedy_swap(histograms: &[&[f64]], size: usize, steps: usize, seed: u64) 
         if c2 >= c1 {
             c2 += 1;
         }
-        let current = skew(&sums[c1], &global) + skew(&sums[c2], &global);
+        let current = skew(&sums[c1], global) + skew(&sums[c2], global);
         improving.clear();
         for (x, &i) in cliques[c1].iter().enumerate() {
             for (y, &j) in cliques[c2].iter().enumerate() {
@@ -77,7 +100,7 @@ pub fn greedy_swap(histograms: &[&[f64]], size: usize, steps: usize, seed: u64) 
                     s1[l] = sums[c1][l] + delta;
                     s2[l] = sums[c2][l] - delta;
                 }
-                if skew(&s1, &global) + skew(&s2, &global) < current - 1e-12 {
+                if skew(&s1, global) + skew(&s2, global) < current - 1e-12 {
                     improving.push((x, y));
                 }
             }

@@ -24,6 +24,10 @@ pub struct TopologyOptions {
         arg(long, value_enum, default_value = "heterogeneous")
     )]
     pub clique_mix: CliqueMix,
+    /// dcliques and proxy-clumps: form each clique inside one zone (members' zones), so only
+    /// bridges cross zones.
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub zone_aware: bool,
     /// moshpit: grid side (members per group).
     #[cfg_attr(feature = "cli", arg(long, default_value_t = crate::api::AlgorithmSpec::DEFAULT_GROUP_SIZE as usize))]
     pub group_size: usize,
@@ -37,6 +41,7 @@ impl TopologyOptions {
             inter_clique: self.inter_clique.unwrap_or_default(),
             clumps: self.clumps,
             clique_mix: self.clique_mix,
+            zone_aware: self.zone_aware,
             seed,
             ..BuildSpec::new(kind)
         }

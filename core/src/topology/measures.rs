@@ -29,6 +29,9 @@ pub struct Measures {
     pub clique_skew: Option<CliqueSkew>,
     /// Parameter messages sent in one averaging round, all members together.
     pub messages_per_round: usize,
+    /// Edges between members of different zones, when every member's zone is known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cross_zone_edges: Option<usize>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -72,6 +75,7 @@ pub fn measure(t: &Topology) -> Measures {
         spectral_gap: (n <= SPECTRAL_LIMIT).then(|| spectral_gap(t)),
         clique_skew: clique_skew(t),
         messages_per_round,
+        cross_zone_edges: super::zones::cross_zone_edges(g, &t.profiles),
     }
 }
 

@@ -13,6 +13,7 @@ mod repair;
 mod simple;
 pub mod skew;
 pub mod weights;
+pub mod zones;
 
 use std::collections::BTreeMap;
 
@@ -36,6 +37,9 @@ pub struct MemberProfile {
     pub histogram: Option<Vec<f64>>,
     /// Mean softmax on the shared proxy batch.
     pub proxy: Option<Vec<f64>>,
+    /// The zone the member runs in (its node's `topology.kubernetes.io/zone`), when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
 }
 
 impl MemberProfile {
@@ -54,7 +58,7 @@ impl MemberProfile {
             .map(|(k, h)| Self {
                 id: k as MemberId,
                 histogram: Some(h),
-                proxy: None,
+                ..Self::default()
             })
             .collect()
     }
@@ -70,6 +74,9 @@ pub struct BuildSpec {
     pub clumps: Option<usize>,
     /// proxyClumps: heterogeneous cliques, or the homogeneous control.
     pub clique_mix: CliqueMix,
+    /// dCliques and proxyClumps: form each clique inside one zone (members' `zone`), so that
+    /// every round's clique traffic stays in its zone and only bridges cross.
+    pub zone_aware: bool,
     pub seed: u64,
     /// dCliques: Greedy Swap iterations.
     pub swap_steps: usize,
@@ -83,6 +90,7 @@ impl BuildSpec {
             inter_clique: InterClique::default(),
             clumps: None,
             clique_mix: CliqueMix::default(),
+            zone_aware: false,
             seed: 0,
             swap_steps: dcliques::DEFAULT_SWAP_STEPS,
         }
@@ -99,6 +107,7 @@ impl BuildSpec {
             inter_clique: spec.inter_clique.unwrap_or_default(),
             clumps: spec.clumps.map(|c| c as usize),
             clique_mix: spec.clique_mix.unwrap_or_default(),
+            zone_aware: false,
             seed,
             swap_steps: dcliques::DEFAULT_SWAP_STEPS,
         }

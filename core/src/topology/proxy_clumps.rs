@@ -12,6 +12,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::cliques::{CliqueFlavour, CliqueLayout};
 use super::graph::{Graph, MemberId};
+use super::zones::zone_groups;
 use super::{BuildSpec, MemberProfile, Shape, TopologyError, profile_vectors};
 use crate::api::CliqueMix;
 
@@ -46,17 +47,22 @@ pub(super) fn build(
         .unwrap_or_else(|| default_clumps(members.len()))
         .clamp(1, members.len());
     let (assignment, centroids) = balanced_kmeans(&vectors, k, spec.seed);
-    let groups = compose(&assignment, k, spec.clique_mix);
-    let groups = groups
-        .into_iter()
-        .map(|g| g.into_iter().map(|i| members[i].id).collect())
-        .collect();
+    // Zone-aware: each zone's members make their own cliques from the job-wide clumps.
+    let mut groups = Vec::new();
+    for zone in zone_groups(members, spec.zone_aware) {
+        let clumps: Vec<usize> = zone.iter().map(|&i| assignment[i]).collect();
+        groups.extend(compose(&clumps, k, spec.clique_mix).into_iter().map(|g| {
+            g.into_iter()
+                .map(|i| members[zone[i]].id)
+                .collect::<Vec<_>>()
+        }));
+    }
     let clump_of: BTreeMap<MemberId, u32> = members
         .iter()
         .zip(&assignment)
         .map(|(m, &c)| (m.id, c as u32))
         .collect();
-    let layout = CliqueLayout::new(
+    let mut layout = CliqueLayout::new(
         CliqueFlavour::ProxyClumps {
             clump_of,
             centroids,
@@ -66,6 +72,7 @@ pub(super) fn build(
         k,
         groups,
     );
+    layout.zone_aware = spec.zone_aware;
     Ok((layout.graph(), Shape::Cliques(layout)))
 }
 

@@ -146,17 +146,27 @@ fn best_clique(
     id: MemberId,
     exclude: Option<u32>,
 ) -> Option<u32> {
-    let open: Vec<(u32, &Vec<MemberId>)> = layout
+    let profile = &profiles[&id];
+    let mut open: Vec<(u32, &Vec<MemberId>)> = layout
         .cliques
         .iter()
         .filter(|(c, ms)| Some(**c) != exclude && ms.len() < layout.target_size)
         .map(|(c, ms)| (*c, ms))
         .collect();
+    // Zone-aware cliques: a clique of the joiner's own zone when one has room.
+    let same_zone = |ms: &Vec<MemberId>| {
+        profile.zone.is_some()
+            && ms
+                .iter()
+                .any(|m| profiles.get(m).and_then(|p| p.zone.as_ref()) == profile.zone.as_ref())
+    };
+    if layout.zone_aware && open.iter().any(|(_, ms)| same_zone(ms)) {
+        open.retain(|(_, ms)| same_zone(ms));
+    }
     let smallest = open
         .iter()
         .min_by_key(|(c, ms)| (ms.len(), *c))
         .map(|(c, _)| *c);
-    let profile = &profiles[&id];
     match &layout.flavour {
         CliqueFlavour::DCliques => {
             let Some(h) = profile.histogram.as_deref() else {

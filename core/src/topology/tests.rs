@@ -300,11 +300,62 @@ fn a_joiner_goes_where_its_clump_is_in_the_homogeneous_control() {
     t.add_member(MemberProfile {
         id: 99,
         histogram: Some(h),
-        proxy: None,
+        ..MemberProfile::default()
     })
     .unwrap();
     assert_eq!(t.clique_of(99), t.clique_of(1));
     assert_weights_valid(&t);
+}
+
+#[test]
+fn zone_aware_cliques_stay_inside_zones_and_only_bridges_cross() {
+    // 40 members, one class each, the first 20 in zone a and the rest in zone b: each zone holds
+    // every class twice, so cliques of 5 can be balanced inside a zone.
+    let mut members = MemberProfile::from_histograms(one_class_per_member(40, 10, 10.0));
+    for m in &mut members {
+        m.zone = Some(if m.id < 20 { "a" } else { "b" }.into());
+    }
+    for kind in [TopologyKind::DCliques, TopologyKind::ProxyClumps] {
+        let build_with = |zone_aware| {
+            let mut s = spec(kind);
+            s.clique_size = 5;
+            s.clumps = Some(5);
+            s.inter_clique = InterClique::Ring;
+            s.zone_aware = zone_aware;
+            build(&s, &members).unwrap()
+        };
+        let aware = build_with(true);
+        let Shape::Cliques(layout) = &aware.shape else {
+            unreachable!()
+        };
+        for c in layout.cliques.values() {
+            let zones: BTreeSet<_> = c.iter().map(|m| &aware.profiles[m].zone).collect();
+            assert_eq!(zones.len(), 1, "{kind:?}: clique {c:?} spans zones");
+        }
+        // Cliques of a zone are consecutive on the ring: two bridges cross.
+        assert_eq!(measure(&aware).cross_zone_edges, Some(2), "{kind:?}");
+        let blind = measure(&build_with(false)).cross_zone_edges.unwrap();
+        assert!(
+            blind > 20,
+            "{kind:?}: {blind} cross-zone edges without zones"
+        );
+        assert_weights_valid(&aware);
+        // Members 5 (zone a) and 25 (zone b), both of class 5, leave; a joiner of class 5 in
+        // zone b refills zone b's clique, though zone a's lacks class 5 as much.
+        let mut t = aware.clone();
+        let leaver = 25;
+        let hole = t.clique_of(leaver);
+        t.remove_member(5).unwrap();
+        t.remove_member(leaver).unwrap();
+        t.add_member(MemberProfile {
+            id: 99,
+            histogram: Some(one_class_per_member(40, 10, 10.0)[leaver as usize].clone()),
+            zone: Some("b".into()),
+            ..MemberProfile::default()
+        })
+        .unwrap();
+        assert_eq!(t.clique_of(99), hole, "{kind:?}");
+    }
 }
 
 #[test]
@@ -363,7 +414,7 @@ fn dcliques_refill_a_hole_with_the_matching_class() {
     t.add_member(MemberProfile {
         id: 100,
         histogram: Some(h),
-        proxy: None,
+        ..MemberProfile::default()
     })
     .unwrap();
     assert_eq!(t.clique_of(100), Some(hole));
@@ -447,7 +498,7 @@ proptest! {
         let members: Vec<MemberProfile> = vectors
             .into_iter()
             .enumerate()
-            .map(|(id, v)| MemberProfile { id: id as u32, histogram: None, proxy: Some(v) })
+            .map(|(id, v)| MemberProfile { id: id as u32, histogram: None, proxy: Some(v), zone: None })
             .collect();
         let build_mix = |mix| {
             let mut s = spec(TopologyKind::ProxyClumps);
@@ -501,9 +552,11 @@ proptest! {
         ops in ops(),
         shape in 0usize..3,
         homogeneous in any::<bool>(),
+        zones in 0usize..4,
     ) {
+        let zone = |k: usize| (zones > 0).then(|| format!("z{}", k % zones));
         let members: Vec<MemberProfile> = (0..n)
-            .map(|k| MemberProfile { id: k as u32, histogram: Some(class_histogram(k % 10)), proxy: None })
+            .map(|k| MemberProfile { id: k as u32, histogram: Some(class_histogram(k % 10)), proxy: None, zone: zone(k) })
             .collect();
         let mut t = if shape == 1 {
             moshpit(&members, clique_size.max(2)).unwrap()
@@ -517,6 +570,7 @@ proptest! {
             if homogeneous {
                 s.clique_mix = crate::api::CliqueMix::Homogeneous;
             }
+            s.zone_aware = zones > 0;
             build(&s, &members).unwrap()
         };
         let mut expected: BTreeSet<MemberId> = (0..n as u32).collect();
@@ -532,7 +586,7 @@ proptest! {
                     expected.remove(&id);
                 }
                 Op::Add(class) => {
-                    t.add_member(MemberProfile { id: next_id, histogram: Some(class_histogram(class)), proxy: None }).unwrap();
+                    t.add_member(MemberProfile { id: next_id, histogram: Some(class_histogram(class)), proxy: None, zone: zone(class) }).unwrap();
                     expected.insert(next_id);
                     next_id += 1;
                 }

@@ -47,6 +47,10 @@ pub struct TopologyArgs {
     histograms: Option<PathBuf>,
     #[command(flatten)]
     topology: TopologyOptions,
+    /// Spread the members over this many zones (member k in zone k mod ZONES): the table shows
+    /// the edges that cross zones, and --zone-aware keeps cliques inside them.
+    #[arg(long, default_value_t = 0)]
+    zones: usize,
     /// Seed for Greedy Swap and k-means.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -119,6 +123,7 @@ fn load_profiles(path: &PathBuf) -> Result<Vec<MemberProfile>, TopologyCliError>
                 proxy: r
                     .proxy_vector
                     .map(|v| v.iter().map(|&x| f64::from(x)).collect()),
+                zone: None,
             })
             .collect(),
     };
@@ -160,7 +165,12 @@ fn profiles(args: &TopologyArgs) -> Result<Vec<MemberProfile>, TopologyCliError>
 }
 
 pub fn build(args: &TopologyArgs) -> Result<Topology, TopologyCliError> {
-    let members = profiles(args)?;
+    let mut members = profiles(args)?;
+    if args.zones > 0 {
+        for (k, m) in members.iter_mut().enumerate() {
+            m.zone = Some(topology::zones::zone_name(k % args.zones));
+        }
+    }
     let kind = match args.kind {
         Kind::Moshpit => {
             let mut t = topology::moshpit(&members, args.topology.group_size)?;

@@ -195,6 +195,7 @@ pub fn profile(report: &JoinReport) -> MemberProfile {
             .proxy_vector
             .as_ref()
             .map(|v| v.iter().map(|&x| x as f64).collect()),
+        zone: None,
     }
 }
 

@@ -144,6 +144,8 @@ pub struct Member<B: AutodiffBackend> {
     /// Asynchronous gossip: requests waiting for their replies.
     requests: Requests,
     pub bytes_sent: u64,
+    /// `bytes_sent` by destination: what crossed each link (cross-zone traffic is summed from it).
+    pub bytes_sent_to: BTreeMap<MemberId, u64>,
     pub bytes_received: u64,
     device: B::Device,
     scratch: Vec<f32>,
@@ -186,6 +188,7 @@ impl<B: AutodiffBackend> Member<B> {
             shared_encoders: BTreeMap::new(),
             decoders: BTreeMap::new(),
             bytes_sent: 0,
+            bytes_sent_to: BTreeMap::new(),
             bytes_received: 0,
             device,
             scratch: Vec::new(),
@@ -425,7 +428,10 @@ impl<B: AutodiffBackend> Member<B> {
                 peers.iter().map(|&to| (to, shared.clone())).collect()
             }
         };
-        self.bytes_sent += outgoing.iter().map(|(_, b)| b.len() as u64).sum::<u64>();
+        for (to, bytes) in &outgoing {
+            self.bytes_sent += bytes.len() as u64;
+            *self.bytes_sent_to.entry(*to).or_default() += bytes.len() as u64;
+        }
         outgoing
     }
 

@@ -134,6 +134,9 @@ pub struct SimulationConfig {
     /// Build each topology for `members + departed` and remove `departed` of them, picked at
     /// random, the way the control plane repairs it after preemptions (holes in a Moshpit grid).
     pub departed: usize,
+    /// Spread the members over this many zones (member i in zone i mod zones; 0: no zones), and
+    /// count the bytes that cross between zones.
+    pub zones: usize,
 }
 
 /// Virtual time per step of a full-speed member. Integer ticks keep the order of events exact.
@@ -188,6 +191,9 @@ pub struct TopologyResult {
     pub spectral_gap: Option<f64>,
     pub final_test_accuracy: f64,
     pub bytes_sent: u64,
+    /// Of `bytes_sent`, what went between members of different zones (with `zones`).
+    #[serde(default)]
+    pub cross_zone_bytes: Option<u64>,
     pub wall_seconds: f64,
     /// Virtual time at which the mean accuracy first reached the target, if it did.
     pub time_to_target: Option<f64>,
@@ -298,6 +304,8 @@ fn build_topology<B: AutodiffBackend>(
                     .collect(),
             ),
             proxy: None,
+            zone: (config.zones > 0)
+                .then(|| topology::zones::zone_name(id as usize % config.zones)),
         })
         .collect();
     if config.departed > 0 {
@@ -476,7 +484,7 @@ pub fn simulate<B: AutodiffBackend>(
                 Neighbourhood::from_document(&doc, id).expect("every member is in the document")
             })
             .collect();
-        let (curve, bytes_sent) = if algorithm == AlgorithmKind::AsyncGossip {
+        let (curve, sent) = if algorithm == AlgorithmKind::AsyncGossip {
             let mut members = (0..config.members as MemberId)
                 .map(|id| {
                     Member::new(
@@ -491,7 +499,10 @@ pub fn simulate<B: AutodiffBackend>(
             let curve = run_async(config, &hoods, &mut members, test, |point| {
                 progress(&name, point)
             })?;
-            (curve, members.iter().map(|m| m.bytes_sent).sum())
+            (
+                curve,
+                members.iter().map(|m| m.bytes_sent_to.clone()).collect(),
+            )
         } else {
             run_rounds(
                 config,
@@ -518,6 +529,16 @@ pub fn simulate<B: AutodiffBackend>(
                 .map(|p| p.step)
         });
         let full_speed_time_to_target = reached(|p| p.full_speed_accuracy);
+        let bytes_sent = sent.iter().flat_map(|to| to.values()).sum();
+        let zone = |m: MemberId| topo.profiles.get(&m).and_then(|p| p.zone.as_deref());
+        let cross_zone_bytes = (config.zones > 0).then(|| {
+            sent.iter()
+                .enumerate()
+                .flat_map(|(from, to)| to.iter().map(move |(&to, &b)| (from as MemberId, to, b)))
+                .filter(|&(from, to, _)| zone(from) != zone(to))
+                .map(|(_, _, b)| b)
+                .sum()
+        });
         results.push(TopologyResult {
             topology: name,
             algorithm: format!("{algorithm:?}"),
@@ -526,6 +547,7 @@ pub fn simulate<B: AutodiffBackend>(
             spectral_gap: topology::measure(&topo).spectral_gap,
             final_test_accuracy: curve.last().map_or(0.0, |p| p.mean_accuracy),
             bytes_sent,
+            cross_zone_bytes,
             wall_seconds: started.elapsed().as_secs_f64(),
             time_to_target,
             steps_to_consensus,
@@ -536,8 +558,11 @@ pub fn simulate<B: AutodiffBackend>(
     Ok(results)
 }
 
+/// A member's bytes sent, by destination.
+type SentTo = BTreeMap<MemberId, u64>;
+
 /// A round-synchronous algorithm: members as tasks over the in-process mailboxes, each with its
-/// virtual clock. Returns the curve and the bytes sent.
+/// virtual clock. Returns the curve and each member's bytes sent, by destination.
 #[allow(clippy::too_many_arguments)]
 fn run_rounds<B: AutodiffBackend>(
     config: &SimulationConfig,
@@ -549,7 +574,7 @@ fn run_rounds<B: AutodiffBackend>(
     device: &B::Device,
     runtime: &tokio::runtime::Runtime,
     mut progress: impl FnMut(&CurvePoint),
-) -> Result<(Vec<CurvePoint>, u64), SimulationError> {
+) -> Result<(Vec<CurvePoint>, Vec<SentTo>), SimulationError> {
     let boxes = Arc::new(Mailboxes::default());
     let collector = Arc::new(Mutex::new(Collector {
         slow: config.slow_members(),
@@ -618,7 +643,7 @@ fn run_rounds<B: AutodiffBackend>(
                         );
                     }
                 }
-                Ok::<u64, MemberError>(member.bytes_sent)
+                Ok::<SentTo, MemberError>(member.bytes_sent_to)
             }
             .await;
             // Counted even on error, so the driver never waits for a member that is gone.
@@ -628,7 +653,7 @@ fn run_rounds<B: AutodiffBackend>(
             outcome
         }));
     }
-    let bytes_sent = runtime.block_on(async {
+    let sent = runtime.block_on(async {
         let mut reported = 0;
         loop {
             let bell = collector.lock().bell.clone();
@@ -646,14 +671,14 @@ fn run_rounds<B: AutodiffBackend>(
             }
             rung.await;
         }
-        let mut total = 0u64;
+        let mut sent = Vec::with_capacity(handles.len());
         for handle in handles {
-            total += handle.await.expect("member task panicked")?;
+            sent.push(handle.await.expect("member task panicked")?);
         }
-        Ok::<u64, MemberError>(total)
+        Ok::<_, MemberError>(sent)
     })?;
     let curve = std::mem::take(&mut collector.lock().curve);
-    Ok((curve, bytes_sent))
+    Ok((curve, sent))
 }
 
 /// Asynchronous gossip in virtual time: each member steps at its own pace (a heap holds the

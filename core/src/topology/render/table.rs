@@ -26,6 +26,9 @@ pub fn table(t: &Topology, m: &Measures) -> String {
         ),
         ("messages per round", m.messages_per_round.to_string()),
     ];
+    if let Some(cross) = m.cross_zone_edges {
+        rows.push(("cross-zone edges", cross.to_string()));
+    }
     if let Some(s) = &m.clique_skew {
         rows.push(("cliques", s.cliques.to_string()));
         rows.push((
