@@ -673,6 +673,12 @@ pub struct SchedulingSpec {
     pub priority_class_name: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scheduler_name: Option<String>,
+    /// Form each clique inside one zone (the `topology.kubernetes.io/zone` label of the members'
+    /// nodes), so clique traffic, which flows every round, stays in its zone and only bridges
+    /// cross; a replacement prefers its clique's zone. dCliques and proxyClumps; default on, and
+    /// nodes without the label change nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone_aware: Option<bool>,
 }
 
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]

@@ -34,6 +34,8 @@ pub struct MemberFacts {
     pub address: Option<String>,
     /// The node it runs on (pods; processes leave it unset).
     pub node: Option<String>,
+    /// That node's zone (`topology.kubernetes.io/zone`), when it has one.
+    pub zone: Option<String>,
     /// Since when it has waited for a node (pods; processes never wait).
     pub pending_since: Option<Timestamp>,
     /// Set once it ended.
@@ -209,6 +211,7 @@ impl JobDriver {
                     status,
                     exit: f.exit,
                     node: f.node,
+                    zone: f.zone,
                     pending_since: f.pending_since,
                 };
                 (id, m)

@@ -56,6 +56,8 @@ pub struct ObservedMember {
     pub exit: Option<Exit>,
     /// The node it runs on, once scheduled (the operator; local processes leave it unset).
     pub node: Option<String>,
+    /// That node's zone, when it has one: zone-aware cliques form inside zones.
+    pub zone: Option<String>,
     /// Since when it has waited for a node (the operator; local processes never wait).
     pub pending_since: Option<Timestamp>,
 }
@@ -180,14 +182,18 @@ pub fn build_topology(
     match spec.algorithm.kind {
         AlgorithmKind::Moshpit => topology::moshpit(members, spec.algorithm.group_size()),
         _ => topology::build(
-            &BuildSpec::from_spec(&spec.topology, spec.training.seed),
+            &BuildSpec {
+                zone_aware: spec.scheduling.zone_aware.unwrap_or(true),
+                ..BuildSpec::from_spec(&spec.topology, spec.training.seed)
+            },
             members,
         ),
     }
 }
 
-/// What the control plane knows of a member's data: its join report's summaries.
-pub fn profile(report: &JoinReport) -> MemberProfile {
+/// What the control plane knows of a member: its join report's summaries, and the zone of its
+/// node.
+pub fn profile(report: &JoinReport, zone: Option<String>) -> MemberProfile {
     MemberProfile {
         id: report.member_id,
         histogram: Some(report.label_histogram.iter().map(|&c| c as f64).collect()),
@@ -195,7 +201,7 @@ pub fn profile(report: &JoinReport) -> MemberProfile {
             .proxy_vector
             .as_ref()
             .map(|v| v.iter().map(|&x| x as f64).collect()),
-        zone: None,
+        zone,
     }
 }
 
@@ -630,6 +636,7 @@ fn shape_topology(
         .filter_map(|(&id, r)| observed.live(id, r.attempt))
         .filter_map(|m| m.join.as_ref())
         .collect();
+    let zone = |id: MemberId| observed.members.get(&id).and_then(|m| m.zone.clone());
     let before = s.topology.as_ref().map(|t| t.version);
     match &mut s.topology {
         None => {
@@ -639,7 +646,10 @@ fn shape_topology(
             if !(everyone || enough) {
                 return;
             }
-            let profiles: Vec<MemberProfile> = joined.iter().map(|j| profile(j)).collect();
+            let profiles: Vec<MemberProfile> = joined
+                .iter()
+                .map(|j| profile(j, zone(j.member_id)))
+                .collect();
             match build_topology(spec, &profiles) {
                 Ok(mut t) => {
                     t.version = s.last_version + 1;
@@ -695,7 +705,7 @@ fn shape_topology(
             for report in joined {
                 if !t.graph.contains(report.member_id) {
                     // A profile of the right length was checked when the report came in.
-                    let _ = t.add_member(profile(report));
+                    let _ = t.add_member(profile(report, zone(report.member_id)));
                 }
             }
         }

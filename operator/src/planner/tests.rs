@@ -204,6 +204,36 @@ fn data_aware_cliques_are_built_from_the_join_reports_once_all_are_in() {
 }
 
 #[test]
+fn zone_aware_cliques_form_inside_the_zones_of_the_members_nodes() {
+    // Members 0 and 2 run in zone a, 1 and 3 in zone b; each zone holds one kind of member.
+    for zone_aware in [None, Some(false)] {
+        let mut spec = spec();
+        spec.scheduling.zone_aware = zone_aware;
+        let mut w = World::new(spec);
+        w.plan();
+        for id in 0..4 {
+            w.schedule(id, &format!("node-{id}"));
+            w.observed.members.get_mut(&id).unwrap().zone =
+                Some(if id % 2 == 0 { "a" } else { "b" }.into());
+            w.join(id);
+        }
+        w.plan();
+        let t = w.state.topology.as_ref().unwrap();
+        for id in 0..4u32 {
+            assert_eq!(
+                t.profiles[&id].zone.as_deref(),
+                Some(if id % 2 == 0 { "a" } else { "b" })
+            );
+            let clique = t.clique_of(id).unwrap();
+            let mates: Vec<u32> = (0..4).filter(|&o| t.clique_of(o) == Some(clique)).collect();
+            let one_zone = mates[0] % 2 == mates[1] % 2;
+            // On (the default): the clique stays in its zone. Off: cliques mix kinds, so zones.
+            assert_eq!(one_zone, zone_aware.is_none(), "{zone_aware:?}: {mates:?}");
+        }
+    }
+}
+
+#[test]
 fn after_the_grace_period_the_topology_starts_with_the_members_in() {
     let mut w = World::new(spec());
     w.plan();

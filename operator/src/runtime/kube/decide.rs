@@ -85,6 +85,8 @@ pub struct Inputs<'a> {
     pub problems: Option<&'a str>,
     pub pods: &'a [&'a Pod],
     pub node: &'a dyn Fn(&str) -> NodeState,
+    /// A node's zone label, when it has one.
+    pub zone: &'a dyn Fn(&str) -> Option<String>,
     pub service: Option<&'a Service>,
     pub secret: Option<&'a Secret>,
     pub config_map: Option<&'a ConfigMap>,
@@ -429,6 +431,7 @@ fn observe(
                     pod.metadata.name.clone().unwrap_or_default(),
                     pod_facts.exit.clone(),
                 );
+                f.zone = pod_facts.node.as_deref().and_then(i.zone);
                 f.node = pod_facts.node;
                 f.pending_since = pod_facts.pending_since;
                 f.exit = pod_facts.exit;

@@ -391,7 +391,9 @@ async fn reconcile_inner(
         .as_ref()
         .and_then(|store| get(store, &namespace, resources::network_policy_name(&name)));
     let nodes = ctx.stores.nodes.clone();
+    let zones = nodes.clone();
     let node = move |n: &str| observe::node_state(nodes.get(&ObjectRef::new(n)).as_deref());
+    let zone = move |n: &str| observe::zone(zones.get(&ObjectRef::new(n)).as_deref());
     let now = (ctx.clock)();
     let decision = {
         let mut l = live.lock();
@@ -416,6 +418,7 @@ async fn reconcile_inner(
             problems: problems.as_deref(),
             pods: &pod_refs,
             node: &node,
+            zone: &zone,
             service: service.as_deref(),
             secret: secret.as_deref(),
             config_map: config_map.as_deref(),

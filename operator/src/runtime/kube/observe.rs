@@ -57,6 +57,14 @@ pub enum NodeState {
     Gone,
 }
 
+/// The zone label of a node.
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+
+/// A node's zone, when it carries the label.
+pub fn zone(node: Option<&Node>) -> Option<String> {
+    node?.metadata.labels.as_ref()?.get(ZONE_LABEL).cloned()
+}
+
 pub fn node_state(node: Option<&Node>) -> NodeState {
     let Some(node) = node else {
         return NodeState::Gone;
@@ -226,6 +234,19 @@ pub(super) mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     const LOST_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+
+    #[test]
+    fn a_nodes_zone_is_its_well_known_label() {
+        let mut node = Node::default();
+        assert_eq!(zone(Some(&node)), None);
+        node.metadata.labels = Some(
+            [(ZONE_LABEL.to_string(), "europe-west4-a".to_string())]
+                .into_iter()
+                .collect(),
+        );
+        assert_eq!(zone(Some(&node)).as_deref(), Some("europe-west4-a"));
+        assert_eq!(zone(None), None, "a node gone from the cache");
+    }
 
     fn at(s: i64) -> Timestamp {
         Timestamp::from_second(s).unwrap()

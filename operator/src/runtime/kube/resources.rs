@@ -360,7 +360,19 @@ pub fn pod(p: &MemberPod, s: &Settings) -> Pod {
     let spec = &job.spec;
     let job_name = name(job);
     let (volumes, mounts) = volumes(job);
-    let placement = scheduling::placement(&spec.scheduling, p.on_demand);
+    let mut placement = scheduling::placement(&spec.scheduling, p.on_demand);
+    if let Some(clique) = p.clique
+        && spec.scheduling.zone_aware.unwrap_or(true)
+    {
+        // A replacement joins its clique's zone when it can: clique traffic stays in the zone.
+        placement.affinity = Some(scheduling::prefer_clique_zone(
+            placement.affinity,
+            [
+                (LABEL_JOB.to_string(), job_name.clone()),
+                (LABEL_CLIQUE.to_string(), clique.to_string()),
+            ],
+        ));
+    }
     let sched = &spec.scheduling;
     Pod {
         metadata: pod_metadata(p),

@@ -2,9 +2,10 @@
 //! the user's own nodeSelector, affinity and tolerations — never dropping any of them.
 
 use k8s_openapi::api::core::v1::{
-    Affinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, PreferredSchedulingTerm,
-    Toleration,
+    Affinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, PodAffinityTerm,
+    PreferredSchedulingTerm, Toleration, WeightedPodAffinityTerm,
 };
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use murmur_core::api::{Capacity, SchedulingSpec};
 
 /// Node labels that mark spot capacity on the clouds and autoscalers murmur knows. A node
@@ -83,6 +84,32 @@ pub fn placement(scheduling: &SchedulingSpec, on_demand: bool) -> Placement {
         affinity: (!empty).then_some(affinity),
         tolerations,
     }
+}
+
+/// Weight of a replacement's preference for its clique's zone (the most a preference can weigh).
+const CLIQUE_ZONE_WEIGHT: i32 = 100;
+
+/// `affinity` plus a preference for the zone of the pods matching `clique` (its job and clique
+/// labels): zone-aware cliques live in one zone, and a replacement should join them there.
+pub fn prefer_clique_zone(affinity: Option<Affinity>, clique: [(String, String); 2]) -> Affinity {
+    let mut affinity = affinity.unwrap_or_default();
+    affinity
+        .pod_affinity
+        .get_or_insert_with(Default::default)
+        .preferred_during_scheduling_ignored_during_execution
+        .get_or_insert_with(Vec::new)
+        .push(WeightedPodAffinityTerm {
+            weight: CLIQUE_ZONE_WEIGHT,
+            pod_affinity_term: PodAffinityTerm {
+                label_selector: Some(LabelSelector {
+                    match_labels: Some(clique.into_iter().collect()),
+                    match_expressions: None,
+                }),
+                topology_key: super::observe::ZONE_LABEL.to_string(),
+                ..Default::default()
+            },
+        });
+    affinity
 }
 
 /// Kubernetes ORs node selector terms and ANDs the expressions inside one term. "The user's

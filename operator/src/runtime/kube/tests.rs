@@ -732,6 +732,46 @@ async fn a_job_names_its_trainer_image_or_gets_the_operators_for_its_backend() {
     );
 }
 
+#[tokio::test]
+async fn a_replacement_prefers_the_zone_of_its_clique_unless_zone_awareness_is_off() {
+    let affinity = |manifest: String, clique: Option<u32>| {
+        let job = job(&manifest);
+        let pod = resources::pod(
+            &resources::MemberPod {
+                job: &job,
+                member: 3,
+                attempt: 1,
+                on_demand: false,
+                clique,
+            },
+            &Settings::default(),
+        );
+        pod.spec.unwrap().affinity.unwrap()
+    };
+    let a = affinity(MANIFEST.into(), Some(1));
+    let terms = a
+        .pod_affinity
+        .unwrap()
+        .preferred_during_scheduling_ignored_during_execution
+        .unwrap();
+    assert_eq!(terms.len(), 1);
+    let term = &terms[0].pod_affinity_term;
+    assert_eq!(term.topology_key, "topology.kubernetes.io/zone");
+    assert_eq!(
+        term.label_selector.as_ref().unwrap().match_labels,
+        Some(BTreeMap::from([
+            (resources::LABEL_JOB.to_string(), "mnist".to_string()),
+            (resources::LABEL_CLIQUE.to_string(), "1".to_string()),
+        ]))
+    );
+    // The spot requirement is kept beside it.
+    assert!(a.node_affinity.is_some());
+    // A first attempt has no clique yet; zoneAware: false asks for nothing.
+    assert!(affinity(MANIFEST.into(), None).pod_affinity.is_none());
+    let off = MANIFEST.replace("capacity: spot", "capacity: spot\n    zoneAware: false");
+    assert!(affinity(off, Some(1)).pod_affinity.is_none());
+}
+
 /// A NetworkPolicy rule's peers and ports (ingress `from` or egress `to`).
 type PolicyRule = (
     Option<Vec<k8s_openapi::api::networking::v1::NetworkPolicyPeer>>,
