@@ -28,20 +28,30 @@ pub(super) fn build(
     let histograms = profile_vectors(members, "label histogram", "dCliques", |m| {
         m.histogram.as_ref()
     })?;
-    // Zone-aware: cliques are swapped inside each zone, towards the job's label distribution.
-    let classes = histograms.first().map_or(0, |h| h.len());
-    let global = distribution(&sum(histograms.iter().copied(), classes));
-    let mut groups = Vec::new();
-    for zone in zone_groups(members, spec.zone_aware) {
-        let own: Vec<&[f64]> = zone.iter().map(|&i| histograms[i]).collect();
-        let cliques =
-            greedy_swap_towards(&own, &global, spec.clique_size, spec.swap_steps, spec.seed);
-        groups.extend(
-            cliques
-                .into_iter()
-                .map(|g| g.into_iter().map(|k| members[zone[k]].id).collect()),
-        );
-    }
+    // Zone-aware: cliques start as runs of one zone's members and Greedy Swap weighs every member
+    // outside its clique's main zone as ZONE_MIX_SKEW of skew: a clique crosses zones only where
+    // the members of one zone cannot balance its labels (few members, or zones that hold
+    // different classes), so locality never costs label balance.
+    let zone_of = spec.zone_aware.then(|| {
+        let mut zone_of = vec![0; members.len()];
+        for (z, group) in zone_groups(members, true).into_iter().enumerate() {
+            for i in group {
+                zone_of[i] = z;
+            }
+        }
+        zone_of
+    });
+    let cliques = swap(
+        &histograms,
+        zone_of.as_deref(),
+        spec.clique_size,
+        spec.swap_steps,
+        spec.seed,
+    );
+    let groups = cliques
+        .into_iter()
+        .map(|c| c.into_iter().map(|k| members[k].id).collect())
+        .collect();
     let mut layout = CliqueLayout::new(
         CliqueFlavour::DCliques,
         spec.inter_clique,
@@ -56,28 +66,44 @@ pub(super) fn build(
 /// `steps` rounds of: pick two cliques, list every member swap that lowers their summed skew,
 /// apply one of those at random. Each step costs O(size^2 * classes).
 pub fn greedy_swap(histograms: &[&[f64]], size: usize, steps: usize, seed: u64) -> Vec<Vec<usize>> {
-    let classes = histograms.first().map_or(0, |h| h.len());
-    let global = distribution(&sum(histograms.iter().copied(), classes));
-    greedy_swap_towards(histograms, &global, size, steps, seed)
+    swap(histograms, None, size, steps, seed)
 }
 
-/// Greedy Swap towards a given label distribution (the job's, when these members are one zone).
-fn greedy_swap_towards(
+/// What a clique member outside the clique's main zone costs, in skew (which lies in [0, 2]):
+/// a swap that brings a member of another zone in must balance the labels by more than this.
+pub const ZONE_MIX_SKEW: f64 = 0.02;
+
+/// Greedy Swap. With `zone_of` (each member's zone index), members start in runs of one zone and a
+/// clique's cost is its skew plus [`ZONE_MIX_SKEW`] per member outside its main zone.
+fn swap(
     histograms: &[&[f64]],
-    global: &[f64],
+    zone_of: Option<&[usize]>,
     size: usize,
     steps: usize,
     seed: u64,
 ) -> Vec<Vec<usize>> {
     let n = histograms.len();
-    let classes = global.len();
+    let classes = histograms.first().map_or(0, |h| h.len());
+    let global = distribution(&sum(histograms.iter().copied(), classes));
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut order: Vec<usize> = (0..n).collect();
     order.shuffle(&mut rng);
+    if let Some(zone_of) = zone_of {
+        // Shuffled inside each zone, zones one after the other.
+        order.sort_by_key(|&i| zone_of[i]);
+    }
     let mut cliques: Vec<Vec<usize>> = order.chunks(size.max(1)).map(<[_]>::to_vec).collect();
     if cliques.len() < 2 {
         return cliques;
     }
+    let mixed = |clique: &[usize]| -> f64 {
+        let Some(zone_of) = zone_of else { return 0.0 };
+        let mut counts = std::collections::BTreeMap::<usize, usize>::new();
+        for &k in clique {
+            *counts.entry(zone_of[k]).or_default() += 1;
+        }
+        ZONE_MIX_SKEW * (clique.len() - counts.values().max().copied().unwrap_or(0)) as f64
+    };
     let mut sums: Vec<Vec<f64>> = cliques
         .iter()
         .map(|c| sum(c.iter().map(|&k| histograms[k]), classes))
@@ -85,22 +111,46 @@ fn greedy_swap_towards(
     let mut s1 = vec![0.0; classes];
     let mut s2 = vec![0.0; classes];
     let mut improving = Vec::new();
-    for _ in 0..steps {
+    let mut trial1 = Vec::with_capacity(size);
+    let mut trial2 = Vec::with_capacity(size);
+    // Zone-aware: first only swaps between members of one zone (the best cliques each zone can
+    // make alone), then any swap, at the cost of mixing. Local search that may mix from the start
+    // can settle in mixed cliques where pure ones are as balanced.
+    let phases: &[bool] = if zone_of.is_some() {
+        &[true, false]
+    } else {
+        &[false]
+    };
+    for &same_zone_only in phases.iter().flat_map(|p| std::iter::repeat_n(p, steps)) {
         let c1 = rng.random_range(0..cliques.len());
         let mut c2 = rng.random_range(0..cliques.len() - 1);
         if c2 >= c1 {
             c2 += 1;
         }
-        let current = skew(&sums[c1], global) + skew(&sums[c2], global);
+        let current = skew(&sums[c1], &global)
+            + skew(&sums[c2], &global)
+            + mixed(&cliques[c1])
+            + mixed(&cliques[c2]);
         improving.clear();
         for (x, &i) in cliques[c1].iter().enumerate() {
             for (y, &j) in cliques[c2].iter().enumerate() {
+                if same_zone_only && zone_of.is_some_and(|z| z[i] != z[j]) {
+                    continue;
+                }
                 for l in 0..classes {
                     let delta = histograms[j][l] - histograms[i][l];
                     s1[l] = sums[c1][l] + delta;
                     s2[l] = sums[c2][l] - delta;
                 }
-                if skew(&s1, global) + skew(&s2, global) < current - 1e-12 {
+                let mut cost = skew(&s1, &global) + skew(&s2, &global);
+                if zone_of.is_some() {
+                    trial1.clone_from(&cliques[c1]);
+                    trial2.clone_from(&cliques[c2]);
+                    trial1[x] = j;
+                    trial2[y] = i;
+                    cost += mixed(&trial1) + mixed(&trial2);
+                }
+                if cost < current - 1e-12 {
                     improving.push((x, y));
                 }
             }

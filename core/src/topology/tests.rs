@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 
 use proptest::prelude::*;
 
-use super::dcliques::one_class_per_member;
+use super::dcliques::{clique_skews, one_class_per_member};
 use super::*;
 
 fn bare(n: u32) -> Vec<MemberProfile> {
@@ -305,6 +305,43 @@ fn a_joiner_goes_where_its_clump_is_in_the_homogeneous_control() {
     .unwrap();
     assert_eq!(t.clique_of(99), t.clique_of(1));
     assert_weights_valid(&t);
+}
+
+#[test]
+fn zone_aware_d_cliques_cross_zones_rather_than_lose_label_balance() {
+    // 20 members, one class each, cliques of 10; zone a holds classes 0-4 only, zone b classes
+    // 5-9: a clique of one zone could never see more than half the classes. Zone-aware cliques
+    // must be as balanced as zone-blind ones (every class once), and cross zones to be so.
+    let mut members = MemberProfile::from_histograms(one_class_per_member(20, 10, 10.0));
+    for m in &mut members {
+        m.zone = Some(if m.id % 10 < 5 { "a" } else { "b" }.into());
+    }
+    let skews = |zone_aware| {
+        let mut s = spec(TopologyKind::DCliques);
+        s.clique_size = 10;
+        s.zone_aware = zone_aware;
+        let t = build(&s, &members).unwrap();
+        let Shape::Cliques(layout) = &t.shape else {
+            unreachable!()
+        };
+        let histograms: Vec<Vec<&[f64]>> = layout
+            .cliques
+            .values()
+            .map(|c| {
+                c.iter()
+                    .map(|m| members[*m as usize].histogram.as_deref().unwrap())
+                    .collect()
+            })
+            .collect();
+        clique_skews(&histograms)
+            .into_iter()
+            .fold(0.0_f64, f64::max)
+    };
+    let (aware, blind) = (skews(true), skews(false));
+    assert!(
+        aware < 1e-9,
+        "worst zone-aware clique skew {aware} (zone-blind {blind})"
+    );
 }
 
 #[test]
