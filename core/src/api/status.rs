@@ -61,6 +61,12 @@ pub struct MemberStatus {
     /// A note for a person, e.g. why this member fell back to on-demand.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// Its node's zone (`topology.kubernetes.io/zone`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+    /// Model bytes this member sent to members in other zones, when the zones are known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cross_zone_bytes: Option<u64>,
 }
 
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]

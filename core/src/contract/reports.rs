@@ -1,5 +1,7 @@
 //! What a trainer tells the control plane: once on join, and continuously through `/status`.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::api::Progress;
@@ -42,6 +44,9 @@ pub struct TrainerStatus {
     pub bytes_in: u64,
     pub bytes_out: u64,
     pub rejected_frames: u64,
+    /// Model bytes sent to each peer so far (member id: bytes), for the cross-zone bill.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub bytes_sent_to: BTreeMap<u32, u64>,
 }
 
 /// Where a trainer in a pod writes its [`TerminationMessage`] (the operator sets it to the
@@ -86,12 +91,14 @@ mod tests {
             bytes_in: 10,
             bytes_out: 12,
             rejected_frames: 0,
+            bytes_sent_to: BTreeMap::from([(2, 7), (4, 5)]),
         };
         let v = serde_json::to_value(&status).unwrap();
         assert_eq!(v["step"], 40);
         assert_eq!(v["consensusDistance"], 0.1);
         assert_eq!(v["state"], "training");
         assert!(v.get("accuracy").is_none());
+        assert_eq!(v["bytesSentTo"]["2"], 7);
         assert_eq!(serde_json::from_value::<TrainerStatus>(v).unwrap(), status);
     }
 }

@@ -58,6 +58,7 @@ fn status(id: MemberId, state: TrainerState, step: u64) -> TrainerStatus {
         bytes_in: 0,
         bytes_out: 10 * step,
         rejected_frames: 0,
+        bytes_sent_to: Default::default(),
     }
 }
 

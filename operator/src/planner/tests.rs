@@ -422,6 +422,7 @@ fn status(id: u32, bytes_in: u64) -> TrainerStatus {
         bytes_in,
         bytes_out: 800,
         rejected_frames: 0,
+        bytes_sent_to: Default::default(),
     }
 }
 

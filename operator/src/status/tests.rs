@@ -293,6 +293,7 @@ fn a_status_is_sampled_only_when_its_step_or_accuracy_changed() {
         bytes_in: 0,
         bytes_out: 0,
         rejected_frames: 0,
+        bytes_sent_to: Default::default(),
     };
     job.sample(1.0, 0, &status(10, None));
     job.sample(1.5, 0, &status(10, None));
@@ -507,4 +508,44 @@ fn a_large_job_lists_the_members_that_need_attention_first_and_counts_the_rest()
     }
     assert!(ids.windows(2).all(|w| w[0] < w[1]), "in id order");
     assert_eq!(ids[..3], [0, 1, 2]);
+}
+
+#[test]
+fn cross_zone_bytes_count_what_a_member_sent_to_peers_in_other_zones() {
+    use crate::planner::{Observation, ObservedMember};
+    let member = |zone: Option<&str>, sent_to: &[(u32, u64)]| ObservedMember {
+        zone: zone.map(str::to_string),
+        status: Some(murmur_core::contract::TrainerStatus {
+            member_id: 0,
+            state: murmur_core::contract::TrainerState::Training,
+            progress: Default::default(),
+            topology_version: 1,
+            neighbours_seen: vec![],
+            bytes_in: 0,
+            bytes_out: sent_to.iter().map(|(_, b)| b).sum(),
+            rejected_frames: 0,
+            bytes_sent_to: sent_to.iter().copied().collect(),
+        }),
+        ..Default::default()
+    };
+    let observed = Observation {
+        members: [
+            (0, member(Some("a"), &[(1, 100), (2, 30), (3, 7)])),
+            (1, member(Some("a"), &[(0, 100)])),
+            (2, member(Some("b"), &[(0, 30)])),
+            // 3 has no zone (its node has no label): what goes to it is not counted.
+            (3, member(None, &[(0, 7)])),
+        ]
+        .into_iter()
+        .collect(),
+    };
+    let cross = |id| view::cross_zone_bytes(&observed.members[&id], &observed);
+    assert_eq!(cross(0), Some(30));
+    assert_eq!(cross(1), Some(0));
+    assert_eq!(cross(2), Some(30));
+    assert_eq!(
+        cross(3),
+        None,
+        "a member without a zone has no cross-zone figure"
+    );
 }

@@ -12,7 +12,9 @@ use murmur_core::contract::TrainerState;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::planner::{Event, Exit, JobState, Observation, live_in_topology, seconds_since};
+use crate::planner::{
+    Event, Exit, JobState, Observation, ObservedMember, live_in_topology, seconds_since,
+};
 
 /// A member at a glance, for the dashboard's colours.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,6 +51,12 @@ pub struct MemberView {
     pub bytes_in: u64,
     pub bytes_out: u64,
     pub rejected_frames: u64,
+    /// Its node's zone (the dashboard colours members by it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+    /// Model bytes it sent to members in other zones, when every zone involved is known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cross_zone_bytes: Option<u64>,
 }
 
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -189,6 +197,27 @@ pub fn listed_members(mut members: Vec<MemberStatus>) -> (Vec<MemberStatus>, u32
     (members, omitted.len() as u32)
 }
 
+/// What `member` sent to members whose node is in another zone than its own. The peers' zones
+/// are those of their current attempts: a peer replaced across zones counts where it is now.
+pub(crate) fn cross_zone_bytes(member: &ObservedMember, observed: &Observation) -> Option<u64> {
+    let own = member.zone.as_deref()?;
+    let status = member.status.as_ref()?;
+    Some(
+        status
+            .bytes_sent_to
+            .iter()
+            .filter(|(peer, _)| {
+                observed
+                    .members
+                    .get(*peer)
+                    .and_then(|p| p.zone.as_deref())
+                    .is_some_and(|zone| zone != own)
+            })
+            .map(|(_, bytes)| bytes)
+            .sum(),
+    )
+}
+
 /// The job as the status API shows it.
 pub fn job_view(
     namespace: &str,
@@ -247,6 +276,8 @@ pub fn job_view(
             bytes_in: status.map_or(0, |s| s.bytes_in),
             bytes_out: status.map_or(0, |s| s.bytes_out),
             rejected_frames: status.map_or(0, |s| s.rejected_frames),
+            zone: m.zone.clone(),
+            cross_zone_bytes: cross_zone_bytes(m, observed),
         });
     }
     // Progress over the members still counting: live or finished.
@@ -291,6 +322,8 @@ pub fn job_view(
                     "fell back to on-demand: no spot node within scheduling.fallbackToOnDemandAfter"
                         .to_string()
                 }),
+                zone: m.zone.clone(),
+                cross_zone_bytes: m.cross_zone_bytes,
             }
         })
         .collect();

@@ -316,6 +316,16 @@ impl<B: AutodiffBackend> Trainer<B> {
         }
     }
 
+    /// Post the status after an evaluation, without waiting: in a cluster nobody reads a
+    /// trainer's `/status`, and the job's progress, curves and `kubectl get` columns come from
+    /// these posts. One try; the next evaluation brings a newer one.
+    fn report_progress(&self) {
+        if let Some(c) = self.control.clone() {
+            let status = self.observed.snapshot();
+            tokio::spawn(async move { c.post_retrying(&c.status_path(), &status, 1).await });
+        }
+    }
+
     fn set_state(&self, state: TrainerState) {
         self.observed.update(|s| s.state = state);
         if let Some(c) = self.control.clone() {
@@ -571,9 +581,11 @@ impl<B: AutodiffBackend> Trainer<B> {
             self.observed.stepped();
             let (step, seen) = (self.step, report.heard_from);
             let neighbours: Vec<u32> = hood.neighbours.iter().map(|(id, _)| *id).collect();
+            let sent_to = &self.member.bytes_sent_to;
             self.observed.update(|s| {
                 s.progress.step = step;
                 s.progress.loss = Some(report.loss);
+                s.bytes_sent_to.clone_from(sent_to);
                 if let Some(d) = report.local_disagreement {
                     s.progress.consensus_distance = Some(d);
                 }
@@ -607,6 +619,7 @@ impl<B: AutodiffBackend> Trainer<B> {
                 } else {
                     tracing::info!(step, loss, accuracy, "progress");
                 }
+                self.report_progress();
             }
             if self
                 .plan
@@ -749,6 +762,7 @@ pub async fn run<B: AutodiffBackend>(
         bytes_in: 0,
         bytes_out: 0,
         rejected_frames: 0,
+        bytes_sent_to: Default::default(),
     });
     let listener = tokio::net::TcpListener::bind(&env.status_address)
         .await

@@ -347,14 +347,31 @@ fn status(i: &Inputs, d: &mut Decision) {
         m.pod = Some(pod);
     }
     d.plan.view.status.observed_generation = i.job.metadata.generation;
+    // An operator that just started has heard from no trainer yet: the progress it knows is
+    // nothing, not step 0. Keep what the status said until a trainer reports.
+    let heard_nothing = d.plan.view.status.progress.as_ref().is_none_or(|p| {
+        p.step == 0 && p.loss.is_none() && p.accuracy.is_none() && p.consensus_distance.is_none()
+    });
+    if heard_nothing && let Some(previous) = i.job.status.as_ref().and_then(|s| s.progress.clone())
+    {
+        d.plan.view.status.progress = Some(previous);
+    }
     if i.job.status.as_ref() != Some(&d.plan.view.status) {
         d.status = Some(d.plan.view.status.clone());
     }
 }
 
-/// When to look again without news: a planner deadline, or the finished job's TTL.
+/// How often a running job's status (step, loss, accuracy: what `kubectl get dtj -w` shows) is
+/// refreshed from its trainers' reports, which arrive without waking the reconciler.
+pub const PROGRESS_REFRESH: Duration = Duration::from_secs(5);
+
+/// When to look again without news: a planner deadline, the finished job's TTL, or the next
+/// progress refresh of a running job.
 fn requeue(i: &Inputs, d: &mut Decision) {
     let state = &d.plan.memory.state;
+    if state.phase == murmur_core::api::JobPhase::Running {
+        d.requeue = d.requeue.min(PROGRESS_REFRESH);
+    }
     let mut wake = planner::next_deadline(&i.job.spec, state, &d.plan.observed, i.now);
     if state.phase.is_finished()
         && let (Some(ttl), Some(done)) = (i.job.spec.ttl_seconds_after_finished, state.completed_at)

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMap, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, HTTPGetAction,
     KeyToPath, PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec, Probe,
     ResourceRequirements, SeccompProfile, SecretVolumeSource, SecurityContext, Service,
-    ServicePort, ServiceSpec, Volume, VolumeMount,
+    ServicePort, ServiceSpec, TopologySpreadConstraint, Volume, VolumeMount,
 };
 use k8s_openapi::api::networking::v1::{
     NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer,
@@ -20,7 +20,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
 use murmur_core::api::{
     Backend, CheckpointVolumeKind, DEFAULT_TRAINER_CUDA_IMAGE, DEFAULT_TRAINER_IMAGE,
-    DecentralizedTrainingJob,
+    DecentralizedTrainingJob, TopologyKind,
 };
 use murmur_core::contract::{TERMINATION_LOG, TrainerEnv};
 use murmur_core::topology::MemberId;
@@ -374,6 +374,11 @@ pub fn pod(p: &MemberPod, s: &Settings) -> Pod {
         ));
     }
     let sched = &spec.scheduling;
+    let zone_aware = sched.zone_aware.unwrap_or(true)
+        && matches!(
+            spec.topology.kind,
+            TopologyKind::DCliques | TopologyKind::ProxyClumps
+        );
     Pod {
         metadata: pod_metadata(p),
         spec: Some(PodSpec {
@@ -387,6 +392,24 @@ pub fn pod(p: &MemberPod, s: &Settings) -> Pod {
             volumes: Some(volumes),
             node_selector: (!sched.node_selector.is_empty()).then(|| sched.node_selector.clone()),
             affinity: placement.affinity,
+            // Zone-aware cliques form inside zones, and an uneven split (11 and 9 members for
+            // cliques of 5) forces a clique across: ask the scheduler to keep the zones even,
+            // softly, so that spot capacity in one zone still takes what the other lacks.
+            topology_spread_constraints: zone_aware.then(|| {
+                vec![TopologySpreadConstraint {
+                    max_skew: 1,
+                    topology_key: super::observe::ZONE_LABEL.into(),
+                    when_unsatisfiable: "ScheduleAnyway".into(),
+                    label_selector: Some(LabelSelector {
+                        match_labels: Some(BTreeMap::from([(
+                            LABEL_JOB.to_string(),
+                            job_name.clone(),
+                        )])),
+                        match_expressions: None,
+                    }),
+                    ..Default::default()
+                }]
+            }),
             tolerations: (!placement.tolerations.is_empty()).then_some(placement.tolerations),
             priority_class_name: sched.priority_class_name.clone(),
             scheduler_name: sched.scheduler_name.clone(),

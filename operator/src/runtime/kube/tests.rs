@@ -769,7 +769,27 @@ async fn a_replacement_prefers_the_zone_of_its_clique_unless_zone_awareness_is_o
     // A first attempt has no clique yet; zoneAware: false asks for nothing.
     assert!(affinity(MANIFEST.into(), None).pod_affinity.is_none());
     let off = MANIFEST.replace("capacity: spot", "capacity: spot\n    zoneAware: false");
-    assert!(affinity(off, Some(1)).pod_affinity.is_none());
+    assert!(affinity(off.clone(), Some(1)).pod_affinity.is_none());
+    // Every pod of a zone-aware clique job asks, softly, for zones of even size.
+    let spread = |manifest: &str| {
+        let job = job(manifest);
+        let pod = resources::pod(
+            &resources::MemberPod {
+                job: &job,
+                member: 0,
+                attempt: 0,
+                on_demand: false,
+                clique: None,
+            },
+            &Settings::default(),
+        );
+        pod.spec.unwrap().topology_spread_constraints
+    };
+    let constraints = spread(MANIFEST).expect("a zone spread");
+    assert_eq!(constraints[0].topology_key, "topology.kubernetes.io/zone");
+    assert_eq!(constraints[0].max_skew, 1);
+    assert_eq!(constraints[0].when_unsatisfiable, "ScheduleAnyway");
+    assert!(spread(&off).is_none());
 }
 
 /// A NetworkPolicy rule's peers and ports (ingress `from` or egress `to`).
@@ -994,9 +1014,11 @@ async fn a_preempted_pod_is_replaced_at_once_the_topology_repaired_and_nothing_c
         // It joins: back in the topology, Running again.
         c.schedule_all();
         c.join(&[1]).await;
-        c.reconcile().await;
+        let (action, _) = c.reconcile().await;
         assert_eq!(c.topology_version(), 3);
         assert_eq!(c.status().phase, Some(murmur_core::api::JobPhase::Running));
+        // A running job's status follows its trainers' progress: looked at again within 5 s.
+        assert_eq!(action, Action::requeue(super::decide::PROGRESS_REFRESH));
     }
 }
 
@@ -1181,6 +1203,44 @@ async fn a_member_without_a_spot_node_falls_back_to_on_demand() {
     assert!(member.message.as_deref().unwrap().contains("fell back"));
     assert_eq!(c.status().preemptions, 0);
     assert_eq!(c.status().restarts, 0);
+}
+
+#[tokio::test]
+async fn a_restarted_operator_keeps_the_progress_until_a_trainer_reports_again() {
+    let mut c = Cluster::running().await;
+    let handle = c.ctx.hub.job("ml", "mnist").expect("registered");
+    for id in 0..4 {
+        assert!(
+            handle.deliver(Inbound::Status(murmur_core::contract::TrainerStatus {
+                member_id: id,
+                state: murmur_core::contract::TrainerState::Training,
+                progress: murmur_core::api::Progress {
+                    step: 120,
+                    loss: Some(0.3),
+                    accuracy: Some(0.8),
+                    consensus_distance: None,
+                },
+                topology_version: 1,
+                neighbours_seen: vec![],
+                bytes_in: 0,
+                bytes_out: 0,
+                rejected_frames: 0,
+                bytes_sent_to: Default::default(),
+            }))
+        );
+    }
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    c.advance(5);
+    c.reconcile().await;
+    assert_eq!(c.status().progress.as_ref().unwrap().step, 120);
+    // The new operator has heard from nobody: step 0 would read as a job started over.
+    c.restart_operator();
+    c.advance(5);
+    c.reconcile().await;
+    let progress = c.status().progress.clone().unwrap();
+    assert_eq!((progress.step, progress.accuracy), (120, Some(0.8)));
 }
 
 #[tokio::test]
