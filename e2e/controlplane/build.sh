@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the control plane binaries into $MURMUR_CONTROLPLANE_BIN (default: .bin/ beside this
 # script) from the pinned modules in go.mod/go.sum, unless they are there already and were built
-# from the same go.mod, go.sum, main.go and Go version. up.sh runs this first; run it alone to
+# from the same go.mod, go.sum, *.go and Go version. up.sh runs this first; run it alone to
 # build ahead of time (CI can cache the Go module and build caches to make it a relink).
 #
 # Two binaries come out, plus symlinks:
@@ -13,12 +13,12 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 BIN=${MURMUR_CONTROLPLANE_BIN:-$HERE/.bin}
-COMMANDS=(kube-apiserver kube-controller-manager kube-scheduler etcd kubectl kwok)
+COMMANDS=(kube-apiserver kube-controller-manager kube-scheduler etcd kubectl kwok pod-runner)
 
 command -v go >/dev/null || { echo "build.sh: go is not on PATH" >&2; exit 1; }
 
 # The stamp says what the binaries were built from; a change to any of these rebuilds them.
-stamp=$(cd "$HERE" && { cat go.mod go.sum main.go build.sh; go env GOVERSION GOOS GOARCH; } | sha256sum | cut -d' ' -f1)
+stamp=$(cd "$HERE" && { cat go.mod go.sum ./*.go build.sh; go env GOVERSION GOOS GOARCH; } | sha256sum | cut -d' ' -f1)
 if [[ -x $BIN/controlplane && -x $BIN/helm && -f $BIN/.stamp && $(cat "$BIN/.stamp") == "$stamp" ]]; then
     exit 0
 fi

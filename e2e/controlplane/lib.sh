@@ -16,7 +16,7 @@ DIR=${MURMUR_CONTROLPLANE_DIR%/}
 MARKER=.murmur-controlplane
 
 # In start order; stopped all at once.
-COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
+COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok pod-runner)
 
 # is_ours PID: the process runs and belongs to this instance. A pid file can outlive its process
 # (a crash, a reboot) and the number be reused by something else; every process up.sh starts has
@@ -43,11 +43,30 @@ running() {
     done
 }
 
+# pod_bridge: the name of the pod runner's bridge for this state dir; its pods' network
+# namespaces are named after it (BRIDGE-<pod uid>), so that down.sh can find what a killed runner
+# left behind.
+pod_bridge() { echo "mp$(sha256sum <<<"$DIR" | cut -c1-8)"; }
+
+# remove_pod_network: the bridge and namespaces of this instance's pod runner, if any are left.
+remove_pod_network() {
+    local bridge ns
+    bridge=$(pod_bridge)
+    command -v ip >/dev/null || return 0
+    for ns in $(ip netns list 2>/dev/null | awk -v p="$bridge-" 'index($1, p) == 1 {print $1}'); do
+        ip netns del "$ns" 2>/dev/null || true
+        rm -rf "/etc/netns/$ns"
+    done
+    ip link del "$bridge" 2>/dev/null || true
+}
+
 # stop_all: stops every running component: TERM, then KILL what is left after a grace period,
 # and waits until none runs. etcd goes last: an API server whose etcd is gone holds its in-flight
 # requests until they time out (60 s) before it exits, and every other component only talks to
 # the API server. Each one stops on TERM within about two seconds.
 stop_all() {
+    stop pod-runner # first: it stops its pods' processes while it can still reach the API server
+    remove_pod_network
     stop kwok kube-scheduler kube-controller-manager kube-apiserver
     stop etcd
 }

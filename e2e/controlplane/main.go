@@ -55,6 +55,7 @@ var commands = map[string]func() int{
 	"kubectl":        runKubectl,
 	"kwok":           runKwok,
 	"kwok-stages":    printKwokStages,
+	"pod-runner":     runPodRunner,
 	"etcd": func() int {
 		etcdmain.Main(os.Args) // returns only when etcd has stopped
 		return 0

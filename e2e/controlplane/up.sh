@@ -4,6 +4,8 @@
 # 127.0.0.1, with everything they keep under one state dir. See README.md.
 #
 #   eval "$(e2e/controlplane/up.sh)"      # last line of stdout: export KUBECONFIG=...
+#   eval "$(e2e/controlplane/up.sh --run-pods)"   # and the pod runner: pods of nodes labelled
+#                                         # murmur.dev/pod-runner=true run for real (README.md)
 #   e2e/controlplane/down.sh
 #
 # Environment (all optional):
@@ -15,6 +17,10 @@
 #   MURMUR_CONTROLPLANE_<X>_ARGS extra flags, X in ETCD APISERVER CONTROLLER_MANAGER SCHEDULER
 #                                KWOK (word-split), e.g. MURMUR_CONTROLPLANE_CONTROLLER_MANAGER_ARGS=
 #                                "--node-monitor-grace-period=20s"
+#   MURMUR_POD_RUNNER_ENTRYPOINT what runs for a pod's image entrypoint (default: the build's
+#                                target/release/murmur-trainer)
+#   MURMUR_POD_RUNNER_HOST_ALIASES names that resolve to the host in every pod (default: the
+#                                operator's Service, murmur-operator.murmur-system.svc[.cluster.local])
 #
 # Progress goes to stderr, the logs of the components to $MURMUR_CONTROLPLANE_DIR/logs/; stdout
 # is only the export lines, so that a caller can eval it or read its last line.
@@ -31,6 +37,14 @@ KWOK_ANNOTATION=kwok.x-k8s.io/node=fake
 
 say() { echo "up.sh: $*" >&2; }
 die() { say "$*"; exit 1; }
+
+RUN_PODS=0
+for arg in "$@"; do
+    case $arg in
+    --run-pods) RUN_PODS=1 ;;
+    *) die "unknown argument $arg (usage: up.sh [--run-pods])" ;;
+    esac
+done
 
 for tool in openssl curl flock setsid base64 sha256sum; do
     command -v "$tool" >/dev/null || die "$tool is needed and not on PATH"
@@ -358,6 +372,44 @@ wait_for kwok curl -sf --max-time 5 "http://127.0.0.1:$KWOK_PORT/healthz"
 # "default" shows the ServiceAccount controller at work.
 wait_for kube-controller-manager https_ok "$SERVER/api/v1/namespaces/default/serviceaccounts/default"
 
+# --- the pod runner ----------------------------------------------------------------------------
+# It plays the kubelet of the nodes labelled murmur.dev/pod-runner=true: their pods run for real,
+# each in a network namespace on a bridge of this instance (podrunner.go). The bridge's name and
+# its /16 are this instance's own: a hash of the state dir, and the first 10.X.0.0/16 (X from
+# 200) no interface of this machine uses.
+HOST_IP=
+if ((RUN_PODS)); then
+    ((EUID == 0)) || die "--run-pods needs root (network and mount namespaces)"
+    for tool in ip unshare setpriv mount; do
+        command -v "$tool" >/dev/null || die "$tool is needed by --run-pods and not on PATH"
+    done
+    ENTRYPOINT=${MURMUR_POD_RUNNER_ENTRYPOINT:-$(cd "$HERE/../.." && pwd)/target/release/murmur-trainer}
+    [[ -x $ENTRYPOINT ]] || die "$ENTRYPOINT is not built (cargo build --release), or set MURMUR_POD_RUNNER_ENTRYPOINT"
+    BRIDGE=$(pod_bridge)
+    used=$(ip -4 -o addr show | awk '{print $4}')
+    for x in {200..250}; do
+        grep -q "^10\.$x\." <<<"$used" || break
+    done
+    ((x <= 250)) || die "no free 10.X.0.0/16 for the pods (X in 200..250)"
+    POD_CIDR=10.$x.0.0/16
+    HOST_IP=10.$x.0.1
+    aliases=()
+    for name in ${MURMUR_POD_RUNNER_HOST_ALIASES:-murmur-operator.murmur-system.svc murmur-operator.murmur-system.svc.cluster.local}; do
+        aliases+=("--host-alias=$name=host")
+    done
+    remove_pod_network # what a runner of an instance that died left
+    mkdir -p "$DIR/pod-runner"
+    say "starting the pod runner: bridge $BRIDGE, pods in $POD_CIDR, host $HOST_IP"
+    start pod-runner \
+        --kubeconfig="$KUBECONFIG_ADMIN" \
+        --state="$DIR/pod-runner" \
+        --entrypoint="$ENTRYPOINT" \
+        --bridge="$BRIDGE" \
+        --pod-cidr="$POD_CIDR" \
+        "${aliases[@]}"
+    wait_for pod-runner grep -q "pod-runner: running pods" "$DIR/logs/pod-runner.log"
+fi
+
 # --- done ------------------------------------------------------------------------------------
 # Everything a test may want, for `source`.
 cat >"$DIR/env" <<EOF
@@ -371,6 +423,7 @@ export MURMUR_CONTROLPLANE_CONTROLLER_MANAGER_PORT=$CONTROLLER_MANAGER_PORT
 export MURMUR_CONTROLPLANE_SCHEDULER_PORT=$SCHEDULER_PORT
 export MURMUR_CONTROLPLANE_KWOK_PORT=$KWOK_PORT
 export MURMUR_CONTROLPLANE_KWOK_ANNOTATION=$KWOK_ANNOTATION
+export MURMUR_CONTROLPLANE_HOST_IP=$HOST_IP
 export KUBECONFIG=$KUBECONFIG_ADMIN
 EOF
 ok=1
