@@ -99,7 +99,8 @@ trap finish EXIT
 trap 'exit 130' INT TERM
 
 started=$SECONDS
-eval "$("$HERE/up.sh" --run-pods)"
+exports=$("$HERE/up.sh" --run-pods) || die "up.sh failed; its logs are in $MURMUR_CONTROLPLANE_DIR/logs"
+eval "$exports"
 # shellcheck disable=SC1091
 source "$MURMUR_CONTROLPLANE_DIR/env"
 mkdir -p "$WORK"

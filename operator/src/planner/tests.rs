@@ -205,30 +205,46 @@ fn data_aware_cliques_are_built_from_the_join_reports_once_all_are_in() {
 
 #[test]
 fn zone_aware_cliques_form_inside_the_zones_of_the_members_nodes() {
-    // Members 0 and 2 run in zone a, 1 and 3 in zone b; each zone holds one kind of member.
-    for zone_aware in [None, Some(false)] {
+    // Even members hold one half of the classes, odd ones the other: a clique needs one of each.
+    // `zones(id)` places the members; the cliques built from them, as (member, mate).
+    let cliques = |zone_aware: Option<bool>, zones: fn(u32) -> &'static str| {
         let mut spec = spec();
         spec.scheduling.zone_aware = zone_aware;
         let mut w = World::new(spec);
         w.plan();
         for id in 0..4 {
             w.schedule(id, &format!("node-{id}"));
-            w.observed.members.get_mut(&id).unwrap().zone =
-                Some(if id % 2 == 0 { "a" } else { "b" }.into());
+            w.observed.members.get_mut(&id).unwrap().zone = Some(zones(id).into());
             w.join(id);
         }
         w.plan();
         let t = w.state.topology.as_ref().unwrap();
-        for id in 0..4u32 {
-            assert_eq!(
-                t.profiles[&id].zone.as_deref(),
-                Some(if id % 2 == 0 { "a" } else { "b" })
+        (0..4u32)
+            .map(|id| {
+                assert_eq!(t.profiles[&id].zone.as_deref(), Some(zones(id)));
+                let clique = t.clique_of(id).unwrap();
+                let mate = (0..4).find(|&o| o != id && t.clique_of(o) == Some(clique));
+                (id, mate.unwrap())
+            })
+            .collect::<Vec<_>>()
+    };
+    // Zone a holds 0 and 1, zone b 2 and 3: balanced cliques exist inside each zone, and
+    // zone-aware (the default) builds those.
+    let by_halves = |id: u32| if id < 2 { "a" } else { "b" };
+    for (id, mate) in cliques(None, by_halves) {
+        assert_eq!(by_halves(id), by_halves(mate), "{id} and {mate} span zones");
+        assert_ne!(id % 2, mate % 2, "{id} and {mate} hold the same classes");
+    }
+    // Each zone holds one kind: a clique of one zone would see half the classes, so zone-aware
+    // cliques cross zones like zone-blind ones. Label balance first.
+    let by_kind = |id: u32| if id.is_multiple_of(2) { "a" } else { "b" };
+    for zone_aware in [None, Some(false)] {
+        for (id, mate) in cliques(zone_aware, by_kind) {
+            assert_ne!(
+                id % 2,
+                mate % 2,
+                "{zone_aware:?}: {id} and {mate} hold the same classes"
             );
-            let clique = t.clique_of(id).unwrap();
-            let mates: Vec<u32> = (0..4).filter(|&o| t.clique_of(o) == Some(clique)).collect();
-            let one_zone = mates[0] % 2 == mates[1] % 2;
-            // On (the default): the clique stays in its zone. Off: cliques mix kinds, so zones.
-            assert_eq!(one_zone, zone_aware.is_none(), "{zone_aware:?}: {mates:?}");
         }
     }
 }

@@ -734,20 +734,22 @@ async fn a_job_names_its_trainer_image_or_gets_the_operators_for_its_backend() {
 
 #[tokio::test]
 async fn a_replacement_prefers_the_zone_of_its_clique_unless_zone_awareness_is_off() {
-    let affinity = |manifest: String, clique: Option<u32>| {
-        let job = job(&manifest);
+    // Member 3's pod of `manifest`, a replacement in `clique` when there is one.
+    let pod_spec = |manifest: &str, clique: Option<u32>| {
+        let job = job(manifest);
         let pod = resources::pod(
             &resources::MemberPod {
                 job: &job,
                 member: 3,
-                attempt: 1,
+                attempt: u32::from(clique.is_some()),
                 on_demand: false,
                 clique,
             },
             &Settings::default(),
         );
-        pod.spec.unwrap().affinity.unwrap()
+        pod.spec.unwrap()
     };
+    let affinity = |manifest: String, clique| pod_spec(&manifest, clique).affinity.unwrap();
     let a = affinity(MANIFEST.into(), Some(1));
     let terms = a
         .pod_affinity
@@ -771,20 +773,7 @@ async fn a_replacement_prefers_the_zone_of_its_clique_unless_zone_awareness_is_o
     let off = MANIFEST.replace("capacity: spot", "capacity: spot\n    zoneAware: false");
     assert!(affinity(off.clone(), Some(1)).pod_affinity.is_none());
     // Every pod of a zone-aware clique job asks, softly, for zones of even size.
-    let spread = |manifest: &str| {
-        let job = job(manifest);
-        let pod = resources::pod(
-            &resources::MemberPod {
-                job: &job,
-                member: 0,
-                attempt: 0,
-                on_demand: false,
-                clique: None,
-            },
-            &Settings::default(),
-        );
-        pod.spec.unwrap().topology_spread_constraints
-    };
+    let spread = |manifest: &str| pod_spec(manifest, None).topology_spread_constraints;
     let constraints = spread(MANIFEST).expect("a zone spread");
     assert_eq!(constraints[0].topology_key, "topology.kubernetes.io/zone");
     assert_eq!(constraints[0].max_skew, 1);
