@@ -55,8 +55,24 @@ fn main() -> ExitCode {
     let reference = murmur_run();
     println!("murmur run: {:.2}%", 100.0 * reference);
 
-    // 1. The user's flow, the manifest as it is (zone-aware cliques by default).
-    let plain = job(&["--seed", "1"]);
+    // 1. The user's flow, the manifest as it is (zone-aware cliques by default), with the
+    //    operator's dashboard opened in Chromium mid-run (when there is one: CI installs it).
+    let dashboard = tempfile::tempdir().unwrap();
+    let browser = ["chromium", "chromium-browser", "google-chrome"]
+        .into_iter()
+        .any(tools::on_path);
+    assert!(
+        browser || std::env::var_os("MURMUR_REQUIRE_CHROMIUM").is_none(),
+        "MURMUR_REQUIRE_CHROMIUM is set, but chromium is not on PATH"
+    );
+    let dashboard_dir = dashboard.path().display().to_string();
+    let mut args = vec!["--seed", "1"];
+    if browser {
+        args.extend(["--dashboard", dashboard_dir.as_str()]);
+    } else {
+        eprintln!("SKIPPED the operator's dashboard in Chromium: chromium not on PATH");
+    }
+    let plain = job(&args);
     let accuracy = plain["finalAccuracy"].as_f64().unwrap();
     println!(
         "job.sh, unchanged manifest: {} {:.2}% in {:.1} s",
@@ -85,6 +101,33 @@ fn main() -> ExitCode {
     );
     for m in plain["members"].as_array().unwrap() {
         assert_eq!(m["nodeLabels"]["karpenter.sh/capacity-type"], "spot", "{m}");
+    }
+    if browser {
+        // The dashboard the operator serves shows the job as murmur run's does, and its zones.
+        let dom = std::fs::read_to_string(dashboard.path().join("dom.html")).unwrap();
+        assert_eq!(
+            dom.matches("class=\"member\"").count(),
+            10,
+            "ten members:\n{dom}"
+        );
+        assert!(
+            dom.contains("class=\"curve\""),
+            "accuracy and loss curves:\n{dom}"
+        );
+        assert!(dom.contains("Running"), "the job's phase:\n{dom}");
+        for zone in ["zone-1", "zone-2"] {
+            assert!(
+                dom.contains(&format!("data-zone=\"{zone}\"")),
+                "members of {zone}:\n{dom}"
+            );
+        }
+        let png = std::fs::read(dashboard.path().join("dashboard.png")).unwrap();
+        assert!(png.starts_with(b"\x89PNG"), "a PNG screenshot");
+        let artifacts = std::env::var_os("MURMUR_ARTIFACTS_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| repository().join("target/e2e-artifacts"));
+        std::fs::create_dir_all(&artifacts).unwrap();
+        std::fs::write(artifacts.join("dashboard-operator.png"), png).unwrap();
     }
 
     // 2. Zone-aware cliques against zone-blind ones. Cliques of one zone can only be balanced

@@ -23,6 +23,8 @@
 #   --set JQ             any other change, as a jq update of the object, e.g.
 #                        --set '.spec.replicas = {min: 12, target: 20, max: 24}' 
 #   --keep DIR           copy the logs (operator, pods, control plane, the watch) into DIR
+#   --dashboard DIR      once a quarter of the steps are done, headless Chromium loads the
+#                        operator's dashboard: its DOM (dom.html) and a screenshot into DIR
 #
 # Needs root, the release build (cargo build --release: murmur and murmur-trainer; or MURMUR_BIN
 # and MURMUR_POD_RUNNER_ENTRYPOINT), Go (the control plane is built on first use), jq, curl. Progress goes to stderr. Exit 0 when the job
@@ -36,7 +38,7 @@ die() { say "$*"; exit 1; }
 usage() { sed -n '/^#   e2e/,/^#   --keep/p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 MANIFEST= EVICT=0 DRAIN=0 DELETE_NODE=0 RESTART_OPERATOR=0 ZONES=2 PER_ZONE=3 ZONE_AWARE=
-NS=murmur-e2e TIMEOUT=900 SEED=${RANDOM} KEEP= SET_STEPS=
+NS=murmur-e2e TIMEOUT=900 SEED=${RANDOM} KEEP= SET_STEPS= DASHBOARD=
 EDITS=()
 while (($#)); do
     case $1 in
@@ -53,6 +55,7 @@ while (($#)); do
     --timeout) TIMEOUT=${2:?--timeout SECONDS}; shift ;;
     --seed) SEED=${2:?--seed N}; shift ;;
     --keep) KEEP=${2:?--keep DIR}; shift ;;
+    --dashboard) DASHBOARD=${2:?--dashboard DIR}; shift ;;
     -h | --help) usage ;;
     -*) say "unknown flag $1"; usage ;;
     *) [[ -z $MANIFEST ]] || { say "one manifest only"; usage; }; MANIFEST=$1 ;;
@@ -67,6 +70,10 @@ done
 [[ -z $ZONE_AWARE || $ZONE_AWARE == on || $ZONE_AWARE == off ]] || die "--zone-aware $ZONE_AWARE: on or off"
 [[ -z $SET_STEPS || $SET_STEPS =~ ^[1-9][0-9]*$ ]] || die "--steps $SET_STEPS: a positive count"
 for tool in jq curl; do command -v $tool >/dev/null || die "$tool is needed and not on PATH"; done
+if [[ -n $DASHBOARD ]]; then
+    BROWSER=$(command -v chromium || command -v chromium-browser || command -v google-chrome) ||
+        die "--dashboard needs chromium (apt-get install chromium)"
+fi
 MURMUR=${MURMUR_BIN:-$REPO/target/release/murmur}
 export MURMUR_POD_RUNNER_ENTRYPOINT=${MURMUR_POD_RUNNER_ENTRYPOINT:-$REPO/target/release/murmur-trainer}
 [[ -x $MURMUR && -x $MURMUR_POD_RUNNER_ENTRYPOINT ]] ||
@@ -278,6 +285,22 @@ EOF
         ;;
     esac
 done
+
+# --- the dashboard, as a user opens it mid-run -------------------------------------------------
+if [[ -n $DASHBOARD ]]; then
+    until (($(step) >= STEPS / 4)); do
+        p=$(phase)
+        [[ $p == Succeeded || $p == Failed ]] && die "the job ended ($p) before the dashboard was looked at"
+        ((SECONDS < deadline)) || die "timed out waiting for step $((STEPS / 4))"
+        sleep 0.5
+    done
+    mkdir -p "$DASHBOARD"
+    chrome=(--headless --no-sandbox --disable-gpu --disable-dev-shm-usage --hide-scrollbars
+        --window-size=1400,1000 --virtual-time-budget=4000)
+    "$BROWSER" "${chrome[@]}" --dump-dom "$STATUS/" >"$DASHBOARD/dom.html" 2>>"$WORK/chromium.log"
+    "$BROWSER" "${chrome[@]}" --screenshot="$DASHBOARD/dashboard.png" "$STATUS/" >>"$WORK/chromium.log" 2>&1
+    say "step $(step): the operator's dashboard captured in $DASHBOARD"
+fi
 
 # --- the end ---------------------------------------------------------------------------------
 until p=$(phase) && [[ $p == Succeeded || $p == Failed ]]; do
