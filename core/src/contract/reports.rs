@@ -49,6 +49,23 @@ pub struct TrainerStatus {
     pub bytes_sent_to: BTreeMap<u32, u64>,
 }
 
+impl TrainerStatus {
+    /// A member's status before it has done anything: no progress, no topology, nothing sent.
+    pub fn new(member_id: u32, state: TrainerState) -> Self {
+        Self {
+            member_id,
+            state,
+            progress: Progress::default(),
+            topology_version: 0,
+            neighbours_seen: Vec::new(),
+            bytes_in: 0,
+            bytes_out: 0,
+            rejected_frames: 0,
+            bytes_sent_to: BTreeMap::new(),
+        }
+    }
+}
+
 /// Where a trainer in a pod writes its [`TerminationMessage`] (the operator sets it to the
 /// container's `terminationMessagePath`), so a completed member is told from one that left on a
 /// spot notice even by an operator that restarted in between.

@@ -47,18 +47,13 @@ fn join(id: MemberId) -> Inbound {
 
 fn status(id: MemberId, state: TrainerState, step: u64) -> TrainerStatus {
     TrainerStatus {
-        member_id: id,
-        state,
         progress: Progress {
             step,
             ..Default::default()
         },
         topology_version: 1,
-        neighbours_seen: vec![],
-        bytes_in: 0,
         bytes_out: 10 * step,
-        rejected_frames: 0,
-        bytes_sent_to: Default::default(),
+        ..TrainerStatus::new(id, state)
     }
 }
 

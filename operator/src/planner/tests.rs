@@ -430,15 +430,10 @@ fn a_replacement_outside_the_topology_is_retired_when_the_job_finishes() {
 
 fn status(id: u32, bytes_in: u64) -> TrainerStatus {
     TrainerStatus {
-        member_id: id,
-        state: murmur_core::contract::TrainerState::Training,
-        progress: Default::default(),
         topology_version: 1,
-        neighbours_seen: vec![],
         bytes_in,
         bytes_out: 800,
-        rejected_frames: 0,
-        bytes_sent_to: Default::default(),
+        ..TrainerStatus::new(id, murmur_core::contract::TrainerState::Training)
     }
 }
 

@@ -281,19 +281,16 @@ fn a_status_is_sampled_only_when_its_step_or_accuracy_changed() {
     let hub = Hub::default();
     let (job, _inbox) = hub.register("ml", "j", b"key".to_vec());
     let status = |step: u64, accuracy: Option<f64>| murmur_core::contract::TrainerStatus {
-        member_id: 1,
-        state: murmur_core::contract::TrainerState::Training,
         progress: murmur_core::api::Progress {
             step,
             accuracy,
             ..Default::default()
         },
         topology_version: 1,
-        neighbours_seen: vec![],
-        bytes_in: 0,
-        bytes_out: 0,
-        rejected_frames: 0,
-        bytes_sent_to: Default::default(),
+        ..murmur_core::contract::TrainerStatus::new(
+            1,
+            murmur_core::contract::TrainerState::Training,
+        )
     };
     job.sample(1.0, 0, &status(10, None));
     job.sample(1.5, 0, &status(10, None));
@@ -516,15 +513,13 @@ fn cross_zone_bytes_count_what_a_member_sent_to_peers_in_other_zones() {
     let member = |zone: Option<&str>, sent_to: &[(u32, u64)]| ObservedMember {
         zone: zone.map(str::to_string),
         status: Some(murmur_core::contract::TrainerStatus {
-            member_id: 0,
-            state: murmur_core::contract::TrainerState::Training,
-            progress: Default::default(),
             topology_version: 1,
-            neighbours_seen: vec![],
-            bytes_in: 0,
             bytes_out: sent_to.iter().map(|(_, b)| b).sum(),
-            rejected_frames: 0,
             bytes_sent_to: sent_to.iter().copied().collect(),
+            ..murmur_core::contract::TrainerStatus::new(
+                0,
+                murmur_core::contract::TrainerState::Training,
+            )
         }),
         ..Default::default()
     };

@@ -753,17 +753,7 @@ pub async fn run<B: AutodiffBackend>(
         address: env.listen_address.clone(),
         source,
     })?;
-    let observed = Observed::new(TrainerStatus {
-        member_id: me,
-        state: TrainerState::Joining,
-        progress: Default::default(),
-        topology_version: 0,
-        neighbours_seen: Vec::new(),
-        bytes_in: 0,
-        bytes_out: 0,
-        rejected_frames: 0,
-        bytes_sent_to: Default::default(),
-    });
+    let observed = Observed::new(TrainerStatus::new(me, TrainerState::Joining));
     let listener = tokio::net::TcpListener::bind(&env.status_address)
         .await
         .map_err(|source| RunError::Bind {

@@ -1201,8 +1201,6 @@ async fn a_restarted_operator_keeps_the_progress_until_a_trainer_reports_again()
     for id in 0..4 {
         assert!(
             handle.deliver(Inbound::Status(murmur_core::contract::TrainerStatus {
-                member_id: id,
-                state: murmur_core::contract::TrainerState::Training,
                 progress: murmur_core::api::Progress {
                     step: 120,
                     loss: Some(0.3),
@@ -1210,11 +1208,10 @@ async fn a_restarted_operator_keeps_the_progress_until_a_trainer_reports_again()
                     consensus_distance: None,
                 },
                 topology_version: 1,
-                neighbours_seen: vec![],
-                bytes_in: 0,
-                bytes_out: 0,
-                rejected_frames: 0,
-                bytes_sent_to: Default::default(),
+                ..murmur_core::contract::TrainerStatus::new(
+                    id,
+                    murmur_core::contract::TrainerState::Training,
+                )
             }))
         );
     }
