@@ -250,6 +250,9 @@ struct Trainer<B: AutodiffBackend> {
     eval_every: u64,
     /// Whether a round with peers has completed yet (logged once: the join latency).
     averaged_yet: bool,
+    /// What this member reported on start; sent again whenever a topology leaves it out (the
+    /// operator that took the first report may have restarted before it kept it).
+    join: Option<JoinReport>,
 }
 
 impl<B: AutodiffBackend> Trainer<B> {
@@ -298,10 +301,15 @@ impl<B: AutodiffBackend> Trainer<B> {
                 self.transport.connect(&neighbours);
                 tracing::info!(version = doc.version, ?neighbours, "following topology");
             }
-            None => tracing::warn!(
-                version = doc.version,
-                "this member is not in the topology; pausing"
-            ),
+            None => {
+                tracing::warn!(
+                    version = doc.version,
+                    "this member is not in the topology; pausing"
+                );
+                if let (Some(c), Some(report)) = (self.control.clone(), self.join.clone()) {
+                    tokio::spawn(async move { c.post_retrying(&c.join_path(), &report, 3).await });
+                }
+            }
         }
         let version = doc.version;
         self.observed.update(|s| s.topology_version = version);
@@ -804,6 +812,7 @@ pub async fn run<B: AutodiffBackend>(
         total_steps,
         eval_every: options.eval_every,
         averaged_yet: false,
+        join: None,
     };
     trainer.restore_checkpoint()?;
     if let Some(c) = trainer.control.clone() {
@@ -812,6 +821,7 @@ pub async fn run<B: AutodiffBackend>(
             label_histogram: trainer.member.label_histogram(),
             proxy_vector,
         };
+        trainer.join = Some(report.clone());
         tokio::spawn(async move { c.post_retrying(&c.join_path(), &report, 30).await });
     }
     if !trainer.wait_for_topology().await {
