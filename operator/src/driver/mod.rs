@@ -129,9 +129,11 @@ impl JobDriver {
         match message {
             Inbound::Join(report) => {
                 let id = report.member_id;
-                let Some(attempt) = self.attempt_of(id) else {
-                    return false;
-                };
+                // A member no committed plan knows yet runs its first attempt: the plan that
+                // created it is still being carried out (its pod started and posted before the
+                // last pods of a large job were created). Dropped, the join would leave the
+                // member out of the first topology and unbalance its clique.
+                let attempt = self.attempt_of(id).unwrap_or(0);
                 self.memory.joins.insert(id, StoredJoin { attempt, report });
                 true
             }

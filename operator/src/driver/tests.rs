@@ -97,8 +97,6 @@ fn a_plan_changes_nothing_until_it_is_committed() {
 #[test]
 fn joins_and_statuses_reach_the_planner_for_the_attempt_that_sent_them() {
     let (mut d, hub) = driver();
-    // Nothing is known of a member before it is created.
-    assert!(!d.receive(join(0), at(1)));
     step(&mut d, at(1));
     assert!(d.receive(join(0), at(2)), "a join report plans again");
     assert!(d.receive(join(1), at(2)));
@@ -138,6 +136,23 @@ fn a_join_that_arrives_while_a_plan_is_carried_out_is_kept() {
     assert!(d.receive(join(1), at(2)));
     d.commit(&plan, at(2));
     assert!(d.memory().joins.contains_key(&1));
+}
+
+#[test]
+fn a_first_attempt_that_joins_before_the_plan_creating_it_is_committed_is_kept() {
+    // The runtime creates 20 pods; the first one starts and posts its join before the last is
+    // created and the plan committed.
+    let (mut d, _hub) = driver();
+    let plan = d.plan(&spec(), None, BTreeMap::new(), &address, at(1));
+    assert!(d.receive(join(0), at(1)));
+    d.commit(&plan, at(1));
+    assert_eq!(d.memory().joins[&0].attempt, 0);
+    d.receive(join(1), at(2));
+    let plan = step(&mut d, at(2));
+    assert!(
+        plan.document.is_some_and(|t| t.members.len() == 2),
+        "both members in the first topology"
+    );
 }
 
 #[test]
