@@ -174,8 +174,9 @@ struct SimulateArgs {
     /// dcliques or proxy-clumps.
     #[arg(long, default_value_t = 0)]
     departed: usize,
-    /// Spread the members over this many zones (member i in zone i mod ZONES) and report the
-    /// bytes that crossed between zones; with --zone-aware, cliques form inside zones.
+    /// Spread the members over this many zones (evenly, which member where at random by --seed,
+    /// as a scheduler that knows nothing of their data would) and report the bytes that crossed
+    /// between zones; with --zone-aware, cliques form inside zones.
     #[arg(long, default_value_t = 0)]
     zones: usize,
     /// Threads to spread the members and their kernels over (default: every core). Results are

@@ -36,6 +36,7 @@ fn config(
             clumps: None,
             clique_mix: CliqueMix::Heterogeneous,
             zone_aware: false,
+            zone_mix_skew: murmur_core::topology::dcliques::ZONE_MIX_SKEW,
             group_size: 3,
         },
         proxy_warmup_steps: 5,

@@ -43,7 +43,7 @@ pub(super) fn build(
     });
     let cliques = swap(
         &histograms,
-        zone_of.as_deref(),
+        zone_of.as_deref().map(|z| (z, spec.zone_mix_skew)),
         spec.clique_size,
         spec.swap_steps,
         spec.seed,
@@ -69,15 +69,17 @@ pub fn greedy_swap(histograms: &[&[f64]], size: usize, steps: usize, seed: u64) 
     swap(histograms, None, size, steps, seed)
 }
 
-/// What a clique member outside the clique's main zone costs, in skew (which lies in [0, 2]):
-/// a swap that brings a member of another zone in must balance the labels by more than this.
+/// What a clique member outside the clique's main zone costs by default, in skew (which lies in
+/// [0, 2]): a swap that brings a member of another zone in must balance the labels by more than
+/// this.
 pub const ZONE_MIX_SKEW: f64 = 0.02;
 
-/// Greedy Swap. With `zone_of` (each member's zone index), members start in runs of one zone and a
-/// clique's cost is its skew plus [`ZONE_MIX_SKEW`] per member outside its main zone.
+/// Greedy Swap. With `zones` (each member's zone index, and what a member outside its clique's
+/// main zone costs in skew), each zone's members start in cliques of their own and a clique's cost
+/// is its skew plus that price per member outside its main zone.
 fn swap(
     histograms: &[&[f64]],
-    zone_of: Option<&[usize]>,
+    zones: Option<(&[usize], f64)>,
     size: usize,
     steps: usize,
     seed: u64,
@@ -88,21 +90,34 @@ fn swap(
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut order: Vec<usize> = (0..n).collect();
     order.shuffle(&mut rng);
-    if let Some(zone_of) = zone_of {
-        // Shuffled inside each zone, zones one after the other.
-        order.sort_by_key(|&i| zone_of[i]);
-    }
-    let mut cliques: Vec<Vec<usize>> = order.chunks(size.max(1)).map(<[_]>::to_vec).collect();
+    let zone_of = zones.map(|(z, _)| z);
+    let mut cliques: Vec<Vec<usize>> = match zone_of {
+        None => order.chunks(size.max(1)).map(<[_]>::to_vec).collect(),
+        Some(zone_of) => {
+            // Each zone's members (shuffled) cut into cliques of their own, as near `size` as
+            // the zone's count allows: 11 members make 6 + 5, not 5 + 5 + a lone member that
+            // could only be filled from another zone.
+            let mut by_zone = std::collections::BTreeMap::<usize, Vec<usize>>::new();
+            for &i in &order {
+                by_zone.entry(zone_of[i]).or_default().push(i);
+            }
+            by_zone
+                .into_values()
+                .flat_map(|members| near_equal_chunks(members, size))
+                .collect()
+        }
+    };
     if cliques.len() < 2 {
         return cliques;
     }
+    let mix_price = zones.map_or(0.0, |(_, price)| price);
     let mixed = |clique: &[usize]| -> f64 {
         let Some(zone_of) = zone_of else { return 0.0 };
         let mut counts = std::collections::BTreeMap::<usize, usize>::new();
         for &k in clique {
             *counts.entry(zone_of[k]).or_default() += 1;
         }
-        ZONE_MIX_SKEW * (clique.len() - counts.values().max().copied().unwrap_or(0)) as f64
+        mix_price * (clique.len() - counts.values().max().copied().unwrap_or(0)) as f64
     };
     let mut sums: Vec<Vec<f64>> = cliques
         .iter()
@@ -167,6 +182,20 @@ fn swap(
         }
     }
     cliques
+}
+
+/// `members` cut into round(len / size) chunks (at least one) whose lengths differ by one at most.
+fn near_equal_chunks(members: Vec<usize>, size: usize) -> Vec<Vec<usize>> {
+    let n = members.len();
+    let count = ((n as f64 / size.max(1) as f64).round() as usize).clamp(1, n.max(1));
+    let mut rest = members.into_iter();
+    (0..count)
+        .map(|k| {
+            rest.by_ref()
+                .take(n / count + usize::from(k < n % count))
+                .collect()
+        })
+        .collect()
 }
 
 /// Mean and max skew over cliques (of member histograms), the measure Greedy Swap lowers.

@@ -28,6 +28,10 @@ pub struct TopologyOptions {
     /// bridges cross zones.
     #[cfg_attr(feature = "cli", arg(long))]
     pub zone_aware: bool,
+    /// dcliques, --zone-aware: what each clique member outside its clique's main zone costs, in
+    /// label skew (which lies in [0, 2]): Greedy Swap mixes zones only for a larger gain.
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = super::dcliques::ZONE_MIX_SKEW))]
+    pub zone_mix_skew: f64,
     /// moshpit: grid side (members per group).
     #[cfg_attr(feature = "cli", arg(long, default_value_t = crate::api::AlgorithmSpec::DEFAULT_GROUP_SIZE as usize))]
     pub group_size: usize,
@@ -42,6 +46,7 @@ impl TopologyOptions {
             clumps: self.clumps,
             clique_mix: self.clique_mix,
             zone_aware: self.zone_aware,
+            zone_mix_skew: self.zone_mix_skew,
             seed,
             ..BuildSpec::new(kind)
         }

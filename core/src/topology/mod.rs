@@ -77,6 +77,8 @@ pub struct BuildSpec {
     /// dCliques and proxyClumps: form each clique inside one zone (members' `zone`), so that
     /// every round's clique traffic stays in its zone and only bridges cross.
     pub zone_aware: bool,
+    /// dCliques, zone-aware: what a clique member outside the clique's main zone costs, in skew.
+    pub zone_mix_skew: f64,
     pub seed: u64,
     /// dCliques: Greedy Swap iterations.
     pub swap_steps: usize,
@@ -91,6 +93,7 @@ impl BuildSpec {
             clumps: None,
             clique_mix: CliqueMix::default(),
             zone_aware: false,
+            zone_mix_skew: dcliques::ZONE_MIX_SKEW,
             seed: 0,
             swap_steps: dcliques::DEFAULT_SWAP_STEPS,
         }
@@ -108,6 +111,7 @@ impl BuildSpec {
             clumps: spec.clumps.map(|c| c as usize),
             clique_mix: spec.clique_mix.unwrap_or_default(),
             zone_aware: false,
+            zone_mix_skew: dcliques::ZONE_MIX_SKEW,
             seed,
             swap_steps: dcliques::DEFAULT_SWAP_STEPS,
         }

@@ -345,6 +345,98 @@ fn zone_aware_d_cliques_cross_zones_rather_than_lose_label_balance() {
 }
 
 #[test]
+fn members_outside_their_cliques_zone_are_the_ones_to_move() {
+    // The setting above: zones holding disjoint classes force every clique of 10 across, half
+    // and half. Moving the misplaced members puts every clique in one zone, one clique per zone:
+    // the zones keep their sizes.
+    let mut members = MemberProfile::from_histograms(one_class_per_member(20, 10, 10.0));
+    for m in &mut members {
+        m.zone = Some(if m.id % 10 < 5 { "a" } else { "b" }.into());
+    }
+    let mut s = spec(TopologyKind::DCliques);
+    s.clique_size = 10;
+    s.zone_aware = true;
+    let t = build(&s, &members).unwrap();
+    let moves = zones::misplaced(&t);
+    assert_eq!(moves.len(), 10, "{moves:?}");
+    let Shape::Cliques(layout) = &t.shape else {
+        unreachable!()
+    };
+    let mut moved = t.profiles.clone();
+    for m in &moves {
+        assert_eq!(t.clique_of(m.member), Some(m.clique));
+        assert_ne!(t.profiles[&m.member].zone.as_deref(), Some(m.zone.as_str()));
+        moved.get_mut(&m.member).unwrap().zone = Some(m.zone.clone());
+    }
+    for (c, ms) in &layout.cliques {
+        let zones: BTreeSet<_> = ms.iter().map(|m| &moved[m].zone).collect();
+        assert_eq!(
+            zones.len(),
+            1,
+            "clique {c} {ms:?} still spans zones after the moves"
+        );
+    }
+    for z in ["a", "b"] {
+        let in_zone = |p: &BTreeMap<u32, MemberProfile>| {
+            p.values().filter(|p| p.zone.as_deref() == Some(z)).count()
+        };
+        assert_eq!(
+            in_zone(&moved),
+            in_zone(&t.profiles),
+            "zone {z} changed size"
+        );
+    }
+    // A clique with a clear majority moves its few others to that majority's zone.
+    let mut t = t.clone();
+    let c0: Vec<u32> = layout.cliques.values().next().unwrap().clone();
+    for (k, m) in c0.iter().enumerate() {
+        t.profiles.get_mut(m).unwrap().zone = Some(if k < 8 { "b" } else { "a" }.into());
+    }
+    let c1: Vec<u32> = layout.cliques.values().nth(1).unwrap().clone();
+    for (k, m) in c1.iter().enumerate() {
+        t.profiles.get_mut(m).unwrap().zone = Some(if k < 8 { "a" } else { "b" }.into());
+    }
+    let moves = zones::misplaced(&t);
+    assert_eq!(moves.len(), 4, "{moves:?}");
+    assert!(
+        moves
+            .iter()
+            .all(|m| (m.clique == *layout.cliques.keys().next().unwrap()) == (m.zone == "b"))
+    );
+    // Zone-blind cliques, and cliques already inside zones, have nothing to move.
+    s.zone_aware = false;
+    assert!(zones::misplaced(&build(&s, &members).unwrap()).is_empty());
+    for m in &mut members {
+        m.zone = Some(if m.id < 10 { "a" } else { "b" }.into());
+    }
+    s.zone_aware = true;
+    s.clique_size = 5;
+    assert!(zones::misplaced(&build(&s, &members).unwrap()).is_empty());
+}
+
+#[test]
+fn zones_of_uneven_size_still_get_cliques_of_their_own() {
+    // 11 members in zone a, 9 in zone b, each zone holding every class at least once: cliques
+    // of 5 as runs of the zone-sorted order would put one member of a into b's cliques.
+    let mut members = MemberProfile::from_histograms(one_class_per_member(20, 10, 10.0));
+    for m in &mut members {
+        m.zone = Some(if m.id < 11 { "a" } else { "b" }.into());
+    }
+    let mut s = spec(TopologyKind::DCliques);
+    s.clique_size = 5;
+    s.zone_aware = true;
+    s.zone_mix_skew = 2.0;
+    let t = build(&s, &members).unwrap();
+    assert!(zones::misplaced(&t).is_empty(), "{:?}", t.shape);
+    let Shape::Cliques(layout) = &t.shape else {
+        unreachable!()
+    };
+    let mut sizes: Vec<usize> = layout.cliques.values().map(Vec::len).collect();
+    sizes.sort();
+    assert_eq!(sizes, [4, 5, 5, 6]);
+}
+
+#[test]
 fn zone_aware_cliques_stay_inside_zones_and_only_bridges_cross() {
     // 40 members, one class each, the first 20 in zone a and the rest in zone b: each zone holds
     // every class twice, so cliques of 5 can be balanced inside a zone.

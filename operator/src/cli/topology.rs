@@ -47,8 +47,8 @@ pub struct TopologyArgs {
     histograms: Option<PathBuf>,
     #[command(flatten)]
     topology: TopologyOptions,
-    /// Spread the members over this many zones (member k in zone k mod ZONES): the table shows
-    /// the edges that cross zones, and --zone-aware keeps cliques inside them.
+    /// Spread the members over this many zones (evenly, which member where at random by --seed):
+    /// the table shows the edges that cross zones, and --zone-aware keeps cliques inside them.
     #[arg(long, default_value_t = 0)]
     zones: usize,
     /// Seed for Greedy Swap and k-means.
@@ -167,8 +167,9 @@ fn profiles(args: &TopologyArgs) -> Result<Vec<MemberProfile>, TopologyCliError>
 pub fn build(args: &TopologyArgs) -> Result<Topology, TopologyCliError> {
     let mut members = profiles(args)?;
     if args.zones > 0 {
-        for (k, m) in members.iter_mut().enumerate() {
-            m.zone = Some(topology::zones::zone_name(k % args.zones));
+        let zone_of = topology::zones::scatter(members.len(), args.zones, args.seed);
+        for (m, z) in members.iter_mut().zip(zone_of) {
+            m.zone = Some(topology::zones::zone_name(z));
         }
     }
     let kind = match args.kind {

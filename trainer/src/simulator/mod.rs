@@ -134,8 +134,8 @@ pub struct SimulationConfig {
     /// Build each topology for `members + departed` and remove `departed` of them, picked at
     /// random, the way the control plane repairs it after preemptions (holes in a Moshpit grid).
     pub departed: usize,
-    /// Spread the members over this many zones (member i in zone i mod zones; 0: no zones), and
-    /// count the bytes that cross between zones.
+    /// Spread the members over this many zones (as evenly as possible, at random by the seed:
+    /// [`topology::zones::scatter`]; 0: no zones), and count the bytes that cross between zones.
     pub zones: usize,
 }
 
@@ -290,6 +290,7 @@ fn build_topology<B: AutodiffBackend>(
     device: &B::Device,
 ) -> Result<Topology, SimulationError> {
     let ids: Vec<MemberId> = (0..config.members as MemberId).collect();
+    let zone_of = topology::zones::scatter(config.members, config.zones, config.seed);
     // What the control plane would learn from join reports: histograms, and for proxy clumps the
     // mean softmax on a shared proxy batch after a short local warm-up.
     let mut profiles: Vec<MemberProfile> = ids
@@ -304,8 +305,7 @@ fn build_topology<B: AutodiffBackend>(
                     .collect(),
             ),
             proxy: None,
-            zone: (config.zones > 0)
-                .then(|| topology::zones::zone_name(id as usize % config.zones)),
+            zone: (config.zones > 0).then(|| topology::zones::zone_name(zone_of[id as usize])),
         })
         .collect();
     if config.departed > 0 {
