@@ -230,13 +230,14 @@ fn main() -> ExitCode {
             "the replacement never averaged: {h}"
         );
     }
-    // No duplicate: every member's attempts are distinct pods, each new one only after a loss.
+    // No duplicate: every member's attempts are distinct pods, each new one only after a loss
+    // or a move to its clique's zone.
     let members = hurt["members"].as_array().unwrap();
     let attempts = members.len() as u64;
     assert_eq!(
         attempts,
-        10 + hurt["preemptions"].as_u64().unwrap(),
-        "one pod per member and one per preemption: {members:#?}"
+        10 + hurt["preemptions"].as_u64().unwrap() + hurt["relocations"].as_u64().unwrap(),
+        "one pod per member, one per preemption and one per relocation: {members:#?}"
     );
     for m in members {
         assert_eq!(m["nodeLabels"]["karpenter.sh/capacity-type"], "spot", "{m}");

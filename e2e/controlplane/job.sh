@@ -333,7 +333,8 @@ jq -n --slurpfile job "$WORK/job.json" --slurpfile view "$WORK/view.json" \
     | {
         job: $job[0].metadata.name, namespace: $job[0].metadata.namespace,
         phase: $s.phase, finalAccuracy: $s.progress.accuracy, step: $s.progress.step,
-        preemptions: $s.preemptions, restarts: $s.restarts, topologyVersion: $s.topologyVersion,
+        preemptions: $s.preemptions, restarts: $s.restarts, relocations: ($s.relocations // 0),
+        topologyVersion: $s.topologyVersion,
         jobSeconds: ($ended - $applied), wallSeconds: $total,
         members: ($placements | unique_by(.pod) | sort_by(.member, .attempt)
             | map(. + {nodeLabels: ($labels[.node] // {})})),

@@ -145,10 +145,7 @@ fn steady(settings: &Settings) -> Steady {
             .find(|p| p.metadata.name.as_ref() == Some(name))
             .unwrap();
         let labels = pod.metadata.labels.get_or_insert_with(Default::default);
-        match clique {
-            Some(c) => labels.insert("murmur.dev/clique".into(), c.to_string()),
-            None => labels.remove("murmur.dev/clique"),
-        };
+        labels.insert("murmur.dev/clique".into(), clique.to_string());
     }
     assert_eq!(
         driver

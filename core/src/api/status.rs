@@ -119,6 +119,10 @@ pub struct DecentralizedTrainingJobStatus {
     /// Crash restarts, counted against `recovery.maxRestarts`.
     #[serde(default)]
     pub restarts: u32,
+    /// Members moved once, before training, to the zone their clique trains in
+    /// (`scheduling.zoneAware`). Neither preemptions nor restarts.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub relocations: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<Progress>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -50,6 +50,8 @@ pub enum Reason {
     MemberCompleted,
     /// A member the finishing job no longer needs was stopped.
     MemberRetired,
+    /// A member outside its clique's zone was stopped, to start again in that zone.
+    Relocated,
     Suspended,
     Resumed,
     Succeeded,
@@ -78,6 +80,7 @@ impl Reason {
             Reason::Preempted => "Preempted",
             Reason::MemberFailed => "MemberFailed",
             Reason::MemberCompleted => "MemberCompleted",
+            Reason::Relocated => "Relocated",
             Reason::MemberRetired => "MemberRetired",
             Reason::Suspended => "Suspended",
             Reason::Resumed => "Resumed",

@@ -166,6 +166,14 @@ pub struct MemberRecord {
     /// No new attempt before this (crash backoff).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub not_before: Option<k8s_openapi::jiff::Timestamp>,
+    /// The clique it was in when it left the topology: its next attempt asks for that clique's
+    /// zone.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clique: Option<u32>,
+    /// It was moved once to its clique's zone (never again: a move that lands in the same zone
+    /// must not loop).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub relocated: bool,
 }
 
 fn is_zero(n: &u32) -> bool {

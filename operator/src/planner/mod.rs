@@ -106,6 +106,9 @@ pub struct JobState {
     pub members: BTreeMap<MemberId, MemberRecord>,
     pub preemptions: Vec<Preemption>,
     pub restarts: u32,
+    /// Members moved to their clique's zone (zone-aware cliques).
+    #[serde(default)]
+    pub relocations: u32,
     pub conditions: Vec<Condition>,
 }
 
@@ -121,6 +124,7 @@ impl JobState {
             members: BTreeMap::new(),
             preemptions: Vec::new(),
             restarts: 0,
+            relocations: 0,
             conditions: Vec::new(),
         }
     }
@@ -136,11 +140,12 @@ impl JobState {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Action {
     /// Start `attempt` of member `member` (a process, a pod); `on_demand`: without the spot
-    /// requirement.
+    /// requirement; `clique`: the clique it trained in, whose zone it should prefer.
     Create {
         member: MemberId,
         attempt: u32,
         on_demand: bool,
+        clique: Option<u32>,
     },
     /// Stop a live member (the job failed or is suspended, or it is not needed any more).
     Stop { member: MemberId, attempt: u32 },
@@ -653,6 +658,7 @@ fn shape_topology(
             match build_topology(spec, &profiles) {
                 Ok(mut t) => {
                     t.version = s.last_version + 1;
+                    relocate(&mut t, &mut s.members, &mut s.relocations, actions);
                     s.topology = Some(t);
                 }
                 Err(e) => {
@@ -694,6 +700,9 @@ fn shape_topology(
                     ));
                     return;
                 }
+                if let Some(record) = s.members.get_mut(&id) {
+                    record.clique = t.clique_of(id);
+                }
                 t.remove_member(id).expect("listed from the graph");
                 actions.push(event(
                     EventKind::Normal,
@@ -723,6 +732,44 @@ fn shape_topology(
                 t.version,
                 t.graph.member_count(),
                 t.graph.edge_count()
+            ),
+        ));
+    }
+}
+
+/// Zone-aware cliques cross zones where one zone's members cannot balance the labels. Before
+/// anyone trains, the members outside their clique's zone leave the topology and stop; their next
+/// attempt asks for the clique's zone and, once joined, refills the clique. Once per member.
+fn relocate(
+    t: &mut Topology,
+    members: &mut BTreeMap<MemberId, MemberRecord>,
+    relocations: &mut u32,
+    actions: &mut Vec<Action>,
+) {
+    for m in topology::zones::misplaced(t) {
+        let Some(record) = members.get_mut(&m.member) else {
+            continue;
+        };
+        if record.relocated || !record.lifecycle.is_active() || t.graph.member_count() <= 1 {
+            continue;
+        }
+        let from = t.profiles[&m.member].zone.clone().unwrap_or_default();
+        t.remove_member(m.member).expect("listed from the topology");
+        record.become_(Lifecycle::Retiring);
+        record.relocated = true;
+        record.clique = Some(m.clique);
+        *relocations += 1;
+        actions.push(Action::Stop {
+            member: m.member,
+            attempt: record.attempt,
+        });
+        actions.push(event(
+            EventKind::Normal,
+            Reason::Relocated,
+            Some((m.member, record.attempt)),
+            format!(
+                "member {} moves from {from} to {}, where clique {} trains",
+                m.member, m.zone, m.clique
             ),
         ));
     }
@@ -759,6 +806,7 @@ fn create_members(
             member: id,
             attempt,
             on_demand,
+            clique: record.clique.filter(|_| replacing),
         });
         if replacing {
             actions.push(event(

@@ -235,18 +235,119 @@ fn zone_aware_cliques_form_inside_the_zones_of_the_members_nodes() {
         assert_eq!(by_halves(id), by_halves(mate), "{id} and {mate} span zones");
         assert_ne!(id % 2, mate % 2, "{id} and {mate} hold the same classes");
     }
-    // Each zone holds one kind: a clique of one zone would see half the classes, so zone-aware
-    // cliques cross zones like zone-blind ones. Label balance first.
+    // Each zone holds one kind: a clique of one zone would see half the classes, so cliques
+    // cross zones (zone-aware ones too, and then they move members: the test below).
     let by_kind = |id: u32| if id.is_multiple_of(2) { "a" } else { "b" };
-    for zone_aware in [None, Some(false)] {
-        for (id, mate) in cliques(zone_aware, by_kind) {
-            assert_ne!(
-                id % 2,
-                mate % 2,
-                "{zone_aware:?}: {id} and {mate} hold the same classes"
-            );
+    for (id, mate) in cliques(Some(false), by_kind) {
+        assert_ne!(id % 2, mate % 2, "{id} and {mate} hold the same classes");
+    }
+}
+
+#[test]
+fn members_outside_their_cliques_zone_move_there_once_before_anyone_trains() {
+    // Zone a holds the even members (classes 0-4), zone b the odd ones (5-9): each balanced
+    // clique of two spans the zones. Zone-aware, the planner moves one member of each clique to
+    // its mate's zone, one each way, so the zones keep their sizes.
+    let zone_of = |id: u32| if id.is_multiple_of(2) { "a" } else { "b" };
+    let mut w = World::new(spec());
+    w.pending = true;
+    w.plan();
+    for id in 0..4 {
+        w.schedule(id, &format!("node-{id}"));
+        w.observed.members.get_mut(&id).unwrap().zone = Some(zone_of(id).into());
+        w.join(id);
+    }
+    let actions = w.plan();
+    let t = w.state.topology.clone().unwrap();
+    let stops: Vec<(u32, u32)> = actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Stop { member, attempt } => Some((*member, *attempt)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(stops.len(), 2, "{actions:#?}");
+    assert_eq!(w.state.relocations, 2);
+    assert_eq!(
+        World::reasons(&actions)
+            .iter()
+            .filter(|r| **r == "Relocated")
+            .count(),
+        2
+    );
+    // The movers left the first topology: no one waits for them.
+    let movers: Vec<u32> = stops.iter().map(|&(m, _)| m).collect();
+    assert_eq!(t.graph.member_count(), 2);
+    assert!(movers.iter().all(|m| !t.graph.contains(*m)));
+    assert_ne!(zone_of(movers[0]), zone_of(movers[1]), "one move each way");
+    // They stop; their next attempts ask for the clique they left. Nothing was preempted or
+    // restarted.
+    let actions = w.plan();
+    let creates: Vec<(u32, Option<u32>)> = actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Create {
+                member,
+                attempt: 1,
+                clique,
+                ..
+            } => Some((*member, *clique)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(creates.len(), 2, "{actions:#?}");
+    let stayers: Vec<u32> = (0..4).filter(|m| !movers.contains(m)).collect();
+    for &(member, clique) in &creates {
+        let clique = clique.expect("a moved member asks for its clique");
+        let mate = stayers
+            .iter()
+            .find(|&&s| t.clique_of(s) == Some(clique))
+            .unwrap();
+        assert_ne!(
+            zone_of(member),
+            zone_of(*mate),
+            "{member} was already with {mate}"
+        );
+    }
+    assert_eq!((w.state.preemptions.len(), w.state.restarts), (0, 0));
+    // Placed in their cliques' zones, they join and refill their cliques: every clique now
+    // trains inside one zone, and still holds both kinds of member.
+    for &(member, clique) in &creates {
+        let mate = stayers
+            .iter()
+            .copied()
+            .find(|&s| t.clique_of(s) == clique)
+            .unwrap();
+        w.schedule(member, "node-moved");
+        w.observed.members.get_mut(&member).unwrap().zone = Some(zone_of(mate).into());
+        w.join(member);
+    }
+    w.plan();
+    let t = w.state.topology.as_ref().unwrap();
+    assert_eq!(t.graph.member_count(), 4);
+    for (&id, p) in &t.profiles {
+        let clique = t.clique_of(id).unwrap();
+        for (&other, q) in &t.profiles {
+            if other != id && t.clique_of(other) == Some(clique) {
+                assert_eq!(p.zone, q.zone, "{id} and {other} span zones");
+                assert_ne!(id % 2, other % 2, "{id} and {other} hold the same classes");
+            }
         }
     }
+    assert_eq!(murmur_core::topology::measure(t).cross_zone_edges, Some(1));
+    assert_eq!(w.state.relocations, 2, "moved once");
+    // Zone-blind jobs never move anyone.
+    let mut spec = spec();
+    spec.scheduling.zone_aware = Some(false);
+    let mut w = World::new(spec);
+    w.plan();
+    for id in 0..4 {
+        w.schedule(id, &format!("node-{id}"));
+        w.observed.members.get_mut(&id).unwrap().zone = Some(zone_of(id).into());
+        w.join(id);
+    }
+    assert!(!w.plan().iter().any(|a| matches!(a, Action::Stop { .. })));
+    assert_eq!(w.state.relocations, 0);
 }
 
 #[test]
@@ -595,7 +696,8 @@ fn a_member_pending_too_long_is_reported_once_and_falls_back_to_on_demand() {
     assert!(actions.contains(&Action::Create {
         member: 0,
         attempt: 1,
-        on_demand: true
+        on_demand: true,
+        clique: None
     }));
     assert!(World::reasons(&actions).contains(&"FellBackToOnDemand"));
     assert!(w.state.members[&0].on_demand);
@@ -614,7 +716,8 @@ fn a_member_pending_too_long_is_reported_once_and_falls_back_to_on_demand() {
     assert!(actions.contains(&Action::Create {
         member: 0,
         attempt: 2,
-        on_demand: false
+        on_demand: false,
+        clique: None
     }));
 }
 

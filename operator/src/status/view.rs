@@ -337,6 +337,7 @@ pub fn job_view(
         topology_version: state.last_version,
         preemptions: state.preemptions.len() as u32,
         restarts: state.restarts,
+        relocations: state.relocations,
         progress: Some(progress),
         start_time: Some(Time(whole_seconds(state.created_at))),
         completion_time: state.completed_at.map(|t| Time(whole_seconds(t))),

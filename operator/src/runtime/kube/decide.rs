@@ -110,8 +110,8 @@ pub struct Decision {
     /// Pod names, and whether to delete at once (its node is gone: no kubelet will finish a
     /// graceful deletion).
     pub delete: Vec<(String, bool)>,
-    /// Pods whose `murmur.dev/clique` label is behind the topology (None: remove it).
-    pub relabel: Vec<(String, Option<u32>)>,
+    /// Pods whose `murmur.dev/clique` label is behind the topology, and the clique it should say.
+    pub relabel: Vec<(String, u32)>,
     pub service: Option<Service>,
     pub secret: Option<Secret>,
     /// The uid of a key Secret of the same name left by an earlier job of this name (orphaned
@@ -241,17 +241,11 @@ fn members(i: &Inputs, d: &mut Decision) {
                 member,
                 attempt,
                 on_demand,
+                clique,
             } => {
                 if let Some(m) = d.plan.observed.members.get_mut(&member) {
                     m.pending_since = Some(i.now);
                 }
-                let clique = d
-                    .plan
-                    .memory
-                    .state
-                    .topology
-                    .as_ref()
-                    .and_then(|t| t.clique_of(member));
                 d.create.push(resources::pod(
                     &resources::MemberPod {
                         job,
@@ -312,14 +306,18 @@ fn relabel(i: &Inputs, d: &mut Decision) {
         if !current {
             continue;
         }
-        let want = state.topology.as_ref().and_then(|t| t.clique_of(member));
+        // Outside the topology (a replacement not joined yet) the label is the clique it was
+        // created for: left as it is.
+        let Some(want) = state.topology.as_ref().and_then(|t| t.clique_of(member)) else {
+            continue;
+        };
         let have = pod
             .metadata
             .labels
             .as_ref()
             .and_then(|l| l.get(resources::LABEL_CLIQUE))
             .and_then(|c| c.parse().ok());
-        if want != have
+        if Some(want) != have
             && let Some(name) = &pod.metadata.name
             && !d.delete.iter().any(|(n, _)| n == name)
         {

@@ -568,7 +568,7 @@ async fn write_pods(
     }
     for (object, clique) in &d.relabel {
         let patch = serde_json::json!({
-            "metadata": {"labels": {resources::LABEL_CLIQUE: clique.map(|c| c.to_string())}}
+            "metadata": {"labels": {resources::LABEL_CLIQUE: clique.to_string()}}
         });
         match pods
             .patch(object, &PatchParams::default(), &Patch::Merge(&patch))

@@ -781,6 +781,146 @@ async fn a_replacement_prefers_the_zone_of_its_clique_unless_zone_awareness_is_o
     assert!(spread(&off).is_none());
 }
 
+#[tokio::test]
+async fn members_outside_their_cliques_zone_are_moved_there_once_and_ask_for_its_zone() {
+    let mut c = Cluster::new(MANIFEST);
+    for zone in ["a", "b"] {
+        let mut n = node(&format!("node-{zone}"), "True", at(0));
+        n.metadata.labels = Some(BTreeMap::from([(
+            observe::ZONE_LABEL.to_string(),
+            format!("zone-{zone}"),
+        )]));
+        c.nodes.apply_watcher_event(&Event::Apply(n));
+    }
+    c.reconcile().await;
+    // Even members (classes 0-4) run in zone a, odd ones (5-9) in zone b: every balanced clique
+    // of two spans the zones.
+    for id in 0..4u32 {
+        c.edit_pod(&format!("mnist-{id}-0"), |p| {
+            let zone = if id.is_multiple_of(2) { "a" } else { "b" };
+            p.spec.as_mut().unwrap().node_name = Some(format!("node-{zone}"));
+            p.status.as_mut().unwrap().phase = Some("Running".into());
+        });
+    }
+    c.reconcile().await;
+    c.join(&[0, 1, 2, 3]).await;
+    let (_, calls) = c.reconcile().await;
+    let deleted: Vec<String> = calls
+        .iter()
+        .filter(|c| c.is("DELETE", "/pods/"))
+        .map(|c| c.path.rsplit('/').next().unwrap().to_string())
+        .collect();
+    assert_eq!(deleted.len(), 2, "one member of each clique moves");
+    assert_eq!(
+        events(&calls).iter().filter(|r| *r == "Relocated").count(),
+        2
+    );
+    let status = c.status();
+    assert_eq!(
+        (status.relocations, status.preemptions, status.restarts),
+        (2, 0, 0)
+    );
+    // The first topology goes without the movers: no one waits for them.
+    let handle = c.ctx.hub.job("ml", "mnist").unwrap();
+    let doc = handle.topology().borrow().clone().unwrap();
+    assert_eq!(doc.members.len(), 2);
+    // Their pods are gone: new attempts, each asking for the zone of the clique it left.
+    let (_, calls) = c.reconcile().await;
+    let mut created = pods_created(&calls);
+    created.sort();
+    let mut expected: Vec<String> = deleted.iter().map(|p| p.replace("-0", "-1")).collect();
+    expected.sort();
+    assert_eq!(created, expected);
+    for name in &created {
+        let pod = &c.pod_objects[name];
+        let clique = &pod.metadata.labels.as_ref().unwrap()[resources::LABEL_CLIQUE];
+        assert!(
+            doc.members
+                .iter()
+                .any(|m| m.clique.map(|c| c.to_string()).as_ref() == Some(clique)),
+            "{name} asks for clique {clique}, which is not in the topology"
+        );
+        let terms = pod
+            .spec
+            .as_ref()
+            .unwrap()
+            .affinity
+            .as_ref()
+            .unwrap()
+            .pod_affinity
+            .as_ref()
+            .unwrap()
+            .preferred_during_scheduling_ignored_during_execution
+            .clone()
+            .unwrap();
+        assert_eq!(
+            terms[0]
+                .pod_affinity_term
+                .label_selector
+                .as_ref()
+                .unwrap()
+                .match_labels
+                .as_ref()
+                .unwrap()[resources::LABEL_CLIQUE],
+            *clique
+        );
+    }
+    // They land in their cliques' zones and join: every clique inside one zone, nobody moves
+    // again.
+    for name in &created {
+        let clique =
+            c.pod_objects[name].metadata.labels.as_ref().unwrap()[resources::LABEL_CLIQUE].clone();
+        let mate = doc
+            .members
+            .iter()
+            .find(|m| m.clique.map(|c| c.to_string()) == Some(clique.clone()))
+            .unwrap()
+            .id;
+        let zone = if mate.is_multiple_of(2) { "a" } else { "b" };
+        c.edit_pod(name, |p| {
+            p.spec.as_mut().unwrap().node_name = Some(format!("node-{zone}"));
+            p.status.as_mut().unwrap().phase = Some("Running".into());
+        });
+    }
+    let movers: Vec<u32> = created
+        .iter()
+        .map(|n| n.split('-').nth(1).unwrap().parse().unwrap())
+        .collect();
+    c.join(&movers).await;
+    let (_, calls) = c.reconcile().await;
+    assert!(!calls.iter().any(|c| c.is("DELETE", "/pods/")));
+    let doc = handle.topology().borrow().clone().unwrap();
+    assert_eq!(doc.members.len(), 4);
+    assert_eq!(c.status().relocations, 2);
+    let zone_of = |id: u32| {
+        c.status()
+            .members
+            .iter()
+            .find(|m| m.id == id)
+            .and_then(|m| m.zone.clone())
+    };
+    for m in &doc.members {
+        for o in &doc.members {
+            if m.id != o.id && m.clique == o.clique {
+                assert_eq!(
+                    zone_of(m.id),
+                    zone_of(o.id),
+                    "{} and {} span zones",
+                    m.id,
+                    o.id
+                );
+                assert_ne!(
+                    m.id % 2,
+                    o.id % 2,
+                    "{} and {} hold the same classes",
+                    m.id,
+                    o.id
+                );
+            }
+        }
+    }
+}
+
 /// A NetworkPolicy rule's peers and ports (ingress `from` or egress `to`).
 type PolicyRule = (
     Option<Vec<k8s_openapi::api::networking::v1::NetworkPolicyPeer>>,
