@@ -130,10 +130,11 @@ fn main() -> ExitCode {
         std::fs::write(artifacts.join("dashboard-operator.png"), png).unwrap();
     }
 
-    // 2. Zone-aware cliques against zone-blind ones. Cliques of one zone can only be balanced
-    //    when each zone's members hold every class between them: with 10 members of 2 classes,
-    //    5 to a zone, that is luck; with 20 (10 to a zone) it is the rule. 200 steps: bytes per
-    //    step is the measure, and both runs stop at the same step.
+    // 2. Zone-aware cliques against zone-blind ones. The scheduler places members knowing
+    //    nothing of their data, so a zone's members rarely balance its cliques' labels: cliques
+    //    cross zones for balance, and the operator then moves their few outsiders into the
+    //    clique's zone before training. 200 steps: bytes per step is the measure, and both runs
+    //    stop at the same step.
     let twenty = [
         "--set",
         ".spec.replicas = {min: 12, target: 20, max: 24}",
@@ -152,9 +153,10 @@ fn main() -> ExitCode {
         blind["finalAccuracy"].as_f64().unwrap(),
     );
     println!(
-        "20 members over 2 zones, 200 steps: cross-zone bytes zone-aware {:.1} MB ({:.2}%), off {:.1} MB ({:.2}%): {:.1}x fewer",
+        "20 members over 2 zones, 200 steps: cross-zone bytes zone-aware {:.1} MB ({:.2}%, {} members moved), off {:.1} MB ({:.2}%): {:.1}x fewer",
         aware_bytes as f64 / 1e6,
         100.0 * aware_accuracy,
+        aware["relocations"],
         blind_bytes as f64 / 1e6,
         100.0 * blind_accuracy,
         blind_bytes as f64 / aware_bytes.max(1) as f64
@@ -163,13 +165,12 @@ fn main() -> ExitCode {
         "10 members (the unchanged manifest, zone-aware by default): {:.1} MB across zones",
         cross_zone_bytes(&plain) as f64 / 1e6
     );
-    // The aim is 3x; measured 2.8x and 1.8x (cliques cross zones where one zone's members
-    // cannot balance their labels): asserted here is that zone-awareness saves, at equal
-    // accuracy.
+    // The aim: at least 3x fewer, at equal accuracy.
     assert!(
-        aware_bytes < blind_bytes,
-        "zone-aware cliques should cut cross-zone bytes: {aware_bytes} against {blind_bytes}"
+        3 * aware_bytes <= blind_bytes,
+        "zone-aware cliques should cut cross-zone bytes 3x: {aware_bytes} against {blind_bytes}"
     );
+    assert_eq!(blind["relocations"], 0, "zone-blind jobs move nobody");
     assert!(
         (aware_accuracy - blind_accuracy).abs() <= 0.015,
         "zone-aware {aware_accuracy} against zone-blind {blind_accuracy}"

@@ -675,8 +675,9 @@ pub struct SchedulingSpec {
     pub scheduler_name: Option<String>,
     /// Form each clique inside one zone (the `topology.kubernetes.io/zone` label of the members'
     /// nodes), so clique traffic, which flows every round, stays in its zone and only bridges
-    /// cross; a replacement prefers its clique's zone. dCliques and proxyClumps; default on, and
-    /// nodes without the label change nothing.
+    /// cross. Where labels force a clique across zones, its outsiders are moved once, before
+    /// training, to the clique's zone (`status.relocations`); a replacement prefers its clique's
+    /// zone. dCliques and proxyClumps; default on, and nodes without the label change nothing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zone_aware: Option<bool>,
 }

@@ -357,6 +357,13 @@ fn build_topology<B: AutodiffBackend>(
     for id in config.members..config.members + config.departed {
         topology.remove_member(id as MemberId)?;
     }
+    // As the operator does before training: members outside their clique's zone move there
+    // (their data with them), so only bridges cross zones.
+    for m in topology::zones::misplaced(&topology) {
+        if let Some(p) = topology.profiles.get_mut(&m.member) {
+            p.zone = Some(m.zone);
+        }
+    }
     Ok(topology)
 }
 
