@@ -12,7 +12,10 @@ use super::super::support::control_plane::{Operator, stdout_of};
 
 pub const NAMESPACE: &str = "murmur-system";
 
-/// `helm install murmur charts/murmur`, once (later scenarios reuse the release).
+/// `helm install murmur charts/murmur`, once (later scenarios reuse the release). Its Deployment
+/// at 0 replicas: the operator runs out of cluster, and kwok "ran" the chart's pod on whatever
+/// node was free, so when a scenario removed its nodes the pod came back on the next scenario's
+/// spot node and took the CPU its members were sized for (`placement` failed on it).
 pub fn install(env: &Env) {
     let cp = &env.cp;
     if cp
@@ -31,6 +34,8 @@ pub fn install(env: &Env) {
             "--namespace",
             NAMESPACE,
             "--create-namespace",
+            "--set",
+            "replicaCount=0",
         ]),
     );
 }
