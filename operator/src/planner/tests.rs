@@ -134,6 +134,22 @@ impl World {
             .collect()
     }
 
+    /// Create every member (pods that wait for a node), place member `id` on a node of
+    /// `zone_of(id)` and let it join; the plan that builds the topology is the caller's.
+    fn zoned(zone_aware: Option<bool>, zone_of: fn(u32) -> &'static str) -> Self {
+        let mut spec = spec();
+        spec.scheduling.zone_aware = zone_aware;
+        let mut w = World::new(spec);
+        w.pending = true;
+        w.plan();
+        for id in 0..4 {
+            w.schedule(id, &format!("node-{id}"));
+            w.observed.members.get_mut(&id).unwrap().zone = Some(zone_of(id).into());
+            w.join(id);
+        }
+        w
+    }
+
     /// Start every member and let them all join.
     fn running() -> Self {
         let mut w = World::new(spec());
@@ -208,15 +224,7 @@ fn zone_aware_cliques_form_inside_the_zones_of_the_members_nodes() {
     // Even members hold one half of the classes, odd ones the other: a clique needs one of each.
     // `zones(id)` places the members; the cliques built from them, as (member, mate).
     let cliques = |zone_aware: Option<bool>, zones: fn(u32) -> &'static str| {
-        let mut spec = spec();
-        spec.scheduling.zone_aware = zone_aware;
-        let mut w = World::new(spec);
-        w.plan();
-        for id in 0..4 {
-            w.schedule(id, &format!("node-{id}"));
-            w.observed.members.get_mut(&id).unwrap().zone = Some(zones(id).into());
-            w.join(id);
-        }
+        let mut w = World::zoned(zone_aware, zones);
         w.plan();
         let t = w.state.topology.as_ref().unwrap();
         (0..4u32)
@@ -249,14 +257,7 @@ fn members_outside_their_cliques_zone_move_there_once_before_anyone_trains() {
     // clique of two spans the zones. Zone-aware, the planner moves one member of each clique to
     // its mate's zone, one each way, so the zones keep their sizes.
     let zone_of = |id: u32| if id.is_multiple_of(2) { "a" } else { "b" };
-    let mut w = World::new(spec());
-    w.pending = true;
-    w.plan();
-    for id in 0..4 {
-        w.schedule(id, &format!("node-{id}"));
-        w.observed.members.get_mut(&id).unwrap().zone = Some(zone_of(id).into());
-        w.join(id);
-    }
+    let mut w = World::zoned(None, zone_of);
     let actions = w.plan();
     let t = w.state.topology.clone().unwrap();
     let stops: Vec<(u32, u32)> = actions
@@ -337,15 +338,7 @@ fn members_outside_their_cliques_zone_move_there_once_before_anyone_trains() {
     assert_eq!(murmur_core::topology::measure(t).cross_zone_edges, Some(1));
     assert_eq!(w.state.relocations, 2, "moved once");
     // Zone-blind jobs never move anyone.
-    let mut spec = spec();
-    spec.scheduling.zone_aware = Some(false);
-    let mut w = World::new(spec);
-    w.plan();
-    for id in 0..4 {
-        w.schedule(id, &format!("node-{id}"));
-        w.observed.members.get_mut(&id).unwrap().zone = Some(zone_of(id).into());
-        w.join(id);
-    }
+    let mut w = World::zoned(Some(false), zone_of);
     assert!(!w.plan().iter().any(|a| matches!(a, Action::Stop { .. })));
     assert_eq!(w.state.relocations, 0);
 }
