@@ -111,7 +111,12 @@ fn the_dashboard_draws_the_graph_and_curves_of_a_running_job() {
         dom.contains("class=\"preemption\""),
         "the preemption timeline"
     );
-    assert!(dom.contains("Running"), "the job's phase");
+    // Running, or Degraded while a preempted member is being replaced (chaos every 4 s: the
+    // phase seen by the poll above can change before Chromium loads the page).
+    assert!(
+        dom.contains("Running") || dom.contains("Degraded"),
+        "the job's phase:\n{dom}"
+    );
 
     let artifacts = std::env::var_os("MURMUR_ARTIFACTS_DIR")
         .map(PathBuf::from)
