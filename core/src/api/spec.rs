@@ -682,6 +682,13 @@ pub struct SchedulingSpec {
     pub zone_aware: Option<bool>,
 }
 
+impl SchedulingSpec {
+    /// `zoneAware` with its default (on).
+    pub fn zone_aware(&self) -> bool {
+        self.zone_aware.unwrap_or(true)
+    }
+}
+
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("self.maxRestarts >= 0").message("recovery.maxRestarts must be >= 0").field_path(".maxRestarts"))]

@@ -188,7 +188,7 @@ pub fn build_topology(
         AlgorithmKind::Moshpit => topology::moshpit(members, spec.algorithm.group_size()),
         _ => topology::build(
             &BuildSpec {
-                zone_aware: spec.scheduling.zone_aware.unwrap_or(true),
+                zone_aware: spec.scheduling.zone_aware(),
                 ..BuildSpec::from_spec(&spec.topology, spec.training.seed)
             },
             members,

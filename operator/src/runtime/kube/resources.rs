@@ -362,7 +362,7 @@ pub fn pod(p: &MemberPod, s: &Settings) -> Pod {
     let (volumes, mounts) = volumes(job);
     let mut placement = scheduling::placement(&spec.scheduling, p.on_demand);
     if let Some(clique) = p.clique
-        && spec.scheduling.zone_aware.unwrap_or(true)
+        && spec.scheduling.zone_aware()
     {
         // A replacement joins its clique's zone when it can: clique traffic stays in the zone.
         placement.affinity = Some(scheduling::prefer_clique_zone(
@@ -374,7 +374,7 @@ pub fn pod(p: &MemberPod, s: &Settings) -> Pod {
         ));
     }
     let sched = &spec.scheduling;
-    let zone_aware = sched.zone_aware.unwrap_or(true)
+    let zone_aware = sched.zone_aware()
         && matches!(
             spec.topology.kind,
             TopologyKind::DCliques | TopologyKind::ProxyClumps
