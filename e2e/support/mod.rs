@@ -183,6 +183,16 @@ pub struct Healing {
     pub averaged_after: f64,
 }
 
+/// What became of the chaos kills of a run.
+#[derive(Debug)]
+pub struct Kills {
+    /// Each kill whose replacement joined before the job finished.
+    pub healed: Vec<Healing>,
+    /// Kills with nothing to heal: they landed as a member reached the target (a finishing job
+    /// replaces no one), or the finishing job retired the replacement before it joined.
+    pub nothing_to_heal: usize,
+}
+
 fn seconds(text: &str) -> f64 {
     let t = Timestamp::from_str(text).unwrap_or_else(|e| panic!("{text}: {e}"));
     t.as_microsecond() as f64 / 1e6
@@ -226,13 +236,15 @@ impl Finished {
         logs
     }
 
-    /// For each chaos kill whose replacement joined before the job finished: how long until the
-    /// survivors moved on, and how long the replacement took from spawn to its first averaging
-    /// round.
-    pub fn healing(&self) -> Vec<Healing> {
+    /// Every chaos kill, accounted for: for each whose replacement joined before the job
+    /// finished, how long until the survivors moved on and how long the replacement took from
+    /// spawn to its first averaging round; the others counted, each checked to have had nothing
+    /// to heal.
+    pub fn healing(&self) -> Kills {
         let events = self.events();
         let logs = self.logs();
         let mut out = Vec::new();
+        let mut nothing_to_heal = 0;
         for kill in events.iter().filter(|e| e["reason"] == "Chaos") {
             let member = kill["member"].as_u64().unwrap();
             let killed_at = seconds(kill["time"].as_str().unwrap());
@@ -248,6 +260,7 @@ impl Finished {
                         && seconds(e["time"].as_str().unwrap()) <= killed_at + 1.0
                 });
                 assert!(finishing, "member {member} was not replaced");
+                nothing_to_heal += 1;
                 continue;
             };
             let spawned_at = seconds(replaced["time"].as_str().unwrap());
@@ -269,6 +282,7 @@ impl Finished {
                         && seconds(e["time"].as_str().unwrap()) >= spawned_at
                 });
                 assert!(retired, "member {member} attempt {attempt} never averaged");
+                nothing_to_heal += 1;
                 continue;
             };
             // Each survivor's first round without the killed attempt: dropped as disconnected
@@ -311,7 +325,10 @@ impl Finished {
                 averaged_after: averaged - spawned_at,
             });
         }
-        out
+        Kills {
+            healed: out,
+            nothing_to_heal,
+        }
     }
 }
 
