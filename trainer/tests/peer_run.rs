@@ -134,3 +134,149 @@ fn a_ring_trains_through_a_sigkill_and_a_restart() {
         "{accuracy} vs undisturbed {calm_accuracy}"
     );
 }
+
+/// A topology document of `members` joined by `edges`, with Metropolis weights, at `version`,
+/// saying the job has come to `step`.
+fn document(
+    version: u64,
+    step: u64,
+    members: &[u32],
+    edges: &[(u32, u32)],
+    address: impl Fn(u32) -> String,
+) -> String {
+    let degree = |id: u32| edges.iter().filter(|&&(a, b)| a == id || b == id).count();
+    let weight = |a: u32, b: u32| 1.0 / (1 + degree(a).max(degree(b))) as f64;
+    serde_json::json!({
+        "version": version,
+        "kind": "ring",
+        "step": step,
+        "members": members.iter().map(|&id| serde_json::json!({
+            "id": id,
+            "address": address(id),
+            "selfWeight": 1.0 - edges.iter()
+                .filter(|&&(a, b)| a == id || b == id)
+                .map(|&(a, b)| weight(a, b))
+                .sum::<f64>(),
+        })).collect::<Vec<_>>(),
+        "edges": edges.iter().map(|&(a, b)| serde_json::json!({"a": a, "b": b, "weight": weight(a, b)}))
+            .collect::<Vec<_>>(),
+    })
+    .to_string()
+}
+
+#[test]
+fn joiners_whose_neighbours_are_all_new_take_state_from_beyond_them() {
+    // Two members train; then two join at once, linked only to each other, as a whole clique
+    // replaced at once is: neither has a neighbour that trained.
+    let job = LocalJob::new(MEMBERS, TopologyKind::Ring, MANIFEST);
+    let address = |id: u32| format!("127.0.0.1:{}", job.members[id as usize].peer_port);
+    let topology = job.dir.path().join("topology.json");
+    std::fs::write(&topology, document(1, 0, &[0, 1], &[(0, 1)], address)).unwrap();
+    let mut procs = Reaper::default();
+    for id in 0..2 {
+        procs.0.push(job.spawn(id, 0, &[]));
+    }
+    wait_for(Duration::from_secs(120), "step 100", || {
+        job.step(0).is_some_and(|s| s >= 100)
+    });
+    let step = job.step(0).unwrap();
+    let all = [0, 1, 2, 3];
+    std::fs::write(
+        &topology,
+        document(2, step, &all, &[(0, 1), (2, 3)], address),
+    )
+    .unwrap();
+    for id in 2..4 {
+        procs.0.push(job.spawn(id, 0, &[]));
+    }
+    for c in &mut procs.0 {
+        let status = wait_exit(c, Duration::from_secs(240)).expect("a member hung");
+        assert!(status.success(), "{status:?}");
+    }
+    // The first to find its neighbour untrained asks beyond it; the other may then take the
+    // state from it.
+    assert!(
+        (2..4).any(|id| logged(
+            &job.log(id, 0),
+            "no neighbour has trained yet; asking members beyond them"
+        )
+        .is_some()),
+        "neither joiner looked beyond its new neighbour"
+    );
+    for id in 2..4 {
+        let lines = job.log(id, 0);
+        let transferred = logged(&lines, "state transferred from a neighbour")
+            .unwrap_or_else(|| panic!("member {id} started without the job's state"));
+        assert!(
+            transferred["step"].as_u64().unwrap() >= step,
+            "member {id} took a state from before the job's step {step}: {transferred}"
+        );
+    }
+    let accuracy = final_accuracy(&job, &[(0, 0), (1, 0), (2, 0), (3, 0)]);
+    println!("two members, then two more at once: {accuracy:.4}");
+    assert!(accuracy >= 0.85, "accuracy {accuracy}");
+}
+
+#[test]
+fn a_member_left_far_behind_catches_up_with_its_neighbours() {
+    // Member 2 is stopped (SIGSTOP: a member starved of CPU, or cut off without its connections
+    // closing) for long enough that its neighbours go on dozens of rounds without it, each
+    // round waiting a timeout for it. Once it runs again, its rounds and theirs no longer meet;
+    // it must take the state of one that went on, or the ring would crawl a timeout a round.
+    let manifest = MANIFEST
+        .replace("roundTimeout: 2s", "roundTimeout: 500ms")
+        .replace("steps: 600", "steps: 300");
+    let job = LocalJob::new(MEMBERS, TopologyKind::Ring, &manifest);
+    let mut procs = Reaper::default();
+    for id in 0..MEMBERS {
+        procs.0.push(job.spawn(id, 0, &[]));
+    }
+    wait_for(Duration::from_secs(120), "step 50", || {
+        job.step(2).is_some_and(|s| s >= 50)
+    });
+    signal(&procs.0[2], "STOP");
+    let stopped_at = job.step(1).unwrap();
+    wait_for(
+        Duration::from_secs(120),
+        "the others to go on 40 steps",
+        || job.step(1).is_some_and(|s| s >= stopped_at + 40),
+    );
+    signal(&procs.0[2], "CONT");
+    let resumed = Instant::now();
+    for c in &mut procs.0 {
+        let status = wait_exit(c, Duration::from_secs(120)).expect("a member hung");
+        assert!(status.success(), "{status:?}");
+    }
+    println!(
+        "the ring finished {:?} after member 2 resumed",
+        resumed.elapsed()
+    );
+    let lines = job.log(2, 0);
+    let caught = logged(&lines, "caught up with a neighbour far ahead")
+        .expect("member 2 never caught up with its neighbours");
+    assert!(caught["behind"].as_u64().unwrap() > 16, "{caught}");
+    // In step again: its neighbours stop timing out on it.
+    let back = caught["step"].as_u64().unwrap();
+    let late: usize = [1, 3]
+        .iter()
+        .map(|&id| {
+            job.log(id, 0)
+                .iter()
+                .map(|l| &l["fields"])
+                .filter(|f| {
+                    f["message"] == "neighbour dropped from the round"
+                        && f["peer"] == 2
+                        && f["round"].as_u64().is_some_and(|r| r > back + 2)
+                })
+                .count()
+        })
+        .sum();
+    println!("rounds its neighbours dropped it in after it caught up: {late}");
+    assert!(
+        late <= 4,
+        "{late} rounds without member 2 after it caught up at step {back}"
+    );
+    let accuracy = final_accuracy(&job, &[(0, 0), (1, 0), (2, 0), (3, 0)]);
+    println!("with a member stopped and caught up: {accuracy:.4}");
+    assert!(accuracy >= 0.85, "accuracy {accuracy}");
+}

@@ -13,8 +13,18 @@ pub struct TopologyDocument {
     pub version: u64,
     /// Graph family, for people reading the document (`ring`, `dCliques`, ...).
     pub kind: String,
+    /// The furthest step any member had reported when this version was made. Above a joining
+    /// member's own step, the job is under way: the joiner must take its state from a member
+    /// that has trained, even where every neighbour of its own is as new as itself (a whole
+    /// clique replaced at once).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub step: u64,
     pub members: Vec<DocumentMember>,
     pub edges: Vec<DocumentEdge>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -145,6 +155,7 @@ mod tests {
         TopologyDocument {
             version: 3,
             kind: "ring".into(),
+            step: 0,
             members: (0..3)
                 .map(|id| DocumentMember {
                     id,

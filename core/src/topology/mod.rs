@@ -287,6 +287,7 @@ impl Topology {
         TopologyDocument {
             version: self.version,
             kind: self.kind_name().to_string(),
+            step: 0,
             members: weights
                 .rows()
                 .map(|(id, row)| DocumentMember {

@@ -263,8 +263,11 @@ impl JobDriver {
                 Action::Stop { .. } => work.push(action),
             }
         }
-        let document = state.topology.as_ref().map(|t| {
-            t.to_document(|id| address(id, state.members.get(&id).map_or(0, |r| r.attempt)))
+        // How far the job has come, for joiners: published once per version, with it.
+        let step = self.statuses.values().map(|(_, s)| s.progress.step).max();
+        let document = state.topology.as_ref().map(|t| TopologyDocument {
+            step: step.unwrap_or(0),
+            ..t.to_document(|id| address(id, state.members.get(&id).map_or(0, |r| r.attempt)))
         });
         let view = view::job_view(&self.namespace, &self.name, spec, &state, &observed, now);
         Plan {

@@ -232,6 +232,30 @@ impl Exchange for Timed<'_> {
     }
 }
 
+/// How many members beyond its neighbourhood a joiner asks for state at a time.
+const STATE_ASK_BATCH: usize = 8;
+
+/// How many rounds a neighbour may be ahead before we take its state: past this, our payloads
+/// are stale to it and its are out of our window, so rounds with it no longer meet.
+const CATCH_UP_ROUNDS: u64 = crate::transport::book::STALE_ROUNDS;
+
+/// The members of `doc` other than `me` and its `neighbours`, in the order a joiner asks them
+/// for state: ids just above its own first, wrapping around, so that joiners spread their asks.
+fn beyond_neighbourhood(
+    doc: &TopologyDocument,
+    me: MemberId,
+    neighbours: &[MemberId],
+) -> Vec<MemberId> {
+    let mut ids: Vec<MemberId> = doc
+        .members
+        .iter()
+        .map(|m| m.id)
+        .filter(|&id| id != me && !neighbours.contains(&id))
+        .collect();
+    ids.sort_by_key(|&id| (id < me, id));
+    ids
+}
+
 /// Everything the loop touches, so helpers stay small.
 struct Trainer<B: AutodiffBackend> {
     env: TrainerEnv,
@@ -253,6 +277,8 @@ struct Trainer<B: AutodiffBackend> {
     /// What this member reported on start; sent again whenever a topology leaves it out (the
     /// operator that took the first report may have restarted before it kept it).
     join: Option<JoinReport>,
+    /// How long [`Trainer::fetch_state`] waits for neighbours.
+    startup_timeout: Duration,
 }
 
 impl<B: AutodiffBackend> Trainer<B> {
@@ -364,27 +390,55 @@ impl<B: AutodiffBackend> Trainer<B> {
     /// Ask the neighbours for their state; adopt the most advanced one if it is ahead of ours.
     /// Starting members meet here too: it returns once every neighbour is connected and has
     /// answered, or one is ahead (we are joining a running job), or the startup timeout passes.
+    /// When the topology says the job is under way and no neighbour has trained (a whole clique
+    /// replaced at once), the members beyond the neighbourhood are asked, a few at a time, until
+    /// one is ahead.
     async fn fetch_state(&mut self, timeout: Duration) -> Result<(), RunError> {
         let neighbours: Vec<MemberId> = self
             .hood
             .as_ref()
             .map(|h| h.neighbours.iter().map(|(id, _)| *id).collect())
             .unwrap_or_default();
+        let under_way = self.doc.as_ref().is_some_and(|d| d.step > self.step);
+        let mut beyond = self.doc.as_ref().map_or_else(Vec::new, |d| {
+            beyond_neighbourhood(d, self.env.member_id, &neighbours)
+        });
+        beyond.reverse(); // popped from the back: nearest first
         for &n in &neighbours {
             self.transport.request_state(n);
         }
+        let mut asked_beyond: Vec<MemberId> = Vec::new();
         let deadline = Instant::now() + timeout;
         let mut replies: Vec<StateReply> = Vec::new();
         loop {
             self.serve_state_requests();
             replies.extend(self.transport.take_state_replies());
             let connected = self.transport.connected_peers();
+            let replied = |n: &MemberId| replies.iter().any(|r| r.from == *n);
             let everyone = neighbours
                 .iter()
-                .all(|n| connected.contains(n) && replies.iter().any(|r| r.from == *n));
+                .all(|n| connected.contains(n) && replied(n))
+                && asked_beyond.iter().all(replied);
             let ahead = replies.iter().any(|r| r.step > self.step);
-            if everyone || ahead || self.stop.raised() {
+            if ahead || self.stop.raised() || (everyone && !under_way) {
                 break;
+            }
+            if everyone {
+                if beyond.is_empty() {
+                    tracing::warn!("the job is under way, but no member that answered has trained");
+                    break;
+                }
+                let batch: Vec<MemberId> =
+                    (0..STATE_ASK_BATCH).map_while(|_| beyond.pop()).collect();
+                tracing::info!(
+                    ?batch,
+                    "no neighbour has trained yet; asking members beyond them"
+                );
+                for &n in &batch {
+                    self.transport.request_state(n);
+                }
+                asked_beyond.extend(batch);
+                continue;
             }
             if Instant::now() >= deadline {
                 tracing::warn!(
@@ -398,18 +452,60 @@ impl<B: AutodiffBackend> Trainer<B> {
                 .changed(tokio::time::Instant::now() + Duration::from_millis(200))
                 .await;
         }
-        if let Some(best) = replies
+        if let Some((peer, step)) = self.adopt_best(&replies)? {
+            tracing::info!(peer, step, "state transferred from a neighbour");
+        }
+        Ok(())
+    }
+
+    /// Take the state of the most advanced of `replies`, if it is ahead of ours: its peer and
+    /// step.
+    fn adopt_best(&mut self, replies: &[StateReply]) -> Result<Option<(MemberId, u64)>, RunError> {
+        let Some(best) = replies
             .iter()
             .filter(|r| r.step > self.step && r.parameters.len() == self.member.layout().len())
             .max_by_key(|r| r.step)
-        {
-            self.member.set_parameters(&best.parameters)?;
+        else {
+            return Ok(None);
+        };
+        self.member.set_parameters(&best.parameters)?;
+        self.step = best.step;
+        Ok(Some((best.from, best.step)))
+    }
+
+    /// Rounds with neighbours far ahead of us no longer meet: we wait a round timeout for each
+    /// of their payloads, they for ours, and neither side ever catches up (a member that fell
+    /// behind while a neighbour of it was lost, or while it was starved of CPU). Take the state
+    /// of the most advanced of them, as a joiner does, and go on in step with them.
+    async fn catch_up(&mut self) -> Result<(), RunError> {
+        let ahead = self.transport.far_ahead(CATCH_UP_ROUNDS);
+        if ahead.is_empty() {
+            return Ok(());
+        }
+        for &peer in &ahead {
+            self.transport.request_state(peer);
+        }
+        let deadline = Instant::now() + self.plan.round_timeout;
+        let mut replies: Vec<StateReply> = Vec::new();
+        loop {
+            self.serve_state_requests();
+            replies.extend(self.transport.take_state_replies());
+            let answered = ahead.iter().all(|p| replies.iter().any(|r| r.from == *p));
+            if answered || self.stop.raised() || Instant::now() >= deadline {
+                break;
+            }
+            self.transport
+                .changed(tokio::time::Instant::now() + Duration::from_millis(200))
+                .await;
+        }
+        let behind = self.step;
+        if let Some((peer, step)) = self.adopt_best(&replies)? {
             tracing::info!(
-                peer = best.from,
-                step = best.step,
-                "state transferred from a neighbour"
+                peer,
+                step,
+                behind = step - behind,
+                "caught up with a neighbour far ahead"
             );
-            self.step = best.step;
         }
         Ok(())
     }
@@ -560,9 +656,14 @@ impl<B: AutodiffBackend> Trainer<B> {
                 if !self.wait_for_topology().await {
                     return self.leave().await;
                 }
+                // Back in a topology after a pause: the job may have moved on without us.
+                if self.doc.as_ref().is_some_and(|d| d.step > self.step) {
+                    self.fetch_state(self.startup_timeout).await?;
+                }
                 self.observed.set_ready(true);
                 self.set_state(TrainerState::Training);
             }
+            self.catch_up().await?;
             let hood = self.hood.clone().expect("applied above");
             let report = if self.plan.member.algorithm == AlgorithmKind::AsyncGossip {
                 // No rounds: whatever has arrived is mixed in, and nothing is waited for.
@@ -813,6 +914,7 @@ pub async fn run<B: AutodiffBackend>(
         eval_every: options.eval_every,
         averaged_yet: false,
         join: None,
+        startup_timeout: options.startup_timeout,
     };
     trainer.restore_checkpoint()?;
     if let Some(c) = trainer.control.clone() {
@@ -827,6 +929,6 @@ pub async fn run<B: AutodiffBackend>(
     if !trainer.wait_for_topology().await {
         return trainer.leave().await;
     }
-    trainer.fetch_state(options.startup_timeout).await?;
+    trainer.fetch_state(trainer.startup_timeout).await?;
     trainer.train().await
 }

@@ -79,6 +79,8 @@ pub struct RoundBook<R> {
     skips: BTreeSet<Key>,
     sent: BTreeSet<Key>,
     peers: BTreeMap<MemberId, Peer>,
+    /// Payloads held back for want of room (their peer is ahead of us), by peer.
+    held: BTreeMap<MemberId, (Purpose, u64)>,
 }
 
 impl<R> Default for RoundBook<R> {
@@ -90,6 +92,7 @@ impl<R> Default for RoundBook<R> {
             skips: BTreeSet::new(),
             sent: BTreeSet::new(),
             peers: BTreeMap::new(),
+            held: BTreeMap::new(),
         }
     }
 }
@@ -103,11 +106,40 @@ impl<R: Clone> RoundBook<R> {
     /// Before our first round we cannot tell ahead from behind (a replacement starts mid-job),
     /// so nothing is held back; senders queue only a few messages per peer anyway.
     pub fn has_room(&self, purpose: Purpose, round: u64) -> bool {
-        let current = self.completed.get(&purpose).map(|c| {
+        self.current(purpose)
+            .is_none_or(|current| round <= current + WINDOW)
+    }
+
+    /// The round we are at for `purpose`, once we have finished one.
+    fn current(&self, purpose: Purpose) -> Option<u64> {
+        self.completed.get(&purpose).map(|c| {
             let begun = self.begun.get(&purpose).copied().unwrap_or(0);
             (c + 1).max(begun)
-        });
-        current.is_none_or(|current| round <= current + WINDOW)
+        })
+    }
+
+    /// `peer`'s payload for `(purpose, round)` waits for room: the peer is ahead of us.
+    pub fn hold(&mut self, peer: MemberId, purpose: Purpose, round: u64) {
+        self.held.insert(peer, (purpose, round));
+    }
+
+    /// `peer`'s held payload found room (or its connection ended).
+    pub fn release(&mut self, peer: MemberId) {
+        self.held.remove(&peer);
+    }
+
+    /// Peers whose held payload is more than `gap` rounds past ours: so far ahead that rounds
+    /// with them no longer meet (each side times out on the other), and only taking one's
+    /// state brings us back in step.
+    pub fn far_ahead(&self, gap: u64) -> Vec<MemberId> {
+        self.held
+            .iter()
+            .filter(|(_, (purpose, round))| {
+                self.current(*purpose)
+                    .is_some_and(|current| *round > current + gap)
+            })
+            .map(|(&peer, _)| peer)
+            .collect()
     }
 
     /// An exchange for `round` starts: payloads up to [`WINDOW`] rounds past it have room.
@@ -147,6 +179,9 @@ impl<R: Clone> RoundBook<R> {
     pub fn session_closed(&mut self, peer: MemberId) {
         let p = self.peers.entry(peer).or_default();
         p.live_sessions = p.live_sessions.saturating_sub(1);
+        if p.live_sessions == 0 {
+            self.held.remove(&peer);
+        }
     }
 
     pub fn is_connected(&self, peer: MemberId) -> bool {
@@ -409,5 +444,29 @@ mod tests {
         assert!(!book.has_room(P, 41 + WINDOW));
         book.begin(P, 30);
         assert!(book.has_room(P, 40 + WINDOW), "never moves back");
+    }
+
+    #[test]
+    fn a_peer_is_far_ahead_when_its_held_payload_is_past_the_gap() {
+        let mut book = RoundBook::<u8>::default();
+        book.hold(1, P, 500);
+        assert!(
+            book.far_ahead(16).is_empty(),
+            "before our first round: not known"
+        );
+        book.complete(P, 100, &[]);
+        book.hold(2, P, 104);
+        assert_eq!(
+            book.far_ahead(16),
+            vec![1],
+            "4 rounds ahead is a wait, not a split"
+        );
+        book.hold(2, P, 118);
+        assert_eq!(book.far_ahead(16), vec![1, 2]);
+        book.release(1);
+        assert_eq!(book.far_ahead(16), vec![2]);
+        // We caught up: its payload has room again.
+        book.begin(P, 118);
+        assert!(book.far_ahead(16).is_empty());
     }
 }

@@ -375,6 +375,12 @@ impl Transport {
         std::mem::take(&mut *self.shared.state_replies.lock())
     }
 
+    /// Neighbours so far ahead of us (more than `gap` rounds) that rounds with them no longer
+    /// meet: their payloads wait for room we will not have for a long while.
+    pub fn far_ahead(&self, gap: u64) -> Vec<MemberId> {
+        self.shared.book.lock().far_ahead(gap)
+    }
+
     /// Ask `peer` for its parameters and step.
     pub fn request_state(&self, peer: MemberId) -> bool {
         self.send(peer, Kind::StateRequest, 0, Vec::new())
@@ -644,12 +650,23 @@ async fn serve_incoming(shared: Arc<Shared>, stream: TcpStream) {
         match message.kind {
             Kind::Parameters | Kind::Gradients => {
                 let purpose = payload_purpose(message.kind).expect("a payload kind");
-                // Backpressure: a peer far ahead waits in its TCP window, not in our memory.
+                // Backpressure: a peer far ahead waits in its TCP window, not in our memory
+                // (and the trainer learns how far ahead it is: `far_ahead`).
                 loop {
                     let notified = shared.changed.notified();
                     tokio::pin!(notified);
                     notified.as_mut().enable();
-                    if shared.book.lock().has_room(purpose, message.round) {
+                    let room = {
+                        let mut book = shared.book.lock();
+                        let room = book.has_room(purpose, message.round);
+                        if room {
+                            book.release(peer);
+                        } else {
+                            book.hold(peer, purpose, message.round);
+                        }
+                        room
+                    };
+                    if room {
                         break;
                     }
                     notified.await;
