@@ -16,6 +16,10 @@ pub enum ConditionType {
     /// The API server refuses the members' pods (a priority class that does not exist, a field
     /// only a Pod checks): the message is its word.
     PodsRejected,
+    /// Members' containers cannot start (an image that cannot be pulled, a volume that cannot
+    /// be mounted, a container the runtime cannot create): the reason and message are the
+    /// kubelet's.
+    MembersNotStarting,
 }
 
 impl ConditionType {
@@ -29,6 +33,7 @@ impl ConditionType {
             ConditionType::Failed => "Failed",
             ConditionType::InvalidSpec => "InvalidSpec",
             ConditionType::PodsRejected => "PodsRejected",
+            ConditionType::MembersNotStarting => "MembersNotStarting",
         }
     }
 }

@@ -23,7 +23,9 @@ use tokio::sync::mpsc;
 pub use exit::{Ended, Ending, classify};
 pub use memory::{Memory, MemoryError, StoredJoin};
 
-use crate::planner::{self, Action, Event, Exit, JobState, Observation, ObservedMember};
+use crate::planner::{
+    self, Action, Event, Exit, JobState, NotStarting, Observation, ObservedMember,
+};
 use crate::status::{Hub, Inbound, JobEvent, JobHandle, JobView, view};
 
 /// What a runtime sees of one member: its newest attempt's process or pod.
@@ -40,6 +42,8 @@ pub struct MemberFacts {
     pub pending_since: Option<Timestamp>,
     /// Set once it ended.
     pub exit: Option<Exit>,
+    /// Why its container cannot start, while it cannot (pods only).
+    pub not_starting: Option<NotStarting>,
 }
 
 /// One planning step, decided but not yet carried out.
@@ -215,6 +219,7 @@ impl JobDriver {
                     node: f.node,
                     zone: f.zone,
                     pending_since: f.pending_since,
+                    not_starting: f.not_starting,
                 };
                 (id, m)
             })

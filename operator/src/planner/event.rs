@@ -59,6 +59,8 @@ pub enum Reason {
     InvalidSpec,
     /// The API server refuses the members' pods.
     PodsRejected,
+    /// A member's container cannot start: the kubelet's reason and message.
+    MemberNotStarting,
     /// `murmur run --chaos`: a signal murmur itself sent to a member.
     Chaos,
     /// The operator cannot decode the job as stored (written under an older, looser CRD): it
@@ -88,6 +90,7 @@ impl Reason {
             Reason::Failed => "Failed",
             Reason::InvalidSpec => "InvalidSpec",
             Reason::PodsRejected => "PodsRejected",
+            Reason::MemberNotStarting => "MemberNotStarting",
             Reason::Chaos => "Chaos",
             Reason::Undecodable => "Undecodable",
         }

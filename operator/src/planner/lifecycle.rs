@@ -174,6 +174,10 @@ pub struct MemberRecord {
     /// must not loop).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub relocated: bool,
+    /// The attempt and kind of the start problem last reported ([`super::NotStarting::kind`]),
+    /// so that a kubelet retrying says it once per attempt.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub not_starting: Option<(u32, String)>,
 }
 
 fn is_zero(n: &u32) -> bool {

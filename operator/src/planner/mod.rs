@@ -43,6 +43,36 @@ pub enum Exit {
     Failed { reason: String },
 }
 
+/// Why a member's container has not started, in the kubelet's words: its reason
+/// (`ImagePullBackOff`, `ErrImagePull`, `CreateContainerConfigError`, `FailedMount`, ...) and
+/// message. The attempt lives on (the kubelet keeps trying); people are told.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NotStarting {
+    pub reason: String,
+    pub message: String,
+}
+
+impl NotStarting {
+    /// The problem, whatever stage of retrying the kubelet is in: a pull that failed and the
+    /// back-off before the next one are one problem, said once.
+    pub fn kind(&self) -> &str {
+        match self.reason.as_str() {
+            "ImagePullBackOff" => "ErrImagePull",
+            other => other,
+        }
+    }
+}
+
+impl std::fmt::Display for NotStarting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.message.is_empty() {
+            f.write_str(&self.reason)
+        } else {
+            write!(f, "{}: {}", self.reason, self.message)
+        }
+    }
+}
+
 /// What a runtime sees of one member: its newest attempt.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ObservedMember {
@@ -60,6 +90,8 @@ pub struct ObservedMember {
     pub zone: Option<String>,
     /// Since when it has waited for a node (the operator; local processes never wait).
     pub pending_since: Option<Timestamp>,
+    /// Why its container cannot start, while it cannot (pods only).
+    pub not_starting: Option<NotStarting>,
 }
 
 impl ObservedMember {
@@ -488,7 +520,19 @@ fn settle_ended_members(
     }
 }
 
-/// Lifecycle events of the current attempts: placed on a node, joined, waiting too long.
+/// A condition's reason must be one CamelCase word (`^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$`):
+/// the kubelet's reasons are; anything else is said as `NotStarting`.
+fn condition_reason(reason: &str) -> String {
+    let valid = reason.starts_with(|c: char| c.is_ascii_alphabetic())
+        && reason
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_,:".contains(c))
+        && !reason.ends_with([',', ':']);
+    if valid { reason } else { "NotStarting" }.to_string()
+}
+
+/// Lifecycle events of the current attempts: placed on a node, joined, waiting too long, kept
+/// from starting.
 fn note_lifecycle(
     spec: &DecentralizedTrainingJobSpec,
     s: &mut JobState,
@@ -528,6 +572,20 @@ fn note_lifecycle(
                 Some((id, r.attempt)),
                 format!("member {id} (attempt {}) sent its join report", r.attempt),
             ));
+        }
+        // Once per problem of an attempt; again if it comes back after the container started.
+        let problem = m.not_starting.as_ref();
+        let said = r.not_starting.as_ref().filter(|(a, _)| *a == r.attempt);
+        if problem.map(NotStarting::kind) != said.map(|(_, kind)| kind.as_str()) {
+            if let Some(p) = problem {
+                actions.push(event(
+                    EventKind::Warning,
+                    Reason::MemberNotStarting,
+                    Some((id, r.attempt)),
+                    format!("member {id} (attempt {}) cannot start: {p}", r.attempt),
+                ));
+            }
+            r.not_starting = problem.map(|p| (r.attempt, p.kind().to_string()));
         }
         if r.lifecycle == Lifecycle::PENDING
             && m.node.is_none()
@@ -923,8 +981,53 @@ fn update_conditions(
         JobPhase::Failed => ("Failed", "failed"),
         _ => ("Training", members.as_str()),
     };
+    // Members whose containers cannot start: the first by id in the kubelet's words, and how
+    // many more.
+    let stuck: Vec<(MemberId, u32, &NotStarting)> = s
+        .members
+        .iter()
+        .filter_map(|(&id, r)| {
+            let m = observed.live(id, r.attempt)?;
+            Some((id, r.attempt, m.not_starting.as_ref()?))
+        })
+        .collect();
+    let not_starting = stuck.first().map(|(id, attempt, first)| {
+        let more = match stuck.len() - 1 {
+            0 => String::new(),
+            n => format!("; {n} more members cannot start"),
+        };
+        (
+            condition_reason(&first.reason),
+            format!("member {id} (attempt {attempt}): {first}{more}"),
+        )
+    });
     let t = Time(now);
     let c = &mut s.conditions;
+    match &not_starting {
+        Some((reason, message)) => {
+            set_condition(
+                c,
+                ConditionType::MembersNotStarting,
+                true,
+                reason,
+                message,
+                None,
+                t.clone(),
+            );
+        }
+        None if condition_is_true(c, ConditionType::MembersNotStarting) => {
+            set_condition(
+                c,
+                ConditionType::MembersNotStarting,
+                false,
+                "Started",
+                "no member's container is kept from starting",
+                None,
+                t.clone(),
+            );
+        }
+        None => {}
+    }
     set_condition(
         c,
         ConditionType::Running,

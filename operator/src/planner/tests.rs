@@ -961,3 +961,88 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_member_that_cannot_start_is_said_once_per_attempt_and_in_a_condition() {
+    let mut w = World::new(spec());
+    w.pending = true;
+    w.plan();
+    for id in 0..4 {
+        w.schedule(id, &format!("node-{id}"));
+    }
+    w.plan();
+    let condition = |w: &World| {
+        w.state
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "MembersNotStarting")
+            .cloned()
+    };
+    assert_eq!(condition(&w), None, "nothing to say while every pod starts");
+    let pull = |reason: &str| NotStarting {
+        reason: reason.into(),
+        message: "Back-off pulling image \"registry.invalid/trainer:1\"".into(),
+    };
+    w.observed.members.get_mut(&2).unwrap().not_starting = Some(pull("ErrImagePull"));
+    let actions = w.plan();
+    assert_eq!(World::reasons(&actions), vec!["MemberNotStarting"]);
+    let said = match &actions[0] {
+        Action::Event(e) => e.message.clone(),
+        other => panic!("{other:?}"),
+    };
+    assert!(said.contains("member 2 (attempt 0) cannot start: ErrImagePull: Back-off pulling image \"registry.invalid/trainer:1\""), "{said}");
+    let c = condition(&w).expect("a condition");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("True", "ErrImagePull")
+    );
+    assert!(
+        c.message.contains("registry.invalid/trainer:1"),
+        "{}",
+        c.message
+    );
+    // The kubelet backing off between pulls is the same problem: no second event.
+    w.observed.members.get_mut(&2).unwrap().not_starting = Some(pull("ImagePullBackOff"));
+    assert!(World::reasons(&w.plan()).is_empty());
+    assert_eq!(condition(&w).unwrap().reason, "ImagePullBackOff");
+    // A second member: the condition counts it.
+    w.observed.members.get_mut(&3).unwrap().not_starting = Some(NotStarting {
+        reason: "FailedMount".into(),
+        message: "MountVolume.SetUp failed for volume \"data\"".into(),
+    });
+    assert_eq!(World::reasons(&w.plan()), vec!["MemberNotStarting"]);
+    assert!(
+        condition(&w)
+            .unwrap()
+            .message
+            .ends_with("; 1 more members cannot start")
+    );
+    // Both start: the condition turns False, once.
+    for id in [2, 3] {
+        w.observed.members.get_mut(&id).unwrap().not_starting = None;
+    }
+    w.plan();
+    let c = condition(&w).unwrap();
+    assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", "Started"));
+    // The next attempt of a member that cannot start is said again.
+    w.end(2, preempted());
+    w.now = 30.0;
+    w.plan();
+    assert_eq!(w.state.members[&2].attempt, 1);
+    w.schedule(2, "node-9");
+    w.observed.members.get_mut(&2).unwrap().not_starting = Some(pull("ImagePullBackOff"));
+    let actions = w.plan();
+    assert!(
+        World::reasons(&actions).contains(&"MemberNotStarting"),
+        "{actions:?}"
+    );
+}
+
+#[test]
+fn a_condition_reason_is_one_word() {
+    assert_eq!(condition_reason("ImagePullBackOff"), "ImagePullBackOff");
+    assert_eq!(condition_reason("Failed Mount"), "NotStarting");
+    assert_eq!(condition_reason("9lives"), "NotStarting");
+    assert_eq!(condition_reason(""), "NotStarting");
+    assert_eq!(condition_reason("Odd:"), "NotStarting");
+}

@@ -318,10 +318,16 @@ pub fn job_view(
                 phase: m.phase,
                 step: m.progress.step,
                 joined_at: None,
-                message: on_demand.then(|| {
-                    "fell back to on-demand: no spot node within scheduling.fallbackToOnDemandAfter"
-                        .to_string()
-                }),
+                // Why it cannot start comes first: that is what blocks it now.
+                message: observed
+                    .and_then(|o| o.not_starting.as_ref())
+                    .map(|p| format!("cannot start: {p}"))
+                    .or_else(|| {
+                        on_demand.then(|| {
+                            "fell back to on-demand: no spot node within scheduling.fallbackToOnDemandAfter"
+                                .to_string()
+                        })
+                    }),
                 zone: m.zone.clone(),
                 cross_zone_bytes: m.cross_zone_bytes,
             }

@@ -5,8 +5,6 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use std::collections::HashMap;
-
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -17,7 +15,7 @@ use murmur_core::topology::MemberId;
 use super::observe::{self, NodeState};
 use super::resources::{self, Settings};
 use crate::driver::{JobDriver, MemberFacts, Memory, MemoryError, Plan};
-use crate::planner::{self, Action, Exit, Lifecycle};
+use crate::planner::{self, Action, Exit, Lifecycle, NotStarting};
 
 /// A job's memory as the operator keeps it: from its ConfigMap when there is one, else fresh —
 /// seeded from the pods it owns (an operator that lost its ConfigMap), and starting each member
@@ -85,6 +83,9 @@ pub struct Inputs<'a> {
     pub problems: Option<&'a str>,
     pub pods: &'a [&'a Pod],
     pub node: &'a dyn Fn(&str) -> NodeState,
+    /// The newest Warning event that keeps a pod's containers from starting (a volume that
+    /// cannot be mounted, a sandbox that cannot be made), as [`NotStarting`].
+    pub start_event: &'a dyn Fn(&Pod) -> Option<NotStarting>,
     /// A node's zone label, when it has one.
     pub zone: &'a dyn Fn(&str) -> Option<String>,
     pub service: Option<&'a Service>,
@@ -326,23 +327,13 @@ fn relabel(i: &Inputs, d: &mut Decision) {
     }
 }
 
-/// The status subresource, and what the status API shows: the view with each member's pod and
-/// why its container cannot start.
+/// The status subresource, and what the status API shows: the view with each member's pod.
 fn status(i: &Inputs, d: &mut Decision) {
     let name = resources::name(i.job);
-    let by_name: HashMap<&str, &Pod> = i
-        .pods
-        .iter()
-        .filter_map(|p| Some((p.metadata.name.as_deref()?, *p)))
-        .collect();
     let state = &d.plan.memory.state;
     for m in &mut d.plan.view.status.members {
         let attempt = state.members.get(&m.id).map_or(0, |r| r.attempt);
-        let pod = resources::pod_name(&name, m.id, attempt);
-        if let Some(waiting) = by_name.get(pod.as_str()).and_then(|p| waiting_of(p)) {
-            m.message = Some(waiting);
-        }
-        m.pod = Some(pod);
+        m.pod = Some(resources::pod_name(&name, m.id, attempt));
     }
     d.plan.view.status.observed_generation = i.job.metadata.generation;
     // An operator that just started has heard from no trainer yet: the progress it knows is
@@ -386,17 +377,6 @@ fn requeue(i: &Inputs, d: &mut Decision) {
         let secs = planner::seconds_since(i.now, w).max(1.0);
         d.requeue = d.requeue.min(Duration::from_secs_f64(secs));
     }
-}
-
-fn waiting_of(pod: &Pod) -> Option<String> {
-    observe::pod_facts(
-        pod,
-        |_| NodeState::Ready,
-        None,
-        Timestamp::UNIX_EPOCH,
-        Duration::MAX,
-    )
-    .waiting
 }
 
 /// What the cluster shows of each member: its newest attempt's pod (or the pod just created),
@@ -450,6 +430,11 @@ fn observe(
                 f.node = pod_facts.node;
                 f.pending_since = pod_facts.pending_since;
                 f.exit = pod_facts.exit;
+                f.not_starting = pod_facts.not_starting.or_else(|| {
+                    observe::creating(pod)
+                        .then(|| (i.start_event)(pod))
+                        .flatten()
+                });
             }
             _ => match i.created.get(&(id, record.attempt)) {
                 // Just created: the cache has not caught up.

@@ -11,6 +11,7 @@ pub mod observe;
 pub mod preflight;
 pub mod resources;
 pub mod scheduling;
+pub mod start_events;
 
 #[cfg(test)]
 mod tests;
@@ -90,6 +91,9 @@ pub struct Stores {
     pub nodes: Store<Node>,
     /// Filled only with `--network-policies` (otherwise never listed, never waited for).
     pub network_policies: Option<Store<NetworkPolicy>>,
+    /// What keeps pods from starting that only events say (never waited for: an empty index
+    /// only means nothing is reported yet).
+    pub start_events: start_events::StartEvents,
 }
 
 impl Stores {
@@ -394,6 +398,7 @@ async fn reconcile_inner(
     let zones = nodes.clone();
     let node = move |n: &str| observe::node_state(nodes.get(&ObjectRef::new(n)).as_deref());
     let zone = move |n: &str| observe::zone(zones.get(&ObjectRef::new(n)).as_deref());
+    let start_event = |p: &Pod| ctx.stores.start_events.get(p);
     let now = (ctx.clock)();
     let decision = {
         let mut l = live.lock();
@@ -418,6 +423,7 @@ async fn reconcile_inner(
             problems: problems.as_deref(),
             pods: &pod_refs,
             node: &node,
+            start_event: &start_event,
             zone: &zone,
             service: service.as_deref(),
             secret: secret.as_deref(),
@@ -910,6 +916,7 @@ impl Writers {
                 secrets,
                 nodes,
                 network_policies: with_policies.then_some(network_policies),
+                start_events: Default::default(),
             },
             jobs,
         };
@@ -967,6 +974,28 @@ fn controller(
         .default_backoff()
         .reflect(w.nodes)
         .touched_objects();
+    let pods = ctx.stores.pods.clone();
+    // A pod's event of interest wakes the pod's job.
+    let job_of_event = move |event: k8s_openapi::api::core::v1::Event| {
+        let pod = &event.involved_object;
+        let namespace = pod.namespace.as_deref()?;
+        let pod = pods.get(&ObjectRef::new(pod.name.as_deref()?).within(namespace))?;
+        let job = pod.labels().get(resources::LABEL_JOB)?;
+        Some(ObjectRef::new(job).within(namespace))
+    };
+    let index = ctx.stores.start_events.clone();
+    let start_event_stream = watcher(
+        Api::<k8s_openapi::api::core::v1::Event>::all(client.clone()),
+        watcher::Config::default().fields(start_events::FIELD_SELECTOR),
+    )
+    .default_backoff()
+    .filter_map(move |event| {
+        futures::future::ready(match event {
+            Ok(e) => index.apply(&e),
+            Err(e) => Some(Err(e)),
+        })
+    });
+    controller = controller.watches_stream(start_event_stream, job_of_event);
     let pods = ctx.stores.pods.clone();
     let jobs_on_node = move |node: Node| {
         let node = node.name_any();

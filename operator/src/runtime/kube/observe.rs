@@ -1,5 +1,6 @@
-//! What a member's pod says about it (pure): where it runs, since when it waits for a node, and
-//! how it ended — completed, preempted (never a failure) or crashed.
+//! What a member's pod says about it (pure): where it runs, since when it waits for a node, why
+//! its container cannot start, and how it ended — completed, preempted (never a failure) or
+//! crashed.
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
@@ -8,7 +9,7 @@ use murmur_core::topology::MemberId;
 
 use super::resources::{LABEL_ATTEMPT, LABEL_MEMBER};
 use crate::driver::{Ended, Ending, classify, exit};
-use crate::planner::{Exit, seconds_since};
+use crate::planner::{Exit, NotStarting, seconds_since};
 
 /// Reasons of the `DisruptionTarget` pod condition: the pod is going away for reasons outside
 /// the trainer — a preemption, whatever the exit code.
@@ -99,8 +100,84 @@ pub struct PodFacts {
     pub node: Option<String>,
     pub pending_since: Option<Timestamp>,
     pub exit: Option<Exit>,
-    /// Why its container is not running yet (image pull errors, bad config), for a person.
-    pub waiting: Option<String>,
+    /// Why its container cannot start (image pull errors, bad config), in the kubelet's words.
+    pub not_starting: Option<NotStarting>,
+}
+
+/// Waiting reasons of a container that is starting as it should.
+const STARTING: &[&str] = &["ContainerCreating", "PodInitializing"];
+
+/// Waiting reasons that are about the image: the message says which image where the kubelet's
+/// own does not.
+const IMAGE_REASONS: &[&str] = &[
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "ErrImageNeverPull",
+    "RegistryUnavailable",
+    "SignatureValidationFailed",
+];
+
+/// Warning events (`reason`s) about a pod that keep its containers from starting, which no
+/// field of the pod's status carries: the volumes and the sandbox.
+pub const START_EVENT_REASONS: &[&str] = &[
+    "FailedMount",
+    "FailedAttachVolume",
+    "FailedMapVolume",
+    "FailedCreatePodSandBox",
+];
+
+/// The trainer container's status (or the first container's).
+fn trainer_status(pod: &Pod) -> Option<&k8s_openapi::api::core::v1::ContainerStatus> {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|c| c.iter().find(|c| c.name == "trainer").or(c.first()))
+}
+
+/// Whether the pod is on a node with its container still being created: the moment a volume
+/// that cannot be mounted or a sandbox that cannot be made holds it (they say so in events).
+pub fn creating(pod: &Pod) -> bool {
+    let on_node = pod.spec.as_ref().is_some_and(|s| s.node_name.is_some());
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    on_node
+        && pod.metadata.deletion_timestamp.is_none()
+        && matches!(phase, None | Some("Pending"))
+        && trainer_status(pod)
+            .and_then(|c| c.state.as_ref())
+            .is_none_or(|s| {
+                s.running.is_none()
+                    && s.terminated.is_none()
+                    && s.waiting
+                        .as_ref()
+                        .and_then(|w| w.reason.as_deref())
+                        .is_none_or(|r| STARTING.contains(&r))
+            })
+}
+
+/// Why the pod's container waits other than to start normally, in the kubelet's words.
+fn waiting_problem(pod: &Pod) -> Option<NotStarting> {
+    let container = trainer_status(pod)?;
+    let waiting = container.state.as_ref()?.waiting.as_ref()?;
+    let reason = waiting.reason.clone()?;
+    if STARTING.contains(&reason.as_str()) {
+        return None;
+    }
+    let mut message = waiting.message.clone().unwrap_or_default();
+    let image = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers.iter().find(|c| c.name == container.name))
+        .and_then(|c| c.image.as_deref());
+    if let Some(image) = image
+        && IMAGE_REASONS.contains(&reason.as_str())
+        && !message.contains(image)
+    {
+        message = format!("image {image:?}: {message}")
+            .trim_end_matches(": ")
+            .to_string();
+    }
+    Some(NotStarting { reason, message })
 }
 
 /// Read a pod. `node` is what the cache says of the node it is bound to; `last` is the state
@@ -112,24 +189,7 @@ pub fn pod_facts(
     now: Timestamp,
     node_lost_after: std::time::Duration,
 ) -> PodFacts {
-    let status = pod.status.as_ref();
     let node_name = pod.spec.as_ref().and_then(|s| s.node_name.clone());
-    let container = status
-        .and_then(|s| s.container_statuses.as_ref())
-        .and_then(|c| c.iter().find(|c| c.name == "trainer").or(c.first()));
-    let waiting = container
-        .and_then(|c| c.state.as_ref())
-        .and_then(|s| s.waiting.as_ref())
-        .and_then(|w| {
-            let reason = w.reason.clone()?;
-            // Starting normally is not worth a note.
-            (reason != "ContainerCreating" && reason != "PodInitializing").then(|| {
-                match &w.message {
-                    Some(m) => format!("{reason}: {m}"),
-                    None => reason,
-                }
-            })
-        });
     let mut facts = PodFacts {
         node: node_name.clone(),
         pending_since: node_name.is_none().then(|| {
@@ -139,7 +199,7 @@ pub fn pod_facts(
                 .map_or(now, |t| t.0)
         }),
         exit: None,
-        waiting,
+        not_starting: waiting_problem(pod),
     };
     facts.exit = exit(pod, node_name.as_deref(), &node, last, now, node_lost_after);
     facts
@@ -172,9 +232,7 @@ fn exit(
             }
         });
     let phase = status.and_then(|s| s.phase.as_deref()).unwrap_or("Pending");
-    let terminated = status
-        .and_then(|s| s.container_statuses.as_ref())
-        .and_then(|c| c.iter().find(|c| c.name == "trainer").or(c.first()))
+    let terminated = trainer_status(pod)
         .and_then(|c| c.state.as_ref())
         .and_then(|s| s.terminated.as_ref());
     let node_reason = status
@@ -186,12 +244,16 @@ fn exit(
         });
 
     if let Some(t) = terminated {
+        let said = t.message.as_deref().and_then(exit::said);
         return Some(classify(&Ending {
             ended: Some(Ended::Code(t.exit_code)),
-            said: t.message.as_deref().and_then(exit::said),
+            said,
             last,
             cause: disruption.or(node_reason),
-            detail: Some(t.reason.clone().unwrap_or_else(|| "Error".into())),
+            detail: Some(crash_detail(
+                t.reason.as_deref(),
+                t.message.as_deref().filter(|_| said.is_none()),
+            )),
         }));
     }
     if phase == "Failed" || phase == "Succeeded" {
@@ -222,6 +284,28 @@ fn exit(
             })
         }
     }
+}
+
+/// The kubelet's word for a container that ended badly: its reason (`Error`, `OOMKilled`,
+/// `StartError`, `ContainerCannotRun`) and the last line of its message (the runtime's error,
+/// or the container's last log line under `FallbackToLogsOnError`), cut to a readable length.
+fn crash_detail(reason: Option<&str>, message: Option<&str>) -> String {
+    const MAX: usize = 300;
+    let reason = reason.unwrap_or("Error");
+    let Some(line) = message.and_then(|m| m.lines().rev().map(str::trim).find(|l| !l.is_empty()))
+    else {
+        return reason.to_string();
+    };
+    let mut line = line.to_string();
+    if line.len() > MAX {
+        let cut = (0..=MAX)
+            .rev()
+            .find(|&i| line.is_char_boundary(i))
+            .unwrap_or(0);
+        line.truncate(cut);
+        line.push('…');
+    }
+    format!("{reason}: {line}")
 }
 
 #[cfg(test)]
@@ -459,10 +543,113 @@ pub(super) mod tests {
         }]);
         let f = facts(&pod, NodeState::Ready, None);
         assert_eq!(
-            f.waiting.as_deref(),
-            Some("ImagePullBackOff: pull access denied")
+            f.not_starting,
+            Some(NotStarting {
+                reason: "ImagePullBackOff".into(),
+                message: "pull access denied".into(),
+            })
         );
         assert_eq!(f.exit, None);
+        assert!(!creating(&pod), "past creating: it says why it waits");
+    }
+
+    #[test]
+    fn an_image_problem_names_the_image() {
+        let mut pod = running();
+        pod.spec.as_mut().unwrap().containers = vec![k8s_openapi::api::core::v1::Container {
+            name: "trainer".into(),
+            image: Some("registry.invalid/murmur-trainer:9".into()),
+            ..Default::default()
+        }];
+        let waiting = |reason: &str, message: &str| {
+            Some(vec![ContainerStatus {
+                name: "trainer".into(),
+                state: Some(ContainerState {
+                    waiting: Some(ContainerStateWaiting {
+                        reason: Some(reason.into()),
+                        message: Some(message.into()),
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }])
+        };
+        // The kubelet's message names it: left as it is.
+        let kubelets = r#"Back-off pulling image "registry.invalid/murmur-trainer:9""#;
+        pod.status.as_mut().unwrap().container_statuses = waiting("ImagePullBackOff", kubelets);
+        assert_eq!(
+            facts(&pod, NodeState::Ready, None)
+                .not_starting
+                .unwrap()
+                .message,
+            kubelets
+        );
+        // It does not: the image is said.
+        pod.status.as_mut().unwrap().container_statuses = waiting("ErrImagePull", "not found");
+        assert_eq!(
+            facts(&pod, NodeState::Ready, None)
+                .not_starting
+                .unwrap()
+                .message,
+            r#"image "registry.invalid/murmur-trainer:9": not found"#
+        );
+        // Not about the image: nothing added.
+        pod.status.as_mut().unwrap().container_statuses =
+            waiting("CreateContainerConfigError", "secret \"k\" not found");
+        assert_eq!(
+            facts(&pod, NodeState::Ready, None)
+                .not_starting
+                .unwrap()
+                .message,
+            "secret \"k\" not found"
+        );
+    }
+
+    #[test]
+    fn a_pod_on_a_node_without_a_running_container_is_creating() {
+        let mut pod = running();
+        pod.spec.as_mut().unwrap().node_name = Some("n1".into());
+        let status = pod.status.as_mut().unwrap();
+        status.phase = Some("Pending".into());
+        status.container_statuses = None;
+        assert!(creating(&pod), "no container status yet");
+        pod.status.as_mut().unwrap().container_statuses = Some(vec![ContainerStatus {
+            name: "trainer".into(),
+            state: Some(ContainerState {
+                waiting: Some(ContainerStateWaiting {
+                    reason: Some("ContainerCreating".into()),
+                    message: None,
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }]);
+        assert!(creating(&pod));
+        pod.spec.as_mut().unwrap().node_name = None;
+        assert!(!creating(&pod), "not on a node: the scheduler's business");
+    }
+
+    #[test]
+    fn a_crash_says_the_kubelets_reason_and_the_last_line_of_its_message() {
+        assert_eq!(crash_detail(None, None), "Error");
+        assert_eq!(crash_detail(Some("OOMKilled"), Some("")), "OOMKilled");
+        assert_eq!(
+            crash_detail(
+                Some("StartError"),
+                Some("failed to create task: exec: \"run\": executable file not found in $PATH\n")
+            ),
+            "StartError: failed to create task: exec: \"run\": executable file not found in $PATH"
+        );
+        assert_eq!(
+            crash_detail(Some("Error"), Some("line one\nthe last line\n\n")),
+            "Error: the last line"
+        );
+        let long = "é".repeat(400);
+        let d = crash_detail(Some("Error"), Some(&long));
+        assert!(
+            d.ends_with('…') && d.len() <= "Error: ".len() + 300 + '…'.len_utf8(),
+            "{d}"
+        );
     }
 
     #[test]

@@ -44,6 +44,9 @@ pub const PERMISSIONS: &[(&str, &str, &str)] = &[
     ("create", "events.k8s.io", "events"),
     // kube-runtime's event recorder turns a repeat into a series: a patch of the first.
     ("patch", "events.k8s.io", "events"),
+    // Pods' Warning events: a volume that cannot be mounted is said nowhere else.
+    ("list", "", "events"),
+    ("watch", "", "events"),
     ("get", "coordination.k8s.io", "leases"),
     ("create", "coordination.k8s.io", "leases"),
     ("update", "coordination.k8s.io", "leases"),

@@ -186,6 +186,7 @@ impl Cluster {
             secrets,
             nodes,
             network_policies: Some(network_policies),
+            start_events: Default::default(),
         };
         let mut hub = Hub::default();
         let metrics = Arc::new(OperatorMetrics::register(&mut hub.metrics.registry));
