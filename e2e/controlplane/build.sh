@@ -4,22 +4,25 @@
 # from the same go.mod, go.sum, *.go and Go version. up.sh runs this first; run it alone to
 # build ahead of time (CI can cache the Go module and build caches to make it a relink).
 #
-# Two binaries come out, plus symlinks:
+# Three binaries come out, plus symlinks:
 #   controlplane  multi-call: kube-apiserver, kube-controller-manager, kube-scheduler, etcd,
-#                 kubectl, kwok (and kwok-stages, which prints kwok's default Stage objects)
+#                 kubectl, kwok, and the real nodes' kubelet and kube-proxy (and kwok-stages,
+#                 which prints kwok's default Stage objects)
 #   helm          helm.sh/helm/v3/cmd/helm, built as a tool of this module (helm v3 keeps its
 #                 command in package main, so it cannot join the multi-call binary)
+#   coredns       the real nodes' cluster DNS, from coredns/: a module of its own, so that
+#                 CoreDNS's newer grpc and prometheus never move the Kubernetes pins
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 BIN=${MURMUR_CONTROLPLANE_BIN:-$HERE/.bin}
-COMMANDS=(kube-apiserver kube-controller-manager kube-scheduler etcd kubectl kwok pod-runner)
+COMMANDS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy etcd kubectl kwok)
 
 command -v go >/dev/null || { echo "build.sh: go is not on PATH" >&2; exit 1; }
 
 # The stamp says what the binaries were built from; a change to any of these rebuilds them.
-stamp=$(cd "$HERE" && { cat go.mod go.sum ./*.go build.sh; go env GOVERSION GOOS GOARCH; } | sha256sum | cut -d' ' -f1)
-if [[ -x $BIN/controlplane && -x $BIN/helm && -f $BIN/.stamp && $(cat "$BIN/.stamp") == "$stamp" ]]; then
+stamp=$(cd "$HERE" && { cat go.mod go.sum ./*.go coredns/go.mod coredns/go.sum coredns/*.go build.sh; go env GOVERSION GOOS GOARCH; } | sha256sum | cut -d' ' -f1)
+if [[ -x $BIN/controlplane && -x $BIN/helm && -x $BIN/coredns && -f $BIN/.stamp && $(cat "$BIN/.stamp") == "$stamp" ]]; then
     exit 0
 fi
 
@@ -48,8 +51,10 @@ start=$SECONDS
 # sum.golang.org may be unreachable; go.sum pins every module hash, so checking against the
 # checksum database adds nothing here. -mod=readonly: never rewrite go.mod/go.sum while building.
 # -trimpath: no local paths in the binaries, so the build cache is shared between checkouts.
-(cd "$HERE" && GOSUMDB=off GOFLAGS="-mod=readonly -buildvcs=false" GOTOOLCHAIN=local \
-    go build -trimpath -ldflags="$ldflags" -o "$BIN/" . tool)
+export GOSUMDB=off GOFLAGS="-mod=readonly -buildvcs=false" GOTOOLCHAIN=local
+(cd "$HERE" && go build -trimpath -ldflags="$ldflags" -o "$BIN/" . tool)
+# Static: it runs in a FROM-scratch image on the nodes.
+(cd "$HERE/coredns" && CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$BIN/coredns" .)
 # go build names the multi-call binary after the last element of the module path, controlplane.
 for c in "${COMMANDS[@]}"; do
     ln -sfn controlplane "$BIN/$c"

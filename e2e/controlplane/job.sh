@@ -1,43 +1,57 @@
 #!/usr/bin/env bash
-# Runs one DecentralizedTrainingJob manifest through the whole user flow on a fresh control plane
-# whose trainer pods run for real (up.sh --run-pods), then takes it down:
+# Runs one DecentralizedTrainingJob manifest through a user's whole flow on a fresh control plane
+# with real nodes, then takes it down:
 #
-#   up, spot nodes in zones, helm install the chart, the operator out of cluster as the chart's
-#   ServiceAccount, kubectl apply the manifest (unchanged; into --namespace), `kubectl get dtj -w`
-#   in the background, the disruptions asked for at random moments mid-run, wait for the end,
-#   down. The last line of stdout is the job's final status as one JSON object.
+#   the images built from images/*.Dockerfile (the given binaries on a Debian base made here) and
+#   imported into the nodes' containerd; up.sh --real-nodes; an on-demand system node and spot
+#   nodes in zones (nodes.sh: containerd, runc, CNI, the kubelet, kube-proxy; CoreDNS); helm
+#   install of the chart with those images, the operator running in the cluster as the chart's
+#   Deployment; kubectl apply of the manifest (unchanged, into --namespace); `kubectl get dtj -w`
+#   and `kubectl logs -f` of every pod in the background; the disruptions asked for, each at a
+#   random step mid-run; the end; down. The last line of stdout is the job's final status as one
+#   JSON object, whatever happened (an "error" field says what went wrong).
 #
 #   e2e/controlplane/job.sh MANIFEST [--evict N] [--drain-node] [--delete-node]
-#                           [--restart-operator] [--zones N] [--nodes-per-zone N]
+#                           [--delete-operator-pod] [--zones N] [--nodes-per-zone N]
 #                           [--zone-aware on|off] [--steps N] [--set JQ]... [--namespace NS]
-#                           [--timeout SECONDS]
-#                           [--seed N] [--keep DIR]
+#                           [--timeout SECONDS] [--seed N] [--keep DIR] [--dashboard DIR]
 #
-#   --evict N            evict N running members, one at a time, through the Eviction API
-#   --drain-node         kubectl drain a node that runs a member
-#   --delete-node        delete a node that runs a member (its machine dies at once)
-#   --restart-operator   SIGKILL the operator mid-run and start it again
-#   --zones, --nodes-per-zone  the spot nodes (2 CPU, 4 GiB each), default 2 zones of 3
-#   --zone-aware on|off  set spec.scheduling.zoneAware   } the manifest is applied as it is
-#   --steps N            set spec.training.steps        } unless these are given
-#   --set JQ             any other change, as a jq update of the object, e.g.
-#                        --set '.spec.replicas = {min: 12, target: 20, max: 24}' 
-#   --keep DIR           copy the logs (operator, pods, control plane, the watch) into DIR
-#   --dashboard DIR      once a quarter of the steps are done, headless Chromium loads the
-#                        operator's dashboard: its DOM (dom.html) and a screenshot into DIR
+#   --evict N              evict N running members, one at a time, through the Eviction API
+#   --drain-node           kubectl drain a spot node that runs a member
+#   --delete-node          a spot node that runs a member dies (its container killed), its Node is
+#                          deleted as a cloud's node controller does, and a new spot node joins
+#                          its zone as an autoscaler would bring one
+#   --delete-operator-pod  kubectl delete the operator's pod (its Deployment makes another)
+#   --zones, --nodes-per-zone  the spot nodes, default 2 zones of 2 (each a real node: this
+#                          machine's CPUs and memory), beside one on-demand system node
+#   --zone-aware on|off    set spec.scheduling.zoneAware   } the manifest is applied as it is
+#   --steps N              set spec.training.steps        } unless these are given
+#   --set JQ               any other change, as a jq update of the object, e.g.
+#                          --set '.spec.replicas = {min: 12, target: 20, max: 24}'
+#   --keep DIR             copy the logs (pods, nodes, control plane, the watch) into DIR
+#   --dashboard DIR        once a quarter of the steps are done, headless Chromium loads the
+#                          operator's dashboard through kubectl port-forward: its DOM (dom.html)
+#                          and a screenshot into DIR
 #
-# Needs root, the release build (cargo build --release: murmur and murmur-trainer; or MURMUR_BIN
-# and MURMUR_POD_RUNNER_ENTRYPOINT), Go (the control plane is built on first use), jq, curl. Progress goes to stderr. Exit 0 when the job
-# succeeded, 1 otherwise.
+# Needs root, podman, mmdebstrap, iproute2, jq, curl, Go (the control plane is built on first
+# use) and the binaries: MURMUR_BINARIES, a directory holding murmur and murmur-trainer (default
+# target/release: cargo build --release). Progress goes to stderr. Exit 0 when the job succeeded
+# and every step of the flow worked, 1 otherwise.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 say() { echo "job.sh: $*" >&2; }
-die() { say "$*"; exit 1; }
-usage() { sed -n '/^#   e2e/,/^#   --keep/p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '/^#   e2e/,/^#  *and a screenshot/p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+# Before the job is applied a failure is only a message; after it, the final JSON still follows.
+APPLIED=0
+die() {
+    say "$*"
+    if ((APPLIED)); then report "$*"; fi
+    exit 1
+}
 
-MANIFEST= EVICT=0 DRAIN=0 DELETE_NODE=0 RESTART_OPERATOR=0 ZONES=2 PER_ZONE=3 ZONE_AWARE=
+MANIFEST= EVICT=0 DRAIN=0 DELETE_NODE=0 DELETE_OPERATOR=0 ZONES=2 PER_ZONE=2 ZONE_AWARE=
 NS=murmur-e2e TIMEOUT=900 SEED=${RANDOM} KEEP= SET_STEPS= DASHBOARD=
 EDITS=()
 while (($#)); do
@@ -45,7 +59,7 @@ while (($#)); do
     --evict) EVICT=${2:?--evict N}; shift ;;
     --drain-node) DRAIN=1 ;;
     --delete-node) DELETE_NODE=1 ;;
-    --restart-operator) RESTART_OPERATOR=1 ;;
+    --delete-operator-pod) DELETE_OPERATOR=1 ;;
     --zones) ZONES=${2:?--zones N}; shift ;;
     --nodes-per-zone) PER_ZONE=${2:?--nodes-per-zone N}; shift ;;
     --zone-aware) ZONE_AWARE=${2:?--zone-aware on|off}; shift ;;
@@ -69,34 +83,41 @@ done
 [[ $ZONES =~ ^[1-9][0-9]*$ && $PER_ZONE =~ ^[1-9][0-9]*$ ]] || die "--zones and --nodes-per-zone: positive counts"
 [[ -z $ZONE_AWARE || $ZONE_AWARE == on || $ZONE_AWARE == off ]] || die "--zone-aware $ZONE_AWARE: on or off"
 [[ -z $SET_STEPS || $SET_STEPS =~ ^[1-9][0-9]*$ ]] || die "--steps $SET_STEPS: a positive count"
-for tool in jq curl; do command -v $tool >/dev/null || die "$tool is needed and not on PATH"; done
+((EUID == 0)) || die "real nodes need root"
+for tool in jq curl podman; do command -v $tool >/dev/null || die "$tool is needed and not on PATH"; done
 if [[ -n $DASHBOARD ]]; then
     BROWSER=$(command -v chromium || command -v chromium-browser || command -v google-chrome) ||
         die "--dashboard needs chromium (apt-get install chromium)"
 fi
-MURMUR=${MURMUR_BIN:-$REPO/target/release/murmur}
-export MURMUR_POD_RUNNER_ENTRYPOINT=${MURMUR_POD_RUNNER_ENTRYPOINT:-$REPO/target/release/murmur-trainer}
-[[ -x $MURMUR && -x $MURMUR_POD_RUNNER_ENTRYPOINT ]] ||
-    die "the release build is missing: cargo build --release (murmur and murmur-trainer), or set MURMUR_BIN and MURMUR_POD_RUNNER_ENTRYPOINT"
+BINARIES=${MURMUR_BINARIES:-$REPO/target/release}
+MURMUR=$BINARIES/murmur
+[[ -x $MURMUR && -x $BINARIES/murmur-trainer ]] ||
+    die "$BINARIES lacks murmur or murmur-trainer: cargo build --release, or set MURMUR_BINARIES"
 RANDOM=$SEED
 
 # The manifest is checked by the same rules as murmur run and the API server, before anything starts.
 "$MURMUR" validate "$MANIFEST" >&2 || die "$MANIFEST: not a valid job manifest"
 
+# --- the images -----------------------------------------------------------------------------------
+# What a user builds and pushes, built from images/ (once per set of binaries), here imported
+# into each node instead of pulled.
+IMAGE_TAG=e2e
+OPERATOR_IMAGE=localhost/murmur-operator:$IMAGE_TAG
+TRAINER_IMAGE=localhost/murmur-trainer:$IMAGE_TAG
+IMAGES=$("$HERE/images.sh" "$BINARIES") || die "building the images failed"
+
 export MURMUR_CONTROLPLANE_DIR=${MURMUR_CONTROLPLANE_DIR:-$(mktemp -d /tmp/murmur-job.XXXXXX)}
 WORK=$MURMUR_CONTROLPLANE_DIR/job
-OPERATOR_PID= WATCH_PID= TRACK_PID=
+BACKGROUND=()
 finish() {
     local code=$?
-    [[ -n $WATCH_PID ]] && kill "$WATCH_PID" 2>/dev/null
-    [[ -n $TRACK_PID ]] && kill "$TRACK_PID" 2>/dev/null
-    [[ -n $OPERATOR_PID ]] && kill -TERM "$OPERATOR_PID" 2>/dev/null && wait "$OPERATOR_PID" 2>/dev/null
+    for pid in ${BACKGROUND[@]+"${BACKGROUND[@]}"}; do kill "$pid" 2>/dev/null || true; done
     if [[ -n $KEEP && -d $MURMUR_CONTROLPLANE_DIR ]]; then
         mkdir -p "$KEEP"
         cp -r "$MURMUR_CONTROLPLANE_DIR/logs" "$KEEP/controlplane" 2>/dev/null || true
         cp -r "$WORK" "$KEEP/job" 2>/dev/null || true
-        find "$MURMUR_CONTROLPLANE_DIR/pod-runner/pods" -name container.log 2>/dev/null | while read -r f; do
-            cp "$f" "$KEEP/job/$(basename "$(dirname "$f")").log"
+        for d in "$MURMUR_CONTROLPLANE_DIR"/nodes/*/logs; do
+            [[ -d $d ]] && cp -r "$d" "$KEEP/node-$(basename "$(dirname "$d")")"
         done
     fi
     "$HERE/down.sh" || true
@@ -106,84 +127,50 @@ trap finish EXIT
 trap 'exit 130' INT TERM
 
 started=$SECONDS
-exports=$("$HERE/up.sh" --run-pods) || die "up.sh failed; its logs are in $MURMUR_CONTROLPLANE_DIR/logs"
+exports=$("$HERE/up.sh" --real-nodes) || die "up.sh failed; its logs are in $MURMUR_CONTROLPLANE_DIR/logs"
 eval "$exports"
 # shellcheck disable=SC1091
 source "$MURMUR_CONTROLPLANE_DIR/env"
-mkdir -p "$WORK"
+mkdir -p "$WORK/logs"
 K=$MURMUR_CONTROLPLANE_BIN/kubectl
 HELM=$MURMUR_CONTROLPLANE_BIN/helm
-HOST=$MURMUR_CONTROLPLANE_HOST_IP
-PODNET=${HOST%.*.*} # 10.X
 now() { date +%s.%N; }
+"$HERE/nodes.sh" load "$IMAGES"/murmur-*.tar
 
-# --- spot nodes, two zones --------------------------------------------------------------------
-# Run by the pod runner (its label, no kwok annotation), spot as Karpenter labels it, each with
-# its own /24 of pod addresses, so that a pod's address says its node and zone.
-n=0
+# --- the nodes --------------------------------------------------------------------------------------
+# One on-demand system node first (the operator and cluster DNS go there, as on a cluster's system
+# pool), then the spot nodes, labelled as Karpenter labels them, all at once. Each line of
+# nodes-ready.txt: NAME SECONDS from container start to Ready.
+SPOT=karpenter.sh/capacity-type
+add_node() { # NAME ZONE CAPACITY
+    "$HERE/nodes.sh" add "$1" --zone "$2" --label "$SPOT=$3" >>"$WORK/nodes-ready.txt"
+}
+add_node system-1 zone-1 on-demand || die "the system node did not become Ready"
+"$K" -n kube-system rollout status deploy/coredns --timeout=120s >/dev/null || die "cluster DNS did not become ready"
+pids=()
 for ((z = 1; z <= ZONES; z++)); do
     for ((i = 1; i <= PER_ZONE; i++)); do
-        n=$((n + 1))
-        node=spot-zone$z-$i
-        "$K" apply -f - >/dev/null <<EOF
-apiVersion: v1
-kind: Node
-metadata:
-  name: $node
-  labels:
-    kubernetes.io/hostname: $node
-    kubernetes.io/os: linux
-    topology.kubernetes.io/zone: zone-$z
-    karpenter.sh/capacity-type: spot
-    murmur.dev/pod-runner: "true"
-spec:
-  podCIDR: $PODNET.$n.0/24
-EOF
-        "$K" patch node "$node" --subresource=status --type=merge \
-            -p '{"status":{"capacity":{"cpu":"2","memory":"4Gi","pods":"20"},"allocatable":{"cpu":"2","memory":"4Gi","pods":"20"}}}' >/dev/null
+        add_node "spot-zone$z-$i" "zone-$z" spot &
+        pids+=($!)
     done
 done
-"$K" wait --for=condition=Ready node -l murmur.dev/pod-runner=true --timeout=60s >/dev/null
-"$K" get nodes -o json | jq '[.items[] | {name: .metadata.name, labels: .metadata.labels}]' >"$WORK/nodes.json"
-say "$n spot nodes in $ZONES zones"
+for pid in "${pids[@]}"; do wait "$pid" || die "a spot node did not become Ready (logs in $MURMUR_CONTROLPLANE_DIR/nodes)"; done
+say "$(wc -l <"$WORK/nodes-ready.txt") real nodes Ready in ${ZONES} zones: $(awk '{printf "%s %ss  ", $1, $2}' "$WORK/nodes-ready.txt")"
 
-# --- the chart, and the operator out of cluster as its ServiceAccount ------------------------------
-# The chart's Deployment is scaled to 0: there is no image to run here; the same binary runs as a
-# process instead, with the chart's ServiceAccount, RBAC and Service name (every pod resolves the
-# Service to the host).
+# --- the chart: the operator in the cluster ---------------------------------------------------------
 HELM_CACHE_HOME=$WORK/helm HELM_CONFIG_HOME=$WORK/helm HELM_DATA_HOME=$WORK/helm \
     "$HELM" install murmur "$REPO/charts/murmur" --namespace murmur-system --create-namespace \
-    --set replicaCount=0 >"$WORK/helm.log"
-TOKEN=$("$K" create token murmur-operator -n murmur-system --duration=2h)
-CA=$(awk '/certificate-authority-data:/ {print $2; exit}' "$KUBECONFIG")
-cat >"$WORK/operator.kubeconfig" <<EOF
-apiVersion: v1
-kind: Config
-clusters: [{name: murmur, cluster: {server: "$MURMUR_CONTROLPLANE_SERVER", certificate-authority-data: $CA}}]
-users: [{name: murmur-operator, user: {token: "$TOKEN"}}]
-contexts: [{name: murmur, context: {cluster: murmur, user: murmur-operator, namespace: murmur-system}}]
-current-context: murmur
-EOF
-STATUS=http://$HOST:8470
-start_operator() {
-    # Whatever answers there now is not ours (an operator of an earlier run that was killed).
-    ! curl -s --max-time 2 "$STATUS/healthz" >/dev/null || die "something already serves $STATUS"
-    KUBECONFIG=$WORK/operator.kubeconfig RUST_LOG=${MURMUR_E2E_OPERATOR_LOG:-info,kube=warn} \
-        "$MURMUR" operator --listen "$HOST:8470" --log-format text \
-        >>"$WORK/operator.log" 2>&1 </dev/null &
-    OPERATOR_PID=$!
-    local deadline=$((SECONDS + 60))
-    until curl -sf --max-time 2 "$STATUS/readyz" >/dev/null; do
-        kill -0 "$OPERATOR_PID" 2>/dev/null || die "the operator exited: $(tail -5 "$WORK/operator.log")"
-        ((SECONDS < deadline)) || die "the operator is not ready after 60 s"
-        sleep 0.2
-    done
-}
-start_operator
-say "operator ready at $STATUS (pid $OPERATOR_PID)"
+    --set image.repository="${OPERATOR_IMAGE%:*}" --set image.tag="$IMAGE_TAG" \
+    --set trainer.image="$TRAINER_IMAGE" --set logFormat=text \
+    --set-string "nodeSelector.karpenter\\.sh/capacity-type=on-demand" >"$WORK/helm.log" ||
+    die "helm install failed: $(cat "$WORK/helm.log")"
+"$K" -n murmur-system rollout status deploy/murmur-operator --timeout=180s >/dev/null ||
+    die "the operator's Deployment did not become available: $("$K" -n murmur-system get pods -o wide 2>&1)"
+# The status API through the API server's service proxy, as any user with RBAC on the Service can.
+api() { "$K" get --raw "/api/v1/namespaces/murmur-system/services/http:murmur-operator:http/proxy$1"; }
+say "operator ready in the cluster: $("$K" -n murmur-system get pods -l app.kubernetes.io/component=operator -o jsonpath='{.items[0].metadata.name} on {.items[0].spec.nodeName}')"
 
-# --- the job ---------------------------------------------------------------------------------
-# What job.sh needs from the manifest, read by kubectl now that the chart installed the CRD.
+# --- the job ---------------------------------------------------------------------------------------
 "$K" wait --for=condition=Established crd/decentralizedtrainingjobs.murmur.dev --timeout=60s >/dev/null
 SPEC=$("$K" create --dry-run=client -o json -f "$MANIFEST" | jq 'del(.metadata.namespace)')
 [[ -z $ZONE_AWARE ]] || SPEC=$(jq ".spec.scheduling.zoneAware = $([[ $ZONE_AWARE == on ]] && echo true || echo false)" <<<"$SPEC")
@@ -194,49 +181,160 @@ done
 JOB=$(jq -r '.metadata.name' <<<"$SPEC")
 STEPS=$(jq -r '.spec.training.steps' <<<"$SPEC")
 "$K" create namespace "$NS" >/dev/null
+# Every pod's events with the moment they arrived: when each was created and when it ran.
+"$K" get pods -n "$NS" -w --output-watch-events \
+    -o jsonpath='{.type} {.object.metadata.name} {.object.status.phase}{"\n"}' 2>>"$WORK/pod-watch.err" |
+    while read -r line; do echo "$(now) $line"; done >"$WORK/pod-events.txt" &
+BACKGROUND+=($!)
 if [[ -n $ZONE_AWARE$SET_STEPS${EDITS[*]+x} ]]; then
     "$K" apply -n "$NS" -f - <<<"$SPEC" >/dev/null
 else
     "$K" apply -n "$NS" -f "$MANIFEST" >/dev/null # exactly the user's file
 fi
 applied=$(now)
+APPLIED=1
 say "applied $MANIFEST as $NS/$JOB"
 job() { "$K" get dtj "$JOB" -n "$NS" -o json 2>/dev/null; }
 # The live step, from the operator's status API (the job's status is refreshed every few seconds).
-step() { curl -sf --max-time 2 "$STATUS/api/v1/namespaces/$NS/jobs/$JOB" | jq -r '.status.progress.step // 0' || echo 0; }
+step() { api "/api/v1/namespaces/$NS/jobs/$JOB" 2>/dev/null | jq -r '.status.progress.step // 0' 2>/dev/null || echo 0; }
 "$K" get dtj -n "$NS" -w >"$WORK/watch.log" 2>&1 &
-WATCH_PID=$!
-# Which node each attempt of each member ran on (pods are gone when the job is).
+BACKGROUND+=($!)
+# Which node and image each attempt of each member ran on, the operator's pods, the nodes (pods
+# and nodes are gone when the job is), and every container's log as `kubectl logs -f` streams it.
 (
+    declare -A following=()
     while :; do
-        "$K" get pods -n "$NS" -l "murmur.dev/job=$JOB" -o json 2>/dev/null |
-            jq -c '.items[] | select(.spec.nodeName != null) | {member: (.metadata.labels["murmur.dev/member"] | tonumber), attempt: (.metadata.labels["murmur.dev/attempt"] | tonumber), pod: .metadata.name, node: .spec.nodeName, podIP: .status.podIP}' \
-            >>"$WORK/placements.jsonl" || true
+        pods=$("$K" get pods -A -o json 2>/dev/null) || { sleep 1; continue; }
+        jq -c --arg ns "$NS" --arg job "$JOB" '.items[] | select(.metadata.namespace == $ns and .metadata.labels["murmur.dev/job"] == $job and .spec.nodeName != null)
+            | {member: (.metadata.labels["murmur.dev/member"] | tonumber), attempt: (.metadata.labels["murmur.dev/attempt"] | tonumber),
+               pod: .metadata.name, node: .spec.nodeName, podIP: .status.podIP,
+               imageID: ((.status.containerStatuses // [])[0].imageID // null | if . == "" then null else . end),
+               terminated: ((.status.containerStatuses // [])[0].state.terminated // null
+                   | if . then {exitCode, reason, message} else null end)}' \
+            <<<"$pods" >>"$WORK/placements.jsonl" || true
+        jq -c '.items[] | select(.metadata.namespace == "murmur-system" and .metadata.labels["app.kubernetes.io/component"] == "operator" and .spec.nodeName != null)
+            | {pod: .metadata.name, node: .spec.nodeName, imageID: ((.status.containerStatuses // [])[0].imageID // null)}' \
+            <<<"$pods" >>"$WORK/operator-pods.jsonl" || true
+        while read -r ns pod; do
+            [[ -n ${following[$ns/$pod]:-} ]] && continue
+            following[$ns/$pod]=1
+            "$K" logs -f -n "$ns" "$pod" >"$WORK/logs/$pod.log" 2>&1 &
+        done < <(jq -r --arg ns "$NS" '.items[] | select(.metadata.namespace == $ns or .metadata.namespace == "murmur-system")
+            | select(((.status.containerStatuses // [])[0].state // {}) | has("running") or has("terminated"))
+            | "\(.metadata.namespace) \(.metadata.name)"' <<<"$pods")
+        "$K" get nodes -o json 2>/dev/null | jq -c '.items[] | {name: .metadata.name, labels: .metadata.labels,
+            containerRuntimeVersion: .status.nodeInfo.containerRuntimeVersion, kubeletVersion: .status.nodeInfo.kubeletVersion}' \
+            >>"$WORK/nodes.jsonl" 2>/dev/null || true
         job | jq -c '{t: now, version: .status.topologyVersion, step: .status.progress.step, phase: .status.phase}' \
             >>"$WORK/versions.jsonl" 2>/dev/null || true
         sleep 1
     done
 ) &
-TRACK_PID=$!
+BACKGROUND+=($!)
 
 phase() { job | jq -r '.status.phase // ""'; }
+ended() { local p; p=$(phase); [[ $p == Succeeded || $p == Failed ]]; }
 # A random running member pod: "pod member node".
 running_member() {
     "$K" get pods -n "$NS" -l "murmur.dev/job=$JOB" --field-selector=status.phase=Running -o json |
         jq -r '.items[] | select(.metadata.deletionTimestamp == null) | "\(.metadata.name) \(.metadata.labels["murmur.dev/member"]) \(.spec.nodeName)"' |
         shuf -n1 --random-source=<(yes "$RANDOM")
 }
-record() { # KIND TARGET MEMBER POD AT: what was done, to whom, when (epoch seconds)
-    jq -nc --arg kind "$1" --arg target "$2" --argjson member "$3" --arg pod "$4" --argjson at "$5" \
-        '{kind: $kind, target: $target, member: $member, pod: (if $pod == "" then null else $pod end), at: $at}' >>"$WORK/disruptions.jsonl"
+record() { # KIND TARGET MEMBER POD AT [SKIPPED]: what was done, to whom, when (epoch seconds)
+    jq -nc --arg kind "$1" --arg target "$2" --argjson member "$3" --arg pod "$4" --argjson at "$5" --arg skipped "${6:-}" \
+        '{kind: $kind, target: (if $target == "" then null else $target end), member: $member,
+          pod: (if $pod == "" then null else $pod end), at: $at}
+         + (if $skipped == "" then {} else {skipped: $skipped} end)' >>"$WORK/disruptions.jsonl"
 }
 
-# The disruptions, each at a random step between 15% and 65% of the run, in order.
+# The end, and what the run measured. The last line of stdout, whatever happened; ERROR says
+# what went wrong, if anything did.
+report() {
+    local error=${1:-} p
+    p=$(phase || true)
+    ended=$(now)
+    say "job $NS/$JOB: ${p:-no phase} after $(jq -n "$ended - $applied | floor") s${error:+ ($error)}"
+    api "/api/v1/namespaces/$NS/jobs/$JOB" >"$WORK/view.json" 2>/dev/null || echo '{}' >"$WORK/view.json"
+    job >"$WORK/job.json" || echo '{}' >"$WORK/job.json"
+    touch "$WORK"/{disruptions,versions,placements,operator-pods,nodes}.jsonl "$WORK"/{pod-events,exec,nodes-ready}.txt
+    # The trainers' own log lines, with the pod each came from: when each adopted a topology,
+    # and when each had its first averaging round.
+    for f in "$WORK"/logs/"$JOB"-*.log; do
+        [[ -f $f ]] || continue
+        jq -cR --arg pod "$(basename "$f" .log)" 'fromjson? | select(.fields.message == "following topology" or .fields.message == "first averaging round with peers")
+            | {pod: $pod, message: .fields.message, version: .fields.version,
+               t: ((.timestamp | sub("\\.[0-9]+Z$"; "Z") | fromdateiso8601) + (.timestamp | capture("(?<f>\\.[0-9]+)Z$").f // "0" | tonumber))}' \
+            "$f" 2>/dev/null || true
+    done >"$WORK/trainer-events.jsonl"
+    # Pod created -> Running, from the watch's arrival times, per pod of the job.
+    awk -v job="$JOB-" 'index($3, job) == 1 {
+            if ($2 == "ADDED" && !($3 in a)) a[$3] = $1
+            if ($4 == "Running" && !($3 in r)) r[$3] = $1
+        }
+        END { for (p in r) if (p in a) printf "{\"pod\": \"%s\", \"seconds\": %.3f}\n", p, r[p] - a[p] }' \
+        "$WORK/pod-events.txt" >"$WORK/pod-start.jsonl"
+    jq -n --slurpfile job "$WORK/job.json" --slurpfile view "$WORK/view.json" \
+        --slurpfile nodes "$WORK/nodes.jsonl" --slurpfile placements "$WORK/placements.jsonl" \
+        --slurpfile operator "$WORK/operator-pods.jsonl" --slurpfile podstart "$WORK/pod-start.jsonl" \
+        --slurpfile disruptions "$WORK/disruptions.jsonl" --slurpfile trainer "$WORK/trainer-events.jsonl" \
+        --slurpfile versions "$WORK/versions.jsonl" --rawfile ready "$WORK/nodes-ready.txt" \
+        --rawfile exec "$WORK/exec.txt" \
+        --slurpfile images "$IMAGES/built.json" --arg error "$error" \
+        --argjson applied "$applied" --argjson ended "$ended" --argjson total "$((SECONDS - started))" '
+        ($job[0].status // {}) as $s
+        | ($nodes | reverse | unique_by(.name) | map({(.name): .}) | add // {}) as $node
+        | ($ready | split("\n") | map(select(. != "") | split(" ") | {(.[0]): (.[1] | tonumber)}) | add // {}) as $readyAt
+        | def pct($q): sort | if length == 0 then null else .[((length - 1) * $q | floor)] end;
+        {
+            job: $job[0].metadata.name, namespace: $job[0].metadata.namespace,
+            phase: $s.phase, finalAccuracy: $s.progress.accuracy, step: $s.progress.step,
+            preemptions: $s.preemptions, restarts: $s.restarts, relocations: ($s.relocations // 0),
+            topologyVersion: $s.topologyVersion,
+            jobSeconds: ($ended - $applied), wallSeconds: $total,
+            imagesBuildSeconds: $images[0].buildAndSaveSeconds,
+            nodes: ($node | to_entries | map(.value + {readySeconds: $readyAt[.key]})),
+            podStartSeconds: ([$podstart[].seconds] | {n: length, p50: pct(0.5), p99: pct(0.99), max: max}),
+            exec: ($exec | rtrimstr("\n")),
+            operator: ($operator | map(select(.imageID != null and .imageID != "")) | unique_by(.pod)),
+            members: ($placements | reverse | map(select(.terminated != null)) + ($placements | reverse)
+                | unique_by(.pod) | sort_by(.member, .attempt)
+                | map(. + {nodeLabels: ($node[.node].labels // {}),
+                           containerRuntimeVersion: $node[.node].containerRuntimeVersion})),
+            memberStatus: $s.members, view: $view[0],
+            disruptions: ($disruptions | map(. + {atSeconds: (.at - $applied)})),
+            # Per member lost: from the API call to the survivors first following a topology
+            # without it, and to the first averaging round of its replacement (its next attempt).
+            healing: [$disruptions[] | select(.pod != null and .skipped == null) | . as $d
+                | ($d.pod | capture("^(?<base>.*)-(?<attempt>[0-9]+)$")) as $p
+                | "\($p.base)-\($p.attempt | tonumber + 1)" as $replacement
+                | {kind: $d.kind, member: $d.member, pod: $d.pod, replacement: $replacement,
+                   survivorsSeconds: ([$trainer[] | select(.message == "following topology" and .t > $d.at and (.pod | startswith("\($p.base)-") | not)) | .t] | min | if . then . - $d.at else null end),
+                   replacementSeconds: ([$trainer[] | select(.message == "first averaging round with peers" and .pod == $replacement) | .t] | min | if . then . - $d.at else null end)}],
+            versionsMonotonic: ([$versions[] | .version // 0] | . as $v | [range(1; length)] | all($v[.] >= $v[. - 1])),
+            stepsMonotonic: ([$versions[] | .step // 0] | . as $v | [range(1; length)] | all($v[.] >= $v[. - 1]))
+        } + (if $error == "" then {} else {error: $error} end)' >"$WORK/result.json"
+    jq -c 'del(.view)' "$WORK/result.json"
+}
+
+# kubectl exec into a member, as a user debugging one would: its trainer says its version.
+: >"$WORK/exec.txt"
+for _ in $(seq 1 120); do
+    if read -r pod _ _ < <(running_member); then
+        "$K" exec -n "$NS" "$pod" -c trainer -- /usr/local/bin/murmur-trainer --version >"$WORK/exec.txt" 2>&1 ||
+            say "kubectl exec into $pod failed: $(cat "$WORK/exec.txt")"
+        break
+    fi
+    ended && break
+    sleep 0.5
+done
+
+# The disruptions, each at a random step between 15% and 65% of the run, in order. One that
+# cannot happen (the job ended first, or no member runs) is recorded as skipped, with why.
 plan=()
 for ((i = 0; i < EVICT; i++)); do plan+=(evict); done
 ((DRAIN)) && plan+=(drain)
 ((DELETE_NODE)) && plan+=(delete-node)
-((RESTART_OPERATOR)) && plan+=(restart-operator)
+((DELETE_OPERATOR)) && plan+=(delete-operator-pod)
 at=()
 if ((${#plan[@]})); then
     mapfile -t plan < <(printf '%s\n' "${plan[@]}" | shuf --random-source=<(yes "$RANDOM"))
@@ -246,17 +344,25 @@ if ((${#plan[@]})); then
     mapfile -t at < <(printf '%s\n' "${at[@]}" | sort -n)
 fi
 deadline=$((SECONDS + TIMEOUT))
+replacements=0
 for ((i = 0; i < ${#plan[@]}; i++)); do
     kind=${plan[$i]}
+    skipped=
     until (($(step) >= at[i])); do
-        p=$(phase)
-        [[ $p == Succeeded || $p == Failed ]] && die "the job ended ($p) before the $kind planned at step ${at[$i]}"
+        if ended; then skipped="the job had ended ($(phase)) before step ${at[$i]}"; break; fi
         ((SECONDS < deadline)) || die "timed out waiting for step ${at[$i]}"
         sleep 0.5
     done
+    if [[ -z $skipped && $kind != delete-operator-pod ]] && ! read -r pod member node < <(running_member); then
+        skipped="no member was running at step $(step)"
+    fi
+    if [[ -n $skipped ]]; then
+        say "$kind skipped: $skipped"
+        record "$kind" "" null "" "$(now)" "$skipped"
+        continue
+    fi
     case $kind in
     evict)
-        read -r pod member node < <(running_member)
         say "step $(step): evicting $pod (member $member, on $node)"
         record evict "$pod" "$member" "$pod" "$(now)"
         "$K" create --raw "/api/v1/namespaces/$NS/pods/$pod/eviction" -f - >/dev/null <<EOF
@@ -264,92 +370,62 @@ for ((i = 0; i < ${#plan[@]}; i++)); do
 EOF
         ;;
     drain)
-        read -r pod member node < <(running_member)
         say "step $(step): draining $node (member $member)"
         record drain "$node" "$member" "$pod" "$(now)"
-        "$K" drain "$node" --ignore-daemonsets --delete-emptydir-data --force --timeout=120s >>"$WORK/drain.log" 2>&1
+        "$K" drain "$node" --ignore-daemonsets --delete-emptydir-data --force --timeout=120s >>"$WORK/drain.log" 2>&1 ||
+            die "kubectl drain $node failed: $(tail -3 "$WORK/drain.log")"
         ;;
     delete-node)
-        read -r pod member node < <(running_member)
-        say "step $(step): deleting node $node (member $member)"
+        say "step $(step): node $node dies (member $member), its Node is deleted, a new spot node joins"
         record delete-node "$node" "$member" "$pod" "$(now)"
+        "$HERE/nodes.sh" kill "$node"
         "$K" delete node "$node" --wait=false >/dev/null
+        replacements=$((replacements + 1))
+        zone=$(jq -r --arg n "$node" 'select(.name == $n) | .labels["topology.kubernetes.io/zone"]' "$WORK/nodes.jsonl" | tail -1)
+        add_node "spot-${zone:-zone-1}-r$replacements" "${zone:-zone-1}" spot &
+        BACKGROUND+=($!)
         ;;
-    restart-operator)
-        say "step $(step): killing the operator (pid $OPERATOR_PID) and starting it again"
-        record restart-operator operator null "" "$(now)"
-        kill -KILL "$OPERATOR_PID"
-        wait "$OPERATOR_PID" 2>/dev/null || true
-        sleep 2
-        start_operator
+    delete-operator-pod)
+        operator_pod=$("$K" -n murmur-system get pods -l app.kubernetes.io/component=operator -o jsonpath='{.items[0].metadata.name}')
+        say "step $(step): deleting the operator's pod $operator_pod"
+        record delete-operator-pod "$operator_pod" null "" "$(now)"
+        "$K" -n murmur-system delete pod "$operator_pod" --wait=false >/dev/null
         ;;
     esac
 done
 
-# --- the dashboard, as a user opens it mid-run -------------------------------------------------
+# --- the dashboard, as a user opens it mid-run: kubectl port-forward to the operator's Service ------
 if [[ -n $DASHBOARD ]]; then
     until (($(step) >= STEPS / 4)); do
-        p=$(phase)
-        [[ $p == Succeeded || $p == Failed ]] && die "the job ended ($p) before the dashboard was looked at"
+        ended && die "the job ended ($(phase)) before the dashboard was looked at"
         ((SECONDS < deadline)) || die "timed out waiting for step $((STEPS / 4))"
         sleep 0.5
     done
     mkdir -p "$DASHBOARD"
+    "$K" -n murmur-system port-forward svc/murmur-operator :8470 >"$WORK/port-forward.log" 2>&1 &
+    forward=$!
+    BACKGROUND+=($forward)
+    for _ in $(seq 1 100); do
+        port=$(sed -n 's/^Forwarding from 127.0.0.1:\([0-9]*\) .*/\1/p' "$WORK/port-forward.log" | head -1)
+        [[ -n $port ]] && break
+        sleep 0.1
+    done
+    [[ -n $port ]] || die "kubectl port-forward to the operator failed: $(cat "$WORK/port-forward.log")"
     chrome=(--headless --no-sandbox --disable-gpu --disable-dev-shm-usage --hide-scrollbars
+        --disable-background-networking --disable-component-update --disable-sync --no-first-run
         --window-size=1400,1000 --virtual-time-budget=4000)
-    "$BROWSER" "${chrome[@]}" --dump-dom "$STATUS/" >"$DASHBOARD/dom.html" 2>>"$WORK/chromium.log"
-    "$BROWSER" "${chrome[@]}" --screenshot="$DASHBOARD/dashboard.png" "$STATUS/" >>"$WORK/chromium.log" 2>&1
+    "$BROWSER" "${chrome[@]}" --dump-dom "http://127.0.0.1:$port/" >"$DASHBOARD/dom.html" 2>>"$WORK/chromium.log"
+    "$BROWSER" "${chrome[@]}" --screenshot="$DASHBOARD/dashboard.png" "http://127.0.0.1:$port/" >>"$WORK/chromium.log" 2>&1
+    kill "$forward" 2>/dev/null || true
     say "step $(step): the operator's dashboard captured in $DASHBOARD"
 fi
 
-# --- the end ---------------------------------------------------------------------------------
-until p=$(phase) && [[ $p == Succeeded || $p == Failed ]]; do
-    ((SECONDS < deadline)) || die "the job did not end within ${TIMEOUT}s (phase ${p:-none})"
+# --- the end ---------------------------------------------------------------------------------------
+until ended; do
+    ((SECONDS < deadline)) || die "the job did not end within ${TIMEOUT}s (phase $(phase))"
     sleep 1
 done
-ended=$(now)
-say "job $NS/$JOB: $p after $(jq -n "$ended - $applied | floor") s"
-curl -sf "$STATUS/api/v1/namespaces/$NS/jobs/$JOB" >"$WORK/view.json" || echo '{}' >"$WORK/view.json"
-job >"$WORK/job.json"
-[[ -s $WORK/disruptions.jsonl ]] || : >"$WORK/disruptions.jsonl"
-# The trainers' own log lines, with the pod each came from: when each adopted a topology, and
-# when each had its first averaging round.
-for f in "$MURMUR_CONTROLPLANE_DIR"/pod-runner/pods/"${NS}"_*/container.log; do
-    [[ -f $f ]] || continue
-    pod=$(basename "$(dirname "$f")" | sed "s/^${NS}_//; s/_[^_]*$//")
-    jq -c --arg pod "$pod" 'select(.fields.message == "following topology" or .fields.message == "first averaging round with peers")
-        | {pod: $pod, message: .fields.message, version: .fields.version,
-           t: ((.timestamp | sub("\\.[0-9]+Z$"; "Z") | fromdateiso8601) + (.timestamp | capture("(?<f>\\.[0-9]+)Z$").f // "0" | tonumber))}' \
-        "$f" 2>/dev/null || true
-done >"$WORK/trainer-events.jsonl"
-touch "$WORK/versions.jsonl"
-jq -n --slurpfile job "$WORK/job.json" --slurpfile view "$WORK/view.json" \
-    --slurpfile nodes "$WORK/nodes.json" --slurpfile placements "$WORK/placements.jsonl" \
-    --slurpfile disruptions "$WORK/disruptions.jsonl" --slurpfile trainer "$WORK/trainer-events.jsonl" \
-    --slurpfile versions "$WORK/versions.jsonl" \
-    --argjson applied "$applied" --argjson ended "$ended" --argjson total "$((SECONDS - started))" '
-    ($job[0].status) as $s
-    | ($nodes[0] | map({(.name): .labels}) | add) as $labels
-    | {
-        job: $job[0].metadata.name, namespace: $job[0].metadata.namespace,
-        phase: $s.phase, finalAccuracy: $s.progress.accuracy, step: $s.progress.step,
-        preemptions: $s.preemptions, restarts: $s.restarts, relocations: ($s.relocations // 0),
-        topologyVersion: $s.topologyVersion,
-        jobSeconds: ($ended - $applied), wallSeconds: $total,
-        members: ($placements | unique_by(.pod) | sort_by(.member, .attempt)
-            | map(. + {nodeLabels: ($labels[.node] // {})})),
-        memberStatus: $s.members, view: $view[0],
-        disruptions: ($disruptions | map(. + {atSeconds: (.at - $applied)})),
-        # Per member lost: from the API call to the survivors first following a topology without
-        # it, and to the first averaging round of its replacement (its next attempt).
-        healing: [$disruptions[] | select(.pod != null) | . as $d
-            | ($d.pod | capture("^(?<base>.*)-(?<attempt>[0-9]+)$")) as $p
-            | "\($p.base)-\($p.attempt | tonumber + 1)" as $replacement
-            | {kind: $d.kind, member: $d.member, pod: $d.pod, replacement: $replacement,
-               survivorsSeconds: ([$trainer[] | select(.message == "following topology" and .t > $d.at and (.pod | startswith("\($p.base)-") | not)) | .t] | min | if . then . - $d.at else null end),
-               replacementSeconds: ([$trainer[] | select(.message == "first averaging round with peers" and .pod == $replacement) | .t] | min | if . then . - $d.at else null end)}],
-        versionsMonotonic: ([$versions[] | .version // 0] | . as $v | [range(1; length)] | all($v[.] >= $v[. - 1])),
-        stepsMonotonic: ([$versions[] | .step // 0] | . as $v | [range(1; length)] | all($v[.] >= $v[. - 1]))
-      }' >"$WORK/result.json"
-jq -c 'del(.view)' "$WORK/result.json"
-[[ $p == Succeeded ]]
+# The trainers' last lines reach their log streams.
+sleep 2
+report
+[[ $(phase) == Succeeded ]]

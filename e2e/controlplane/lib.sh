@@ -15,8 +15,53 @@ DIR=${MURMUR_CONTROLPLANE_DIR%/}
 # shellcheck disable=SC2034 # used by up.sh and down.sh
 MARKER=.murmur-controlplane
 
+# --- certificates and kubeconfigs (up.sh makes the CA; nodes.sh signs each node's identity) ---
+PKI=$DIR/pki
+# P-256 keys in PKCS#8 (-----BEGIN PRIVATE KEY-----): generated in milliseconds, and read by Go,
+# openssl and rustls (the operator's kube client) alike.
+newkey() { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1" 2>/dev/null; }
+# sign NAME SUBJECT EXTENSIONS [CA]: $PKI/NAME.key and NAME.crt, signed by CA (default: ca).
+sign() {
+    local ca=${4:-ca}
+    newkey "$PKI/$1.key"
+    openssl req -new -key "$PKI/$1.key" -subj "$2" -out "$PKI/$1.csr" 2>/dev/null
+    openssl x509 -req -in "$PKI/$1.csr" -CA "$PKI/$ca.crt" -CAkey "$PKI/$ca.key" \
+        -set_serial "0x$(openssl rand -hex 16)" -days 365 -out "$PKI/$1.crt" \
+        -extfile <(printf '%s\n' "basicConstraints=critical,CA:FALSE" \
+            "keyUsage=critical,digitalSignature" "subjectKeyIdentifier=hash" \
+            "authorityKeyIdentifier=keyid" "$3") 2>/dev/null
+    rm -f "$PKI/$1.csr"
+    chmod 600 "$PKI/$1.key"
+}
+# kubeconfig FILE USER SERVER: a kubeconfig for the certificate $PKI/USER.crt, with the
+# certificates embedded, so that it works for any client (kube-rs included) and inside a node's
+# container without resolving paths.
+kubeconfig() {
+    cat >"$1" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: murmur
+  cluster:
+    server: $3
+    certificate-authority-data: $(base64 -w0 "$PKI/ca.crt")
+users:
+- name: $2
+  user:
+    client-certificate-data: $(base64 -w0 "$PKI/$2.crt")
+    client-key-data: $(base64 -w0 "$PKI/$2.key")
+contexts:
+- name: murmur
+  context:
+    cluster: murmur
+    user: $2
+current-context: murmur
+EOF
+    chmod 600 "$1"
+}
+
 # In start order; stopped all at once.
-COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok pod-runner)
+COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
 
 # is_ours PID: the process runs and belongs to this instance. A pid file can outlive its process
 # (a crash, a reboot) and the number be reused by something else; every process up.sh starts has
@@ -43,21 +88,40 @@ running() {
     done
 }
 
-# pod_bridge: the name of the pod runner's bridge for this state dir; its pods' network
-# namespaces are named after it (BRIDGE-<pod uid>), so that down.sh can find what a killed runner
-# left behind.
-pod_bridge() { echo "mp$(sha256sum <<<"$DIR" | cut -c1-8)"; }
-
-# remove_pod_network: the bridge and namespaces of this instance's pod runner, if any are left.
-remove_pod_network() {
-    local bridge ns
-    bridge=$(pod_bridge)
-    command -v ip >/dev/null || return 0
-    for ns in $(ip netns list 2>/dev/null | awk -v p="$bridge-" 'index($1, p) == 1 {print $1}'); do
-        ip netns del "$ns" 2>/dev/null || true
-        rm -rf "/etc/netns/$ns"
+# --- real nodes (up.sh --real-nodes, nodes.sh) ------------------------------------------------
+# podman as this VM needs it: runc (crun refuses the hybrid cgroup layout), cgroupfs, and open
+# file and process limits no higher than a process here may set.
+export CONTAINERS_CONF=${CONTAINERS_CONF:-$(dirname "${BASH_SOURCE[0]}")/node/containers.conf}
+# The label on everything podman makes for this instance (the network, the node containers).
+node_label() { echo "murmur.dev/controlplane=$DIR"; }
+# node_network: this instance's podman network (nodes.sh puts its nodes on it).
+node_network() { echo "murmur-$(sha256sum <<<"$DIR" | cut -c1-8)"; }
+# node_container NAME: the container of node NAME of this instance.
+node_container() { echo "$(node_network)-$1"; }
+# require_node_tools: says which of the tools real nodes need are missing (and fails), or nothing.
+require_node_tools() {
+    local tool missing=()
+    for tool in podman ip mmdebstrap; do
+        command -v "$tool" >/dev/null || missing+=("$tool")
     done
-    ip link del "$bridge" 2>/dev/null || true
+    ((${#missing[@]} == 0)) || { echo "${missing[*]} (apt-get install podman iproute2 mmdebstrap)" >&2; return 1; }
+}
+
+# remove_nodes: every node container of this instance (the machines die at once), the host's
+# routes to their pods, and the node network.
+remove_nodes() {
+    command -v podman >/dev/null || return 0
+    local ids
+    ids=$(podman ps -aq --filter "label=$(node_label)" 2>/dev/null) || return 0
+    # shellcheck disable=SC2086
+    [[ -z $ids ]] || podman rm -f -t 0 $ids >/dev/null 2>&1 || true
+    if [[ -d $DIR/nodes ]]; then
+        local cidr
+        for cidr in "$DIR"/nodes/*/pod-cidr; do
+            [[ -f $cidr ]] && ip route del "$(<"$cidr")" 2>/dev/null || true
+        done
+    fi
+    podman network rm -f "$(node_network)" >/dev/null 2>&1 || true
 }
 
 # stop_all: stops every running component: TERM, then KILL what is left after a grace period,
@@ -65,8 +129,7 @@ remove_pod_network() {
 # requests until they time out (60 s) before it exits, and every other component only talks to
 # the API server. Each one stops on TERM within about two seconds.
 stop_all() {
-    stop pod-runner # first: it stops its pods' processes while it can still reach the API server
-    remove_pod_network
+    remove_nodes
     stop kwok kube-scheduler kube-controller-manager kube-apiserver
     stop etcd
 }

@@ -1,8 +1,9 @@
-// Command controlplane is a multi-call binary holding a whole local Kubernetes control plane,
-// built from the official modules only: kube-apiserver, kube-controller-manager and
-// kube-scheduler (k8s.io/kubernetes), etcd (go.etcd.io/etcd/server/v3), kwok (sigs.k8s.io/kwok)
-// and kubectl (k8s.io/kubectl). One binary links once and shares every common package, which
-// saves most of the link time and disk that separate binaries would cost.
+// Command controlplane is a multi-call binary holding a whole local Kubernetes cluster, built
+// from the official modules only: kube-apiserver, kube-controller-manager and kube-scheduler,
+// and the real nodes' kubelet and kube-proxy (k8s.io/kubernetes), etcd
+// (go.etcd.io/etcd/server/v3), kwok (sigs.k8s.io/kwok) and kubectl (k8s.io/kubectl). One binary
+// links once and shares every common package, which saves most of the link time and disk that
+// separate binaries would cost.
 //
 // It dispatches on the base name it was started as (up.sh makes symlinks named after each
 // component), or, when started as "controlplane", on its first argument:
@@ -15,6 +16,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -33,7 +35,9 @@ import (
 	kubectlutil "k8s.io/kubectl/pkg/cmd/util"
 	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
+	kubeproxy "k8s.io/kubernetes/cmd/kube-proxy/app"
 	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
+	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
 	kwoknodefast "sigs.k8s.io/kwok/kustomize/stage/node/fast"
 	kwokheartbeat "sigs.k8s.io/kwok/kustomize/stage/node/heartbeat-with-lease"
 	kwokpodfast "sigs.k8s.io/kwok/kustomize/stage/pod/fast"
@@ -52,10 +56,11 @@ var commands = map[string]func() int{
 		return cli.Run(controllermanager.NewControllerManagerCommand())
 	},
 	"kube-scheduler": func() int { return cli.Run(scheduler.NewSchedulerCommand()) },
+	"kubelet":        runKubelet,
+	"kube-proxy":     func() int { return cli.Run(kubeproxy.NewProxyCommand()) },
 	"kubectl":        runKubectl,
 	"kwok":           runKwok,
 	"kwok-stages":    printKwokStages,
-	"pod-runner":     runPodRunner,
 	"etcd": func() int {
 		etcdmain.Main(os.Args) // returns only when etcd has stopped
 		return 0
@@ -70,6 +75,11 @@ func runKubectl() int {
 		kubectlutil.CheckErr(err) // prints and exits
 	}
 	return 0
+}
+
+// runKubelet is k8s.io/kubernetes/cmd/kubelet/kubelet.go.
+func runKubelet() int {
+	return cli.Run(kubelet.NewKubeletCommand(context.Background()))
 }
 
 // runKwok is sigs.k8s.io/kwok/cmd/kwok/main.go.

@@ -4,8 +4,8 @@
 # 127.0.0.1, with everything they keep under one state dir. See README.md.
 #
 #   eval "$(e2e/controlplane/up.sh)"      # last line of stdout: export KUBECONFIG=...
-#   eval "$(e2e/controlplane/up.sh --run-pods)"   # and the pod runner: pods of nodes labelled
-#                                         # murmur.dev/pod-runner=true run for real (README.md)
+#   eval "$(e2e/controlplane/up.sh --real-nodes)"  # ready for real nodes (nodes.sh add): a node
+#                                         # network, the API server on it, cluster DNS
 #   e2e/controlplane/down.sh
 #
 # Environment (all optional):
@@ -17,10 +17,6 @@
 #   MURMUR_CONTROLPLANE_<X>_ARGS extra flags, X in ETCD APISERVER CONTROLLER_MANAGER SCHEDULER
 #                                KWOK (word-split), e.g. MURMUR_CONTROLPLANE_CONTROLLER_MANAGER_ARGS=
 #                                "--node-monitor-grace-period=20s"
-#   MURMUR_POD_RUNNER_ENTRYPOINT what runs for a pod's image entrypoint (default: the build's
-#                                target/release/murmur-trainer)
-#   MURMUR_POD_RUNNER_HOST_ALIASES names that resolve to the host in every pod (default: the
-#                                operator's Service, murmur-operator.murmur-system.svc[.cluster.local])
 #
 # Progress goes to stderr, the logs of the components to $MURMUR_CONTROLPLANE_DIR/logs/; stdout
 # is only the export lines, so that a caller can eval it or read its last line.
@@ -38,11 +34,11 @@ KWOK_ANNOTATION=kwok.x-k8s.io/node=fake
 say() { echo "up.sh: $*" >&2; }
 die() { say "$*"; exit 1; }
 
-RUN_PODS=0
+REAL_NODES=0
 for arg in "$@"; do
     case $arg in
-    --run-pods) RUN_PODS=1 ;;
-    *) die "unknown argument $arg (usage: up.sh [--run-pods])" ;;
+    --real-nodes) REAL_NODES=1 ;;
+    *) die "unknown argument $arg (usage: up.sh [--real-nodes])" ;;
     esac
 done
 
@@ -113,31 +109,33 @@ for name in APISERVER ETCD ETCD_PEER CONTROLLER_MANAGER SCHEDULER KWOK; do
 done
 SERVER=https://127.0.0.1:$APISERVER_PORT
 
+# --- the node network (--real-nodes) ------------------------------------------------------------
+# Real nodes are containers on a bridge of this instance's own: the first 10.X.0.0/16 (X from
+# 200) that no interface and no podman network of this machine uses. The host is 10.X.0.1 (the
+# API server listens there too), node i is 10.X.0.(10+i) and its pods are 10.X.i.0/24; the host
+# routes between the nodes' pod ranges, as a cloud's network does.
+HOST_IP= NODE_PREFIX=
+if ((REAL_NODES)); then
+    ((EUID == 0)) || die "--real-nodes needs root (privileged node containers)"
+    require_node_tools || die "--real-nodes needs $(require_node_tools 2>&1)"
+    used=$(ip -4 -o addr show | awk '{print $4}'; podman network ls --format '{{range .Subnets}}{{.Subnet}} {{end}}' 2>/dev/null)
+    for x in {200..250}; do
+        grep -q "^10\.$x\." <<<"$(tr ' ' '\n' <<<"$used")" || break
+    done
+    ((x <= 250)) || die "no free 10.X.0.0/16 for the nodes (X in 200..250)"
+    NODE_PREFIX=10.$x
+    HOST_IP=$NODE_PREFIX.0.1
+fi
+
 # --- certificates and keys -------------------------------------------------------------------
-# P-256 keys in PKCS#8 (-----BEGIN PRIVATE KEY-----): generated in milliseconds, and read by Go,
-# openssl and rustls (the operator's kube client) alike.
-PKI=$DIR/pki
-newkey() { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1" 2>/dev/null; }
-# sign NAME SUBJECT EXTENSIONS [CA]: NAME.key and NAME.crt, signed by CA (default: ca).
-sign() {
-    local ca=${4:-ca}
-    newkey "$PKI/$1.key"
-    openssl req -new -key "$PKI/$1.key" -subj "$2" -out "$PKI/$1.csr" 2>/dev/null
-    openssl x509 -req -in "$PKI/$1.csr" -CA "$PKI/$ca.crt" -CAkey "$PKI/$ca.key" \
-        -set_serial "0x$(openssl rand -hex 16)" -days 365 -out "$PKI/$1.crt" \
-        -extfile <(printf '%s\n' "basicConstraints=critical,CA:FALSE" \
-            "keyUsage=critical,digitalSignature" "subjectKeyIdentifier=hash" \
-            "authorityKeyIdentifier=keyid" "$3") 2>/dev/null
-    rm -f "$PKI/$1.csr"
-}
 newkey "$PKI/ca.key"
 openssl req -x509 -new -key "$PKI/ca.key" -subj "/CN=murmur-controlplane-ca" -days 365 \
     -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
     -out "$PKI/ca.crt" 2>/dev/null
-# The API server's serving certificate: 127.0.0.1 for clients here, the in-cluster names and
-# the first service IP for completeness.
+# The API server's serving certificate: 127.0.0.1 for clients here, the node network's host
+# address for the nodes, the first service IP and the in-cluster names for pods.
 sign apiserver "/CN=kube-apiserver" "extendedKeyUsage=serverAuth
-subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+subjectAltName=IP:127.0.0.1,IP:10.96.0.1${HOST_IP:+,IP:$HOST_IP},DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
 # Client certificates: the user is the CN, the groups are the Os. system:masters bypasses RBAC
 # (for the admin and kwok, which writes the status of every fake node and pod); the controller
 # manager and the scheduler get the users that the API server's bootstrap RBAC policy grants.
@@ -145,6 +143,12 @@ sign admin "/O=system:masters/CN=admin" "extendedKeyUsage=clientAuth"
 sign kwok "/O=system:masters/CN=kwok" "extendedKeyUsage=clientAuth"
 sign controller-manager "/CN=system:kube-controller-manager" "extendedKeyUsage=clientAuth"
 sign scheduler "/CN=system:kube-scheduler" "extendedKeyUsage=clientAuth"
+if ((REAL_NODES)); then
+    # kube-proxy on every node (the bootstrap policy binds system:node-proxier to this user),
+    # and the API server's client of the kubelets (logs, exec, port-forward).
+    sign kube-proxy "/CN=system:kube-proxy" "extendedKeyUsage=clientAuth"
+    sign apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" "extendedKeyUsage=clientAuth"
+fi
 # The front proxy (request header) CA, a CA of its own as kubeadm makes it: the API server
 # publishes it in kube-system/extension-apiserver-authentication, where the controller manager
 # and the scheduler (delegated authentication) look for it and log an error on every sync when it
@@ -161,35 +165,10 @@ newkey "$PKI/sa.key"
 openssl pkey -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub" 2>/dev/null
 chmod 600 "$PKI"/*.key
 
-# kubeconfig FILE USER: a kubeconfig with the certificates embedded, so that it works for any
-# client (kube-rs included) without resolving relative paths.
-kubeconfig() {
-    cat >"$1" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-- name: murmur
-  cluster:
-    server: $SERVER
-    certificate-authority-data: $(base64 -w0 "$PKI/ca.crt")
-users:
-- name: $2
-  user:
-    client-certificate-data: $(base64 -w0 "$PKI/$2.crt")
-    client-key-data: $(base64 -w0 "$PKI/$2.key")
-contexts:
-- name: murmur
-  context:
-    cluster: murmur
-    user: $2
-current-context: murmur
-EOF
-    chmod 600 "$1"
-}
 KUBECONFIG_ADMIN=$DIR/kubeconfig
-kubeconfig "$KUBECONFIG_ADMIN" admin
+kubeconfig "$KUBECONFIG_ADMIN" admin "$SERVER"
 for user in kwok controller-manager scheduler; do
-    kubeconfig "$DIR/kubeconfigs/$user.kubeconfig" "$user"
+    kubeconfig "$DIR/kubeconfigs/$user.kubeconfig" "$user" "$SERVER"
 done
 
 # --- starting and waiting ----------------------------------------------------------------------
@@ -244,10 +223,14 @@ wait_for etcd curl -sf --max-time 5 "http://127.0.0.1:$ETCD_PORT/health"
 # The API server.
 #  --authorization-mode=Node,RBAC: RBAC as in a real cluster (the operator's Role must be right).
 #  --service-account-*: the issuer and keys for the tokens projected into pods and TokenRequest.
-#  --service-cluster-ip-range: Service IPs are only numbers here (nothing routes them).
-#  --endpoint-reconciler-type=none: the reconciler of the "kubernetes" Service's endpoints
-#    refuses a loopback --advertise-address (fatal since 1.37: "cannot use public IP 127.0.0.1
-#    with endpoint reconciler"), and nothing in here dials that Service from inside a pod.
+#  --service-cluster-ip-range: Service IPs, routed by kube-proxy on real nodes (and only numbers
+#    without them).
+#  Without real nodes, --endpoint-reconciler-type=none: the reconciler of the "kubernetes"
+#    Service's endpoints refuses a loopback --advertise-address (fatal since 1.37: "cannot use
+#    public IP 127.0.0.1 with endpoint reconciler"), and no pod dials that Service. With them,
+#    the API server listens on the node network too and advertises its host address there, so
+#    that pods reach it through the "kubernetes" Service as in any cluster; it reaches the
+#    kubelets at their InternalIP with a client certificate, and checks theirs.
 #  --shutdown-send-retry-after: on TERM, wait for in-flight requests only, then close within
 #    2 s; by default the HTTP server waits up to 60 s (--request-timeout) for open connections,
 #    the clients' own watches included, which made every down.sh end in KILL.
@@ -255,11 +238,19 @@ wait_for etcd curl -sf --max-time 5 "http://127.0.0.1:$ETCD_PORT/health"
 #  creates each namespace's "default" ServiceAccount, which pods are admitted against).
 #  The Eviction API (pods/eviction) is always served, and since 1.31 (GA) an eviction, a taint
 #  eviction, a pod GC deletion and a preemption add a DisruptionTarget condition to the pod.
+if ((REAL_NODES)); then
+    NETWORK_ARGS=(--bind-address=0.0.0.0 --advertise-address="$HOST_IP"
+        --kubelet-preferred-address-types=InternalIP
+        --kubelet-client-certificate="$PKI/apiserver-kubelet-client.crt"
+        --kubelet-client-key="$PKI/apiserver-kubelet-client.key"
+        --kubelet-certificate-authority="$PKI/ca.crt")
+else
+    NETWORK_ARGS=(--bind-address=127.0.0.1 --advertise-address=127.0.0.1 --endpoint-reconciler-type=none)
+fi
 say "starting kube-apiserver on $SERVER"
 # shellcheck disable=SC2046
 start kube-apiserver \
-    --bind-address=127.0.0.1 \
-    --advertise-address=127.0.0.1 \
+    "${NETWORK_ARGS[@]}" \
     --secure-port="$APISERVER_PORT" \
     --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
     --tls-cert-file="$PKI/apiserver.crt" \
@@ -277,7 +268,6 @@ start kube-apiserver \
     --service-account-key-file="$PKI/sa.pub" \
     --service-account-signing-key-file="$PKI/sa.key" \
     --service-cluster-ip-range=10.96.0.0/16 \
-    --endpoint-reconciler-type=none \
     --shutdown-send-retry-after=true \
     --allow-privileged=true \
     $(extra APISERVER)
@@ -288,7 +278,8 @@ wait_for kube-apiserver https_ok "$SERVER/readyz"
 # root CA ConfigMap, owner-reference garbage collection, node lifecycle (NotReady nodes get
 # tainted) and taint eviction, pod GC (pods of deleted nodes), PodDisruptionBudget status (the
 # Eviction API checks it), Deployments/ReplicaSets/StatefulSets/Jobs (the chart and the test
-# workloads), EndpointSlices for Services, and the aggregated ClusterRoles (admin/edit/view).
+# workloads), EndpointSlices for Services, the aggregated ClusterRoles (admin/edit/view), and
+# PersistentVolumeClaims bound to PersistentVolumes (checkpoint volumes on real nodes).
 # Each controller acts as its own ServiceAccount in kube-system (--use-service-account-credentials,
 # as kubeadm sets it): the API server's bootstrap RBAC policy grants the controllers' roles to
 # those accounts; the user system:kube-controller-manager alone may not, e.g., create the
@@ -311,6 +302,7 @@ CONTROLLERS=(
     ttl-after-finished-controller
     endpointslice-controller
     clusterrole-aggregation-controller
+    persistentvolume-binder-controller
 )
 say "starting kube-controller-manager, kube-scheduler and kwok"
 KCM_KUBECONFIG=$DIR/kubeconfigs/controller-manager.kubeconfig
@@ -372,42 +364,18 @@ wait_for kwok curl -sf --max-time 5 "http://127.0.0.1:$KWOK_PORT/healthz"
 # "default" shows the ServiceAccount controller at work.
 wait_for kube-controller-manager https_ok "$SERVER/api/v1/namespaces/default/serviceaccounts/default"
 
-# --- the pod runner ----------------------------------------------------------------------------
-# It plays the kubelet of the nodes labelled murmur.dev/pod-runner=true: their pods run for real,
-# each in a network namespace on a bridge of this instance (podrunner.go). The bridge's name and
-# its /16 are this instance's own: a hash of the state dir, and the first 10.X.0.0/16 (X from
-# 200) no interface of this machine uses.
-HOST_IP=
-if ((RUN_PODS)); then
-    ((EUID == 0)) || die "--run-pods needs root (network and mount namespaces)"
-    for tool in ip unshare setpriv mount; do
-        command -v "$tool" >/dev/null || die "$tool is needed by --run-pods and not on PATH"
-    done
-    ENTRYPOINT=${MURMUR_POD_RUNNER_ENTRYPOINT:-$(cd "$HERE/../.." && pwd)/target/release/murmur-trainer}
-    [[ -x $ENTRYPOINT ]] || die "$ENTRYPOINT is not built (cargo build --release), or set MURMUR_POD_RUNNER_ENTRYPOINT"
-    BRIDGE=$(pod_bridge)
-    used=$(ip -4 -o addr show | awk '{print $4}')
-    for x in {200..250}; do
-        grep -q "^10\.$x\." <<<"$used" || break
-    done
-    ((x <= 250)) || die "no free 10.X.0.0/16 for the pods (X in 200..250)"
-    POD_CIDR=10.$x.0.0/16
-    HOST_IP=10.$x.0.1
-    aliases=()
-    for name in ${MURMUR_POD_RUNNER_HOST_ALIASES:-murmur-operator.murmur-system.svc murmur-operator.murmur-system.svc.cluster.local}; do
-        aliases+=("--host-alias=$name=host")
-    done
-    remove_pod_network # what a runner of an instance that died left
-    mkdir -p "$DIR/pod-runner"
-    say "starting the pod runner: bridge $BRIDGE, pods in $POD_CIDR, host $HOST_IP"
-    start pod-runner \
-        --kubeconfig="$KUBECONFIG_ADMIN" \
-        --state="$DIR/pod-runner" \
-        --entrypoint="$ENTRYPOINT" \
-        --bridge="$BRIDGE" \
-        --pod-cidr="$POD_CIDR" \
-        "${aliases[@]}"
-    wait_for pod-runner grep -q "pod-runner: running pods" "$DIR/logs/pod-runner.log"
+# --- real nodes: their images and cluster DNS ----------------------------------------------------
+# The node network (a podman network of this instance), the node, pause and CoreDNS images with
+# their archives for the nodes to import, and CoreDNS as the cluster's DNS (kube-system/coredns
+# behind the kube-dns Service at 10.96.0.10, the kubelets' clusterDNS): it runs once a node is
+# there (nodes.sh add).
+if ((REAL_NODES)); then
+    podman network create --subnet "$NODE_PREFIX.0.0/24" --gateway "$HOST_IP" --disable-dns \
+        --label "murmur.dev/controlplane=$DIR" "$(node_network)" >/dev/null
+    mkdir -p "$DIR/images" "$DIR/nodes"
+    "$HERE/nodes.sh" images >&2
+    "$BIN/kubectl" --kubeconfig="$KUBECONFIG_ADMIN" apply -f - >/dev/null \
+        < <(sed "s|@IMAGE@|$(cat "$DIR/images/coredns.ref")|" "$HERE/node/coredns.yaml")
 fi
 
 # --- done ------------------------------------------------------------------------------------
@@ -424,6 +392,7 @@ export MURMUR_CONTROLPLANE_SCHEDULER_PORT=$SCHEDULER_PORT
 export MURMUR_CONTROLPLANE_KWOK_PORT=$KWOK_PORT
 export MURMUR_CONTROLPLANE_KWOK_ANNOTATION=$KWOK_ANNOTATION
 export MURMUR_CONTROLPLANE_HOST_IP=$HOST_IP
+export MURMUR_CONTROLPLANE_NODE_PREFIX=$NODE_PREFIX
 export KUBECONFIG=$KUBECONFIG_ADMIN
 EOF
 ok=1

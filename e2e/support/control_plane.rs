@@ -46,6 +46,37 @@ pub fn available(test: &str) -> bool {
     )
 }
 
+/// Whether real nodes can run here (`up.sh --real-nodes`, `nodes.sh`): the control plane's
+/// tools, podman and mmdebstrap, and root; says why not (and fails under
+/// `MURMUR_REQUIRE_CONTROLPLANE`).
+pub fn real_nodes_available(test: &str) -> bool {
+    if !available(test)
+        || !tools::available(
+            test,
+            &[
+                ("ip", "iproute2"),
+                ("podman", "podman"),
+                ("mmdebstrap", "mmdebstrap"),
+                ("catatonit", "catatonit"),
+                ("jq", "jq"),
+            ],
+            REQUIRE,
+        )
+    {
+        return false;
+    }
+    let uid = Command::new("id").arg("-u").output().expect("run id -u");
+    if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
+        assert!(
+            std::env::var_os(REQUIRE).is_none(),
+            "{REQUIRE} is set, but real nodes need root"
+        );
+        eprintln!("SKIPPED {test}: real nodes need root");
+        return false;
+    }
+    true
+}
+
 /// Build the binaries if they are missing (minutes cold, seconds with a warm Go cache); once
 /// per test process, whatever the number of test threads asking.
 pub fn build() {
@@ -110,10 +141,26 @@ impl ControlPlane {
     /// Start a control plane in a state dir of its own (`tag` names it). `apiserver_args`:
     /// extra kube-apiserver flags; `controller_manager_args` likewise.
     pub fn up(tag: &str, apiserver_args: &str, controller_manager_args: &str) -> Self {
+        Self::start(tag, &[], apiserver_args, controller_manager_args)
+    }
+
+    /// A control plane ready for real nodes (`up.sh --real-nodes`: the node network, cluster
+    /// DNS); add them with [`ControlPlane::add_node`].
+    pub fn up_for_real_nodes(tag: &str) -> Self {
+        Self::start(tag, &["--real-nodes"], "", "")
+    }
+
+    fn start(
+        tag: &str,
+        args: &[&str],
+        apiserver_args: &str,
+        controller_manager_args: &str,
+    ) -> Self {
         build();
         let dir = std::env::temp_dir().join(format!("murmur-cp-{tag}-{}", std::process::id()));
         let started = Instant::now();
         let out = Command::new(scripts().join("up.sh"))
+            .args(args)
             .env("MURMUR_CONTROLPLANE_DIR", &dir)
             .env("MURMUR_CONTROLPLANE_BIN", bin_dir())
             .env("MURMUR_CONTROLPLANE_APISERVER_ARGS", apiserver_args)
@@ -152,6 +199,30 @@ impl ControlPlane {
             dir,
             env,
         }
+    }
+
+    /// `nodes.sh ARGS...` on this instance, which must succeed: its stdout.
+    pub fn nodes(&self, args: &[&str]) -> String {
+        let out = Command::new(scripts().join("nodes.sh"))
+            .args(args)
+            .env("MURMUR_CONTROLPLANE_DIR", &self.dir)
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("run e2e/controlplane/nodes.sh");
+        stdout_of(&format!("nodes.sh {}", args.join(" ")), out)
+    }
+
+    /// A real node (`nodes.sh add`), Ready: the seconds it took.
+    pub fn add_node(&self, name: &str, zone: &str, labels: &[&str]) -> f64 {
+        let mut args = vec!["add", name, "--zone", zone];
+        for l in labels {
+            args.extend(["--label", l]);
+        }
+        let out = self.nodes(&args);
+        out.split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("nodes.sh add printed {out:?}"))
     }
 
     /// kubectl as the admin (system:masters).
