@@ -106,7 +106,11 @@ fn main() -> ExitCode {
         })
         .map(|m| m["member"].as_u64().unwrap())
         .collect();
-    assert_eq!(done.len(), 10, "members whose termination message says done: {done:?}");
+    assert_eq!(
+        done.len(),
+        10,
+        "members whose termination message says done: {done:?}"
+    );
     let operator = &plain["operator"][0];
     assert!(
         operator["pod"].is_string() && operator["node"].is_string(),
