@@ -15,7 +15,8 @@ CONF=/etc/murmur-node
 LOGS=/var/log/murmur
 # shellcheck source=/dev/null
 source "$CONF/node.env" # NODE_NAME NODE_IP
-say() { echo "node $NODE_NAME: $*" >&2; }
+mkdir -p "$LOGS"
+say() { echo "node $NODE_NAME: $*" | tee -a "$LOGS/node.log" >&2; }
 
 # The kubelet bind-mounts volumes under its root dir and needs them seen by containerd's
 # containers: shared propagation, as on a host booted by systemd.
