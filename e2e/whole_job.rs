@@ -81,17 +81,10 @@ fn main() -> ExitCode {
     for m in plain["members"].as_array().unwrap() {
         assert_eq!(m["nodeLabels"]["karpenter.sh/capacity-type"], "spot", "{m}");
         assert!(
-            m["containerRuntimeVersion"]
-                .as_str()
-                .is_some_and(|v| v.starts_with("containerd://")),
+            starts(&m["containerRuntimeVersion"], "containerd://"),
             "{m}"
         );
-        assert!(
-            m["imageID"]
-                .as_str()
-                .is_some_and(|i| i.starts_with("sha256:")),
-            "{m}"
-        );
+        assert!(starts(&m["imageID"], "sha256:"), "{m}");
     }
     // Each member's completion as the real kubelet read it back from its termination message.
     let done: std::collections::BTreeSet<u64> = plain["members"]
@@ -117,9 +110,7 @@ fn main() -> ExitCode {
         "{plain:#}"
     );
     assert!(
-        plain["exec"]
-            .as_str()
-            .is_some_and(|v| v.starts_with("murmur-trainer ")),
+        starts(&plain["exec"], "murmur-trainer "),
         "kubectl exec on a member: {plain:#}"
     );
     assert!(
@@ -273,6 +264,11 @@ fn main() -> ExitCode {
         started.elapsed().as_secs_f64()
     );
     ExitCode::SUCCESS
+}
+
+/// Whether `value` is a string that starts with `prefix`.
+fn starts(value: &Value, prefix: &str) -> bool {
+    value.as_str().is_some_and(|v| v.starts_with(prefix))
 }
 
 /// The job Succeeded, its final accuracy within 1.5 points of `murmur run`'s `reference`.
