@@ -53,12 +53,8 @@ fn main() -> ExitCode {
     }
     std::panic::set_hook(Box::new(|info| eprintln!("\n{info}\n")));
     let started = Instant::now();
-    let binaries = PathBuf::from(env!("CARGO_BIN_EXE_murmur"))
-        .parent()
-        .unwrap()
-        .to_path_buf();
     let out = Command::new(repository().join("e2e/controlplane/images.sh"))
-        .arg(&binaries)
+        .arg(support::binaries())
         .output()
         .expect("run e2e/controlplane/images.sh");
     let images = PathBuf::from(control_plane::stdout_of("images.sh", out).trim());

@@ -316,13 +316,7 @@ fn job(args: &[&str]) -> Value {
         .args(["--timeout", "600", "--keep"])
         .arg(&keep)
         .current_dir(repository())
-        // The test build's murmur and murmur-trainer, side by side: what the images are built of.
-        .env(
-            "MURMUR_BINARIES",
-            PathBuf::from(env!("CARGO_BIN_EXE_murmur"))
-                .parent()
-                .unwrap(),
-        )
+        .env("MURMUR_BINARIES", support::binaries())
         .env("MURMUR_CONTROLPLANE_BIN", control_plane::bin_dir())
         .stderr(Stdio::inherit())
         .output()

@@ -296,6 +296,7 @@ report() {
             podStartSeconds: ([$podstart[].seconds] | {n: length, p50: pct(0.5), p99: pct(0.99), max: max}),
             exec: ($exec | rtrimstr("\n")),
             operator: ($operator | map(select(.imageID != null and .imageID != "")) | unique_by(.pod)),
+            # One record per pod: its newest with a termination, else its newest.
             members: ($placements | reverse | map(select(.terminated != null)) + ($placements | reverse)
                 | unique_by(.pod) | sort_by(.member, .attempt)
                 | map(. + {nodeLabels: ($node[.node].labels // {}),

@@ -36,6 +36,12 @@ fn murmur() -> PathBuf {
     bin
 }
 
+/// The directory holding the test build's `murmur` and `murmur-trainer`, side by side: what the
+/// images of the real-node tests are built of.
+pub fn binaries() -> PathBuf {
+    murmur().parent().unwrap().to_path_buf()
+}
+
 pub struct Run {
     child: Child,
     dir: Option<tempfile::TempDir>,
