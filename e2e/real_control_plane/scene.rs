@@ -206,19 +206,21 @@ impl<'a> Scene<'a> {
                 proxy_vector: None,
             })
             .unwrap();
-            let url = format!(
-                "{}{}",
-                self.endpoint(),
-                control::join_path(&self.ns, job, id)
-            );
-            let response = http
-                .post(&url)
-                .header("content-type", "application/json")
-                .header(control::SIGNATURE_HEADER, control::sign(&key, &body))
-                .body(body)
-                .send()
-                .await
-                .unwrap();
+            let path = control::join_path(&self.ns, job, id);
+            let url = format!("{}{path}", self.endpoint());
+            let envelope = control::Envelope {
+                attempt: 0,
+                sequence: 1,
+                time_ms: std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_millis() as u64,
+            };
+            let mut request = http.post(&url).header("content-type", "application/json");
+            for (name, value) in control::signed_headers(&key, "POST", &path, &envelope, &body) {
+                request = request.header(name, value);
+            }
+            let response = request.body(body).send().await.unwrap();
             assert!(
                 response.status().is_success(),
                 "join of member {id}: {}",

@@ -149,10 +149,18 @@ fn default_values_render_the_operator_its_rbac_and_its_service() {
     assert_eq!(
         kinds,
         [
+            "NetworkPolicy",
             "ServiceAccount",
+            // The operator's, then the users' (job viewer and editor, /metrics reader).
+            "ClusterRole",
+            "ClusterRole",
+            "ClusterRole",
             "ClusterRole",
             "ClusterRoleBinding",
+            // Leader election, then the dashboard's hop through the API server's proxy.
             "Role",
+            "Role",
+            "RoleBinding",
             "RoleBinding",
             "Service",
             "Deployment",
@@ -179,7 +187,7 @@ fn the_rbac_grants_exactly_the_permissions_the_operator_declares_and_checks_at_s
     if !helm_here() {
         return;
     }
-    let (cluster, namespaced) = granted(&objects(json!({})));
+    let (cluster, namespaced) = granted(&objects(json!({"networkPolicy": {"enabled": false}})));
     let mut all = cluster.clone();
     all.extend(namespaced.clone());
     assert_eq!(all, declared(PERMISSIONS));
@@ -191,8 +199,8 @@ fn the_rbac_grants_exactly_the_permissions_the_operator_declares_and_checks_at_s
     );
     assert!(cluster.iter().all(|(_, _, r)| r != "leases"));
 
-    // Per-job NetworkPolicies add their own verbs, and only then.
-    let (cluster, namespaced) = granted(&objects(json!({"networkPolicy": {"enabled": true}})));
+    // Per-job NetworkPolicies (on by default) add their own verbs, and only then.
+    let (cluster, namespaced) = granted(&objects(json!({})));
     let mut all = cluster;
     all.extend(namespaced);
     let mut expected = declared(PERMISSIONS);
@@ -201,8 +209,15 @@ fn the_rbac_grants_exactly_the_permissions_the_operator_declares_and_checks_at_s
 
     // Without leader election there is no Lease to touch.
     let objects = objects(json!({"leaderElection": {"enabled": false}}));
-    assert!(find(&objects, "Role").is_none());
-    assert!(find(&objects, "RoleBinding").is_none());
+    let named = |kind: &str| {
+        objects.iter().any(|o| {
+            o["kind"] == kind
+                && o["metadata"]["name"]
+                    .as_str()
+                    .is_some_and(|n| n.ends_with("-leader-election"))
+        })
+    };
+    assert!(!named("Role") && !named("RoleBinding"));
     assert!(!args(&objects).contains(&"--leader-election".to_string()));
 }
 
@@ -353,7 +368,8 @@ fn the_arguments_parse_with_the_operators_own_command_line_and_point_trainers_at
     assert!(parsed.trainer_cuda_image.ends_with("-cuda"));
     assert!(parsed.leader_election);
     assert_eq!(parsed.lease_name, "murmur-operator");
-    assert!(!parsed.network_policies);
+    assert!(parsed.network_policies, "on by default");
+    assert_eq!(parsed.operator_namespace.as_deref(), Some("murmur-system"));
     assert_eq!(parsed.listen, "0.0.0.0:8470");
     assert_eq!(
         parsed.status_reads_per_second,
@@ -446,6 +462,64 @@ fn values_overrides_reach_the_objects() {
         find(&objects, "Service").unwrap()["spec"]["ports"][0]["port"],
         9000
     );
+}
+
+/// Who may read what: the job viewer role aggregates into view/edit/admin, /metrics readers are
+/// bound as listed, the dashboard's proxy hop reaches only the operator's Service, and the
+/// operator's own NetworkPolicy admits the status port only.
+#[test]
+fn users_roles_reach_only_what_the_status_api_serves() {
+    if !helm_here() {
+        return;
+    }
+    let prometheus =
+        json!({"kind": "ServiceAccount", "name": "prometheus", "namespace": "monitoring"});
+    let objects = objects(json!({"metrics": {"readers": [prometheus]}}));
+    let named = |kind: &str, name: &str| {
+        objects
+            .iter()
+            .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("no {kind} {name}"))
+            .clone()
+    };
+    let viewer = named("ClusterRole", "murmur-operator-job-viewer");
+    for role in ["view", "edit", "admin"] {
+        assert_eq!(
+            viewer["metadata"]["labels"][format!("rbac.authorization.k8s.io/aggregate-to-{role}")],
+            "true"
+        );
+    }
+    assert_eq!(viewer["rules"][0]["verbs"], json!(["get", "list", "watch"]));
+    let reader = named("ClusterRoleBinding", "murmur-operator-metrics-reader");
+    assert_eq!(reader["subjects"], json!([prometheus]));
+    let metrics = named("ClusterRole", "murmur-operator-metrics-reader");
+    assert_eq!(
+        metrics["rules"],
+        json!([{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}])
+    );
+    let proxy = named("Role", "murmur-operator-dashboard");
+    assert_eq!(
+        proxy["rules"],
+        json!([{"apiGroups": [""], "resources": ["services/proxy"],
+                "resourceNames": ["murmur-operator", "http:murmur-operator:http"], "verbs": ["get"]}])
+    );
+    let binding = named("RoleBinding", "murmur-operator-dashboard");
+    assert_eq!(binding["subjects"][0]["name"], "system:authenticated");
+    let policy = named("NetworkPolicy", "murmur-operator");
+    assert_eq!(policy["spec"]["policyTypes"], json!(["Ingress"]));
+    assert_eq!(
+        policy["spec"]["ingress"],
+        json!([{"ports": [{"port": "http", "protocol": "TCP"}]}])
+    );
+    // No proxy subjects, no binding; no metrics readers, no binding.
+    let objects = self::objects(json!({"dashboard": {"proxySubjects": []}}));
+    assert!(
+        !objects
+            .iter()
+            .any(|o| o["metadata"]["name"] == "murmur-operator-dashboard")
+    );
+    assert!(!objects.iter().any(|o| o["kind"] == "ClusterRoleBinding"
+        && o["metadata"]["name"] == "murmur-operator-metrics-reader"));
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! Trainers against a control endpoint (a stub of the local runtime's): signed join reports,
 //! a ring until every report is in, then a data-aware topology applied at a round boundary,
-//! statuses and peer events, and an endpoint that goes away for a while.
+//! statuses and peer events, an endpoint that goes away for a while, and one that serves a
+//! topology without the job key's signature.
 
 mod support;
 
@@ -10,7 +11,7 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use murmur_core::api::TopologyKind;
@@ -45,7 +46,11 @@ struct Stub {
     statuses: Mutex<Vec<TrainerStatus>>,
     events: Mutex<Vec<PeerEvent>>,
     bad_signatures: Mutex<u32>,
+    /// The sequence numbers heard, per member, in arrival order.
+    sequences: Mutex<std::collections::BTreeMap<u32, Vec<u64>>>,
     down: AtomicBool,
+    /// Serve a newer document signed with another key.
+    forged: AtomicBool,
 }
 
 #[derive(serde::Deserialize)]
@@ -53,40 +58,69 @@ struct After {
     after: u64,
 }
 
-async fn topology_poll(State(stub): State<Arc<Stub>>, Query(q): Query<After>) -> Response {
+/// `doc` as the control plane serves it: JSON signed with `key`.
+fn signed_document(key: &[u8], path: &str, doc: &TopologyDocument) -> Response {
+    let body = serde_json::to_vec(doc).unwrap();
+    let signature = control::topology_signature(key, path, &body);
+    ([(control::SIGNATURE_HEADER, signature)], body).into_response()
+}
+
+async fn topology_poll(
+    State(stub): State<Arc<Stub>>,
+    Query(q): Query<After>,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Response {
     if stub.down.load(Ordering::Relaxed) {
         return StatusCode::SERVICE_UNAVAILABLE.into_response();
+    }
+    if !signed(&stub, "GET", &uri, &headers, &[]) {
+        return StatusCode::UNAUTHORIZED.into_response();
+    }
+    if stub.forged.load(Ordering::Relaxed) {
+        let mut doc = stub.doc.lock().unwrap().clone().unwrap();
+        doc.version = q.after + 1;
+        return signed_document(b"not the job key", uri.path(), &doc);
     }
     for _ in 0..2 {
         let notified = stub.changed.notified();
         if let Some(doc) = stub.doc.lock().unwrap().clone()
             && doc.version > q.after
         {
-            return axum::Json(doc).into_response();
+            return signed_document(KEY.as_bytes(), uri.path(), &doc);
         }
         let _ = tokio::time::timeout(Duration::from_millis(500), notified).await;
     }
     StatusCode::NO_CONTENT.into_response()
 }
 
-fn signed(stub: &Stub, headers: &HeaderMap, body: &Bytes) -> bool {
-    let ok = headers
-        .get(control::SIGNATURE_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|sig| control::verify(KEY.as_bytes(), body, sig));
-    if !ok {
-        *stub.bad_signatures.lock().unwrap() += 1;
+/// Whether the request is signed with the job key; posts' sequence numbers are recorded.
+fn signed(stub: &Stub, method: &str, uri: &Uri, headers: &HeaderMap, body: &[u8]) -> bool {
+    let header = |name: &str| headers.get(name)?.to_str().ok();
+    match control::check_request(KEY.as_bytes(), method, uri.path(), header, body) {
+        Ok(envelope) => {
+            if method == "POST" {
+                let member = uri.path().split('/').nth(7).unwrap().parse().unwrap();
+                let mut sequences = stub.sequences.lock().unwrap();
+                sequences.entry(member).or_default().push(envelope.sequence);
+            }
+            true
+        }
+        Err(_) => {
+            *stub.bad_signatures.lock().unwrap() += 1;
+            false
+        }
     }
-    ok
 }
 
 async fn join(
     State(stub): State<Arc<Stub>>,
     Path((_, _, id)): Path<(String, String, u32)>,
+    uri: Uri,
     headers: HeaderMap,
     body: Bytes,
 ) -> StatusCode {
-    if stub.down.load(Ordering::Relaxed) || !signed(&stub, &headers, &body) {
+    if stub.down.load(Ordering::Relaxed) || !signed(&stub, "POST", &uri, &headers, &body) {
         return StatusCode::FORBIDDEN;
     }
     let report: JoinReport = serde_json::from_slice(&body).unwrap();
@@ -123,8 +157,13 @@ async fn join(
     StatusCode::NO_CONTENT
 }
 
-async fn status(State(stub): State<Arc<Stub>>, headers: HeaderMap, body: Bytes) -> StatusCode {
-    if stub.down.load(Ordering::Relaxed) || !signed(&stub, &headers, &body) {
+async fn status(
+    State(stub): State<Arc<Stub>>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> StatusCode {
+    if stub.down.load(Ordering::Relaxed) || !signed(&stub, "POST", &uri, &headers, &body) {
         return StatusCode::FORBIDDEN;
     }
     stub.statuses
@@ -134,8 +173,13 @@ async fn status(State(stub): State<Arc<Stub>>, headers: HeaderMap, body: Bytes) 
     StatusCode::NO_CONTENT
 }
 
-async fn peer_event(State(stub): State<Arc<Stub>>, headers: HeaderMap, body: Bytes) -> StatusCode {
-    if stub.down.load(Ordering::Relaxed) || !signed(&stub, &headers, &body) {
+async fn peer_event(
+    State(stub): State<Arc<Stub>>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> StatusCode {
+    if stub.down.load(Ordering::Relaxed) || !signed(&stub, "POST", &uri, &headers, &body) {
         return StatusCode::FORBIDDEN;
     }
     stub.events
@@ -215,12 +259,35 @@ fn trainers_follow_the_control_endpoint_from_a_ring_to_data_aware_cliques() {
     // Long enough for every member's held poll to come back and fail at least once.
     std::thread::sleep(Duration::from_secs(2));
     stub.down.store(false, Ordering::Relaxed);
+    // Then it serves a newer topology signed with another key: refused, the old one kept.
+    stub.forged.store(true, Ordering::Relaxed);
+    wait_for(
+        Duration::from_secs(30),
+        "every member refusing the forgery",
+        || {
+            (0..4).all(|id| {
+                job.log(id, 0).iter().any(|l| {
+                    l["fields"]["error"].as_str().is_some_and(|e| {
+                        e.contains("refused a topology document without the job key's signature")
+                    })
+                })
+            })
+        },
+    );
+    stub.forged.store(false, Ordering::Relaxed);
 
     for c in &mut procs.0 {
         let status = wait_exit(c, Duration::from_secs(120)).expect("hung");
         assert!(status.success(), "{status:?}");
     }
     assert_eq!(*stub.bad_signatures.lock().unwrap(), 0);
+    // Each member's posts arrived in the order they were numbered, none twice.
+    for (member, sequence) in stub.sequences.lock().unwrap().iter() {
+        assert!(
+            sequence.windows(2).all(|w| w[0] < w[1]),
+            "member {member}: {sequence:?}"
+        );
+    }
     let joins = stub.joins.lock().unwrap();
     assert_eq!(joins.len(), 4);
     for j in joins.iter() {

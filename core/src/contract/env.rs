@@ -8,6 +8,7 @@ use crate::api::Backend;
 pub const JOB: &str = "MURMUR_JOB";
 pub const NAMESPACE: &str = "MURMUR_NAMESPACE";
 pub const MEMBER_ID: &str = "MURMUR_MEMBER_ID";
+pub const ATTEMPT: &str = "MURMUR_ATTEMPT";
 pub const LISTEN_ADDRESS: &str = "MURMUR_LISTEN_ADDRESS";
 pub const CONTROL_ENDPOINT: &str = "MURMUR_CONTROL_ENDPOINT";
 pub const PEER_KEY_FILE: &str = "MURMUR_PEER_KEY_FILE";
@@ -24,6 +25,9 @@ pub struct TrainerEnv {
     pub job: String,
     pub namespace: String,
     pub member_id: u32,
+    /// Which start of the member this process is (0 first): its control posts say so, and the
+    /// control plane refuses posts from an attempt older than one it has heard.
+    pub attempt: u32,
     /// `host:port` the trainer listens on for peers.
     pub listen_address: String,
     /// `host:port` of `/healthz`, `/readyz`, `/metrics` and `/status`; when unset, the peer
@@ -63,6 +67,7 @@ impl TrainerEnv {
             (JOB, self.job.clone()),
             (NAMESPACE, self.namespace.clone()),
             (MEMBER_ID, self.member_id.to_string()),
+            (ATTEMPT, self.attempt.to_string()),
             (LISTEN_ADDRESS, self.listen_address.clone()),
             (STATUS_ADDRESS, self.status_address.clone()),
             (PEER_KEY_FILE, self.peer_key_file.display().to_string()),
@@ -107,6 +112,14 @@ impl TrainerEnv {
             value: member_id.clone(),
             reason: "expected a non-negative integer",
         })?;
+        let attempt = match optional(ATTEMPT) {
+            None => 0,
+            Some(value) => value.parse().map_err(|_| EnvError::Invalid {
+                name: ATTEMPT,
+                value: value.clone(),
+                reason: "expected a non-negative integer",
+            })?,
+        };
         let listen_address = required(LISTEN_ADDRESS)?;
         let Some(peer_port) = port_of(&listen_address) else {
             return Err(EnvError::Invalid {
@@ -161,6 +174,7 @@ impl TrainerEnv {
             job: required(JOB)?,
             namespace: optional(NAMESPACE).unwrap_or_else(|| "default".to_string()),
             member_id,
+            attempt,
             listen_address,
             status_address,
             control_endpoint,
@@ -201,6 +215,7 @@ mod tests {
             job: "mnist".into(),
             namespace: "ml".into(),
             member_id: 7,
+            attempt: 2,
             listen_address: "0.0.0.0:7070".into(),
             status_address: "0.0.0.0:7071".into(),
             control_endpoint: Some("http://murmur-operator.murmur-system:8080".into()),
@@ -236,6 +251,7 @@ mod tests {
         vars.insert(JOB.into(), "mnist".into());
         for (name, value) in [
             (MEMBER_ID, "-1"),
+            (ATTEMPT, "first"),
             (LISTEN_ADDRESS, "7070"),
             (BACKEND, "tpu"),
             (CONTROL_ENDPOINT, "operator:8080"),

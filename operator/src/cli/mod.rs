@@ -1,5 +1,6 @@
 //! Command-line surface. Each subcommand parses its flags, calls pure code, and prints.
 
+mod dashboard;
 pub mod operator;
 mod run;
 mod topology;
@@ -32,6 +33,9 @@ pub enum Command {
     // A flag given twice takes the last value: the chart's `operator.extraArgs` override.
     #[command(args_override_self = true)]
     Operator(operator::OperatorArgs),
+    /// Open the operator's dashboard as you: your kubeconfig's credentials, through the API
+    /// server's service proxy, showing the jobs you may get.
+    Dashboard(dashboard::DashboardArgs),
     /// Print the DecentralizedTrainingJob CustomResourceDefinition (what `crds/` holds).
     Crd,
     /// Check a job manifest with the same rules the cluster applies.
@@ -59,6 +63,8 @@ pub enum CliError {
     JobFailed(String),
     #[error(transparent)]
     Operator(operator::OperatorCliError),
+    #[error(transparent)]
+    Dashboard(#[from] dashboard::DashboardError),
 }
 
 impl CliError {
@@ -66,7 +72,10 @@ impl CliError {
     pub fn exit_code(&self) -> u8 {
         match self {
             CliError::Manifest(_) | CliError::Topology(_) => 2,
-            CliError::Output(_) | CliError::JobFailed(_) | CliError::Operator(_) => 1,
+            CliError::Output(_)
+            | CliError::JobFailed(_)
+            | CliError::Operator(_)
+            | CliError::Dashboard(_) => 1,
             CliError::Local(e) => e.exit_code(),
         }
     }
@@ -80,6 +89,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Topology(args) => topology::run(args, &mut out),
         Command::Run(args) => run::run(args, &mut out),
         Command::Operator(args) => operator::run(args),
+        Command::Dashboard(args) => dashboard::run(args, &mut out),
         Command::Crd => {
             out.write_all(api::crd_yaml().as_bytes())?;
             Ok(())

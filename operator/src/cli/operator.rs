@@ -72,6 +72,10 @@ pub struct OperatorArgs {
     /// and probes are never paced.
     #[arg(long, default_value_t = crate::status::pacer::DEFAULT_READS_PER_SECOND)]
     pub status_reads_per_second: u32,
+    /// Accept observers' bearer tokens only when issued for one of these audiences (repeat the
+    /// flag; default: the API server's own audience). Trainers sign with their job's key.
+    #[arg(long = "token-audience", value_name = "AUDIENCE")]
+    pub token_audiences: Vec<String>,
     /// At start-up, wait this long for the CRD to be Established (it is not served before).
     #[arg(long, default_value = "2m")]
     pub crd_wait: api::Duration,
@@ -136,6 +140,7 @@ pub fn run(args: OperatorArgs) -> Result<(), CliError> {
         },
         listen: args.listen,
         reads_per_second: args.status_reads_per_second,
+        token_audiences: args.token_audiences,
         concurrency: args.concurrency,
         lease: args.leader_election.then(|| LeaseOptions {
             namespace: args.lease_namespace,

@@ -16,7 +16,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tokio::sync::{mpsc, watch};
 
+use super::replay::{Heard, Refused};
 use super::view::{JobEvent, JobView, SeriesPoint};
+use murmur_core::contract::control::Envelope;
 
 /// What a job's trainers told the control plane.
 #[derive(Clone, Debug, PartialEq)]
@@ -44,6 +46,8 @@ pub struct JobHandle {
     series: Mutex<Vec<SeriesPoint>>,
     /// The newest (step, accuracy) sampled per member attempt, so the series holds changes only.
     sampled: Mutex<BTreeMap<(u32, u32), Sample>>,
+    /// The newest signed post accepted per member, so a replayed one is refused.
+    heard: Mutex<Heard>,
     inbox: mpsc::UnboundedSender<Inbound>,
 }
 
@@ -109,6 +113,11 @@ impl JobHandle {
     /// Samples from index `from` on.
     pub fn series(&self, from: usize) -> Vec<SeriesPoint> {
         self.series.lock().iter().skip(from).cloned().collect()
+    }
+
+    /// Accept a correctly signed post from `member` now, once (see [`replay`](super::replay)).
+    pub fn admit(&self, member: u32, envelope: &Envelope, now_ms: u64) -> Result<(), Refused> {
+        super::replay::admit(&mut self.heard.lock(), member, envelope, now_ms)
     }
 
     /// Hand a trainer's message to the runtime (the router calls it once a post is verified).
@@ -267,6 +276,7 @@ impl Hub {
             events: Mutex::default(),
             series: Mutex::default(),
             sampled: Mutex::default(),
+            heard: Mutex::default(),
             inbox,
         });
         self.jobs

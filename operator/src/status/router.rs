@@ -1,27 +1,59 @@
 //! The status router: the JSON API, the trainers' control endpoint, `/metrics`, probes and the
 //! dashboard. `murmur run` serves it locally and the operator in a cluster.
+//!
+//! Who may reach what:
+//! - the probes (`/healthz`, `/readyz`) are open;
+//! - observers (dashboard, job API, `/metrics`) carry a bearer token, and see a job only when
+//!   the [`Access`] allows `get` on it (the job list holds only those);
+//! - trainers sign every request with their job's key ([`control`]); a replayed post is refused;
+//! - the topology is served to its job's trainers (signed request) or to an observer who may
+//!   read the job, and is signed with the job key either way.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::extract::{FromRef, Path, Query, State};
+use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Router, middleware};
+use axum::{Extension, Router, middleware};
+use murmur_core::contract::control::Envelope;
 use murmur_core::contract::{JoinReport, PeerEvent, TrainerStatus, control};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
+use super::access::{self, Access, Action, Caller};
 use super::hub::{Hub, Inbound, JobHandle};
 use super::pacer::{Pacer, paced};
 
 const DASHBOARD: &str = include_str!("dashboard.html");
 
-/// The router over `hub`. Observer reads are paced to `reads_per_second` (0: unpaced, see
-/// [`pacer`](super::pacer)); the probes and the trainers' control traffic never are.
-pub fn router(hub: Arc<Hub>, reads_per_second: u32) -> Router {
+/// What every handler may reach: the jobs, and who may read them.
+#[derive(Clone)]
+struct Served {
+    hub: Arc<Hub>,
+    access: Arc<dyn Access>,
+}
+
+impl FromRef<Served> for Arc<Hub> {
+    fn from_ref(served: &Served) -> Self {
+        served.hub.clone()
+    }
+}
+
+impl FromRef<Served> for Arc<dyn Access> {
+    fn from_ref(served: &Served) -> Self {
+        served.access.clone()
+    }
+}
+
+/// The router over `hub`, its observers admitted by `access`. Observer reads are paced to
+/// `reads_per_second` (0: unpaced, see [`pacer`](super::pacer)) before they are authenticated,
+/// so that no one can make it ask the cluster about tokens faster; the probes and the trainers'
+/// control traffic are never paced.
+pub fn router(hub: Arc<Hub>, access: Arc<dyn Access>, reads_per_second: u32) -> Router {
+    let served = Served { hub, access };
     let job = "/api/v1/namespaces/{namespace}/jobs/{name}";
     let mut observers = Router::new()
         .route("/", get(dashboard))
@@ -30,7 +62,11 @@ pub fn router(hub: Arc<Hub>, reads_per_second: u32) -> Router {
         .route("/api/v1/jobs", get(list_jobs))
         .route(job, get(get_job))
         .route(&format!("{job}/events"), get(get_events))
-        .route(&format!("{job}/series"), get(get_series));
+        .route(&format!("{job}/series"), get(get_series))
+        .route_layer(middleware::from_fn_with_state(
+            served.access.clone(),
+            access::authenticated,
+        ));
     if let Some(pacer) = Pacer::new(reads_per_second) {
         observers = observers.route_layer(middleware::from_fn_with_state(Arc::new(pacer), paced));
     }
@@ -51,7 +87,7 @@ pub fn router(hub: Arc<Hub>, reads_per_second: u32) -> Router {
             &format!("{job}/members/{{id}}/peer-events"),
             post(post_from_trainer::<PeerEvent>),
         );
-    observers.merge(control).with_state(hub)
+    observers.merge(control).with_state(served)
 }
 
 /// An error answer: `{"error": "..."}` with a status code.
@@ -92,7 +128,11 @@ async fn dashboard() -> Html<&'static str> {
     Html(DASHBOARD)
 }
 
-async fn metrics(State(hub): State<Arc<Hub>>) -> Response {
+async fn metrics(State(served): State<Served>, Extension(caller): Extension<Caller>) -> Response {
+    if let Err(denied) = access::authorize(&*served.access, &caller, &Action::GetMetrics).await {
+        return denied.into_response();
+    }
+    let hub = &served.hub;
     let mut text = String::new();
     if prometheus_client::encoding::text::encode(&mut text, &hub.metrics.registry).is_err() {
         return StatusCode::INTERNAL_SERVER_ERROR.into_response();
@@ -111,23 +151,55 @@ async fn openapi() -> axum::Json<serde_json::Value> {
     axum::Json(super::openapi::document())
 }
 
-async fn list_jobs(State(hub): State<Arc<Hub>>) -> Response {
-    let jobs: Vec<_> = hub
-        .jobs()
-        .iter()
-        .filter_map(|j| j.view())
-        .map(|v| v.summary())
-        .collect();
+/// The jobs `caller` may read (each asked about at once; the answers are cached).
+async fn list_jobs(State(served): State<Served>, Extension(caller): Extension<Caller>) -> Response {
+    let views: Vec<_> = served.hub.jobs().iter().filter_map(|j| j.view()).collect();
+    let allowed = futures::future::join_all(views.iter().map(|v| {
+        let action = Action::GetJob {
+            namespace: v.namespace.clone(),
+            name: v.name.clone(),
+        };
+        let (access, caller) = (&served.access, &caller);
+        async move { access.allows(caller, &action).await }
+    }))
+    .await;
+    let mut jobs = Vec::new();
+    for (view, allowed) in views.iter().zip(allowed) {
+        match allowed {
+            Ok(true) => jobs.push(view.summary()),
+            Ok(false) => {}
+            Err(denied) => return denied.into_response(),
+        }
+    }
     axum::Json(jobs).into_response()
 }
 
+/// The job at `namespace/name`, if it exists and `caller` may read it. Whether it may is asked
+/// first: a caller who may not learns nothing, not even whether it exists.
+async fn readable(
+    served: &Served,
+    caller: &Caller,
+    namespace: &str,
+    name: &str,
+) -> Result<Arc<JobHandle>, Response> {
+    let action = Action::GetJob {
+        namespace: namespace.to_string(),
+        name: name.to_string(),
+    };
+    access::authorize(&*served.access, caller, &action)
+        .await
+        .map_err(IntoResponse::into_response)?;
+    find(&served.hub, namespace, name).map_err(IntoResponse::into_response)
+}
+
 async fn get_job(
-    State(hub): State<Arc<Hub>>,
+    State(served): State<Served>,
+    Extension(caller): Extension<Caller>,
     Path((namespace, name)): Path<(String, String)>,
 ) -> Response {
-    let job = match find(&hub, &namespace, &name) {
+    let job = match readable(&served, &caller, &namespace, &name).await {
         Ok(j) => j,
-        Err(r) => return r.into_response(),
+        Err(r) => return r,
     };
     // Serialized once per change, not per request: watchers poll this far more often than it
     // changes.
@@ -144,24 +216,53 @@ struct After {
 
 /// Without `after`: the current document (204 before there is one). With `after=V`: held until
 /// a newer document appears (200) or for [`control::LONG_POLL_HOLD_SECONDS`] (204).
+///
+/// Served to a trainer of the job (a request signed with its key; the long-poll is not
+/// sequenced, since a trainer's posts go on meanwhile, but its time must be fresh) or to an
+/// observer who may read the job. The document is signed with the job key in
+/// [`control::SIGNATURE_HEADER`]; trainers follow no other.
 async fn get_topology(
-    State(hub): State<Arc<Hub>>,
+    State(served): State<Served>,
     Path((namespace, name)): Path<(String, String)>,
     Query(q): Query<After>,
+    uri: Uri,
+    headers: HeaderMap,
 ) -> Response {
-    let job = match find(&hub, &namespace, &name) {
-        Ok(j) => j,
-        Err(r) => return r.into_response(),
+    let job = if headers.contains_key(control::SIGNATURE_HEADER) {
+        match find(&served.hub, &namespace, &name) {
+            Ok(job) => match trainer_read(&job, uri.path(), &headers) {
+                Ok(()) => job,
+                Err(r) => {
+                    served.hub.metrics.request("topology", r.outcome);
+                    return r.error.into_response();
+                }
+            },
+            Err(r) => return r.into_response(),
+        }
+    } else {
+        let caller = match served
+            .access
+            .authenticate(access::bearer_token(&headers))
+            .await
+        {
+            Ok(caller) => caller,
+            Err(denied) => return denied.into_response(),
+        };
+        match readable(&served, &caller, &namespace, &name).await {
+            Ok(job) => job,
+            Err(r) => return r,
+        }
     };
+    let path = uri.path();
     let mut rx = job.topology();
     let hold = Duration::from_secs(control::LONG_POLL_HOLD_SECONDS);
     let deadline = tokio::time::Instant::now() + hold;
     loop {
         let current = rx.borrow_and_update().clone();
         match (current, q.after) {
-            (Some(doc), None) => return axum::Json(doc).into_response(),
+            (Some(doc), None) => return signed_document(job.key(), path, &doc),
             (Some(doc), Some(after)) if doc.version > after => {
-                return axum::Json(doc).into_response();
+                return signed_document(job.key(), path, &doc);
             }
             (None, None) => return StatusCode::NO_CONTENT.into_response(),
             _ => {}
@@ -173,58 +274,118 @@ async fn get_topology(
     }
 }
 
+/// A topology document as JSON, with its signature under the job key.
+fn signed_document(
+    key: &[u8],
+    path: &str,
+    doc: &murmur_core::contract::TopologyDocument,
+) -> Response {
+    let body = serde_json::to_vec(doc).expect("a topology document serializes");
+    let signature = control::topology_signature(key, path, &body);
+    (
+        [
+            (header::CONTENT_TYPE, "application/json".to_string()),
+            (
+                header::HeaderName::from_static(control::SIGNATURE_HEADER),
+                signature,
+            ),
+        ],
+        body,
+    )
+        .into_response()
+}
+
 #[derive(Deserialize)]
 struct From {
     from: Option<usize>,
 }
 
 async fn get_events(
-    State(hub): State<Arc<Hub>>,
+    State(served): State<Served>,
+    Extension(caller): Extension<Caller>,
     Path((namespace, name)): Path<(String, String)>,
     Query(q): Query<From>,
 ) -> Response {
-    match find(&hub, &namespace, &name) {
+    match readable(&served, &caller, &namespace, &name).await {
         Ok(job) => axum::Json(job.events(q.from.unwrap_or(0))).into_response(),
-        Err(r) => r.into_response(),
+        Err(r) => r,
     }
 }
 
 async fn get_series(
-    State(hub): State<Arc<Hub>>,
+    State(served): State<Served>,
+    Extension(caller): Extension<Caller>,
     Path((namespace, name)): Path<(String, String)>,
     Query(q): Query<From>,
 ) -> Response {
-    match find(&hub, &namespace, &name) {
+    match readable(&served, &caller, &namespace, &name).await {
         Ok(job) => axum::Json(job.series(q.from.unwrap_or(0))).into_response(),
-        Err(r) => r.into_response(),
+        Err(r) => r,
     }
 }
 
-/// Check a trainer's POST: the job exists, the body is signed with the job key, it parses, and
-/// it speaks for the member in its path.
+/// A refused trainer request: the answer, and the metric outcome it counts as.
+struct Refusal {
+    error: ApiError,
+    outcome: &'static str,
+}
+
+fn refusal(code: StatusCode, outcome: &'static str, message: impl Into<String>) -> Refusal {
+    Refusal {
+        error: error(code, message),
+        outcome,
+    }
+}
+
+/// Unix milliseconds now, on the control plane's clock.
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Check a trainer request's envelope and signature under the job key (`body` empty for a GET).
+fn signed_by_trainer(
+    job: &JobHandle,
+    method: &Method,
+    path: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Envelope, Refusal> {
+    let header = |name: &str| headers.get(name)?.to_str().ok();
+    control::check_request(job.key(), method.as_str(), path, header, body).map_err(|e| match e {
+        control::RequestError::Envelope(_) => {
+            refusal(StatusCode::BAD_REQUEST, "badEnvelope", e.to_string())
+        }
+        control::RequestError::Signature => {
+            refusal(StatusCode::UNAUTHORIZED, "badSignature", e.to_string())
+        }
+    })
+}
+
+/// A trainer's topology read: signed by the job key, and fresh.
+fn trainer_read(job: &JobHandle, path: &str, headers: &HeaderMap) -> Result<(), Refusal> {
+    let envelope = signed_by_trainer(job, &Method::GET, path, headers, &[])?;
+    super::replay::fresh(&envelope, now_ms())
+        .map_err(|r| refusal(StatusCode::BAD_REQUEST, r.outcome(), r.to_string()))
+}
+
+/// Check a trainer's POST: the job exists, the request is signed with the job key, it parses,
+/// it speaks for the member in its path, and it was not accepted before (nor a later one).
 fn accept<T: TrainerPost>(
     hub: &Hub,
     (namespace, name, id): (String, String, u32),
+    path: &str,
     headers: &HeaderMap,
     body: &Bytes,
 ) -> Result<(Arc<JobHandle>, T), ApiError> {
     let endpoint = T::ENDPOINT;
     let job = find(hub, &namespace, &name)
         .inspect_err(|_| hub.metrics.request(endpoint, "unknownJob"))?;
-    let signed = headers
-        .get(control::SIGNATURE_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|sig| control::verify(job.key(), body, sig));
-    if !signed {
-        hub.metrics.request(endpoint, "badSignature");
-        return Err(error(
-            StatusCode::UNAUTHORIZED,
-            format!(
-                "missing or wrong {} (hex HMAC-SHA256 of the body under the job key)",
-                control::SIGNATURE_HEADER
-            ),
-        ));
-    }
+    let envelope = signed_by_trainer(&job, &Method::POST, path, headers, body).map_err(|r| {
+        hub.metrics.request(endpoint, r.outcome);
+        r.error
+    })?;
     let value: T = serde_json::from_slice(body).map_err(|e| {
         hub.metrics.request(endpoint, "badBody");
         error(StatusCode::BAD_REQUEST, format!("{endpoint} body: {e}"))
@@ -239,6 +400,14 @@ fn accept<T: TrainerPost>(
             ),
         ));
     }
+    job.admit(id, &envelope, now_ms()).map_err(|refused| {
+        hub.metrics.request(endpoint, refused.outcome());
+        let code = match refused {
+            super::replay::Refused::Stale { .. } => StatusCode::BAD_REQUEST,
+            _ => StatusCode::CONFLICT,
+        };
+        error(code, format!("{endpoint}: {refused}"))
+    })?;
     hub.metrics.request(endpoint, "accepted");
     Ok((job, value))
 }
@@ -292,10 +461,11 @@ impl TrainerPost for PeerEvent {
 async fn post_from_trainer<T: TrainerPost>(
     State(hub): State<Arc<Hub>>,
     Path(path): Path<(String, String, u32)>,
+    uri: Uri,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    match accept::<T>(&hub, path, &headers, &body) {
+    match accept::<T>(&hub, path, uri.path(), &headers, &body) {
         Ok((job, message)) => delivered(&job, message.into_inbound()),
         Err(r) => r.into_response(),
     }

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 use murmur_core::api::parse_manifest;
+use murmur_core::contract::control::Envelope;
 use murmur_core::contract::{JoinReport, TopologyDocument, control};
 use murmur_core::topology::MemberProfile;
 
@@ -21,8 +22,25 @@ async fn serve_paced(reads_per_second: u32) -> (Arc<Hub>, String) {
     let hub = Arc::new(Hub::default());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(axum::serve(listener, router(hub.clone(), reads_per_second)).into_future());
+    let app = router(hub.clone(), Arc::new(access::LocalUser), reads_per_second);
+    tokio::spawn(axum::serve(listener, app).into_future());
     (hub, base)
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// Attempt 0's `sequence`-th post, signed now.
+fn envelope(sequence: u64) -> Envelope {
+    Envelope {
+        attempt: 0,
+        sequence,
+        time_ms: now_ms(),
+    }
 }
 
 fn doc(version: u64) -> TopologyDocument {
@@ -53,12 +71,15 @@ fn view() -> JobView {
     view::job_view("ml", "j", &spec, &state, &observed, now)
 }
 
-async fn post(base: &str, path: &str, body: &[u8], signature: Option<String>) -> u16 {
+/// POST `body` to `path`, signed with `key` over `envelope` when given; the status code.
+async fn post(base: &str, path: &str, body: &[u8], signed: Option<(&[u8], Envelope)>) -> u16 {
     let mut request = reqwest::Client::new()
         .post(format!("{base}{path}"))
         .body(body.to_vec());
-    if let Some(sig) = signature {
-        request = request.header(control::SIGNATURE_HEADER, sig);
+    if let Some((key, envelope)) = signed {
+        for (name, value) in control::signed_headers(key, "POST", path, &envelope, body) {
+            request = request.header(name, value);
+        }
     }
     request.send().await.unwrap().status().as_u16()
 }
@@ -180,23 +201,31 @@ async fn only_signed_posts_for_the_right_member_reach_the_runtime() {
     let body = serde_json::to_vec(&report).unwrap();
     let path = control::join_path("ml", "j", 1);
     assert_eq!(post(&base, &path, &body, None).await, 401);
-    let forged = control::sign(b"another key", &body);
-    assert_eq!(post(&base, &path, &body, Some(forged)).await, 401);
+    let forged: &[u8] = b"another key";
+    assert_eq!(
+        post(&base, &path, &body, Some((forged, envelope(1)))).await,
+        401
+    );
     let other = control::join_path("ml", "j", 2);
-    let signed = control::sign(KEY, &body);
-    assert_eq!(post(&base, &other, &body, Some(signed.clone())).await, 400);
+    assert_eq!(
+        post(&base, &other, &body, Some((KEY, envelope(2)))).await,
+        400
+    );
     let junk = b"{\"memberId\": \"one\"}";
     assert_eq!(
-        post(&base, &path, junk, Some(control::sign(KEY, junk))).await,
+        post(&base, &path, junk, Some((KEY, envelope(3)))).await,
         400
     );
     let unknown = control::join_path("ml", "other", 1);
     assert_eq!(
-        post(&base, &unknown, &body, Some(signed.clone())).await,
+        post(&base, &unknown, &body, Some((KEY, envelope(4)))).await,
         404
     );
     assert!(inbox.try_recv().is_err(), "nothing got through");
-    assert_eq!(post(&base, &path, &body, Some(signed)).await, 204);
+    assert_eq!(
+        post(&base, &path, &body, Some((KEY, envelope(5)))).await,
+        204
+    );
     assert_eq!(inbox.recv().await.unwrap(), Inbound::Join(report));
     let metrics = reqwest::get(format!("{base}/metrics"))
         .await
@@ -213,6 +242,270 @@ async fn only_signed_posts_for_the_right_member_reach_the_runtime() {
     assert!(
         metrics.contains("murmur_control_requests_total{endpoint=\"join\",outcome=\"accepted\"} 1")
     );
+}
+
+/// A captured post sent again, an older one sent late, one from an attempt already replaced, or
+/// one signed too long ago: each is refused with a reason and counted, and only the first copy
+/// reaches the runtime.
+#[tokio::test]
+async fn replayed_reordered_and_stale_posts_are_refused_and_counted() {
+    let (hub, base) = serve().await;
+    let (_job, mut inbox) = hub.register("ml", "j", KEY.to_vec());
+    let status =
+        murmur_core::contract::TrainerStatus::new(1, murmur_core::contract::TrainerState::Training);
+    let body = serde_json::to_vec(&status).unwrap();
+    let path = control::status_path("ml", "j", 1);
+    let captured = envelope(10);
+    assert_eq!(post(&base, &path, &body, Some((KEY, captured))).await, 204);
+    assert_eq!(inbox.recv().await.unwrap(), Inbound::Status(status.clone()));
+    let answer = |envelope: Envelope| {
+        let url = format!("{base}{path}");
+        let headers = control::signed_headers(KEY, "POST", &path, &envelope, &body);
+        let body = body.clone();
+        async move {
+            let mut request = reqwest::Client::new().post(url).body(body);
+            for (name, value) in headers {
+                request = request.header(name, value);
+            }
+            let r = request.send().await.unwrap();
+            let code = r.status().as_u16();
+            let why = r
+                .json::<serde_json::Value>()
+                .await
+                .map(|v| v["error"].to_string());
+            (code, why.unwrap_or_default())
+        }
+    };
+    let (code, why) = answer(captured).await;
+    assert_eq!(code, 409);
+    assert!(why.contains("replayed or reordered: sequence 10"), "{why}");
+    assert_eq!(answer(envelope(9)).await.0, 409, "reordered");
+    assert_eq!(answer(envelope(11)).await.0, 204, "the next one");
+    assert_eq!(
+        answer(Envelope {
+            attempt: 1,
+            ..envelope(1)
+        })
+        .await
+        .0,
+        204,
+        "a newer attempt"
+    );
+    let (code, why) = answer(envelope(12)).await;
+    assert_eq!(code, 409, "attempt 0 was replaced");
+    assert!(why.contains("older than attempt 1"), "{why}");
+    let stale = Envelope {
+        attempt: 1,
+        sequence: 2,
+        time_ms: now_ms() - control::MAX_CLOCK_SKEW_MS - 60_000,
+    };
+    let (code, why) = answer(stale).await;
+    assert_eq!(code, 400);
+    assert!(why.contains("stale"), "{why}");
+    for _ in 0..2 {
+        assert!(matches!(inbox.recv().await, Some(Inbound::Status(_))));
+    }
+    assert!(
+        inbox.try_recv().is_err(),
+        "refused posts never reach the runtime"
+    );
+    let metrics = reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for (outcome, n) in [("accepted", 3), ("replayed", 3), ("stale", 1)] {
+        let line = format!(
+            "murmur_control_requests_total{{endpoint=\"status\",outcome=\"{outcome}\"}} {n}"
+        );
+        assert!(metrics.contains(&line), "{line} in\n{metrics}");
+    }
+}
+
+/// Trainers read the topology with a signed, fresh request, and the document comes signed with
+/// the job key; a request signed with another key, or unsigned from outside, is refused.
+#[tokio::test]
+async fn the_topology_is_signed_and_served_to_signed_trainers() {
+    let (hub, base) = serve_with(Arc::new(Fixed)).await;
+    let (job, _inbox) = hub.register("ml", "j", KEY.to_vec());
+    job.set_topology(doc(3));
+    let path = control::topology_path("ml", "j");
+    let read = |key: &'static [u8], envelope: Envelope| {
+        let url = format!("{base}{path}");
+        let headers = control::signed_headers(key, "GET", &path, &envelope, &[]);
+        async move {
+            let mut request = reqwest::Client::new().get(url);
+            for (name, value) in headers {
+                request = request.header(name, value);
+            }
+            request.send().await.unwrap()
+        }
+    };
+    let r = read(KEY, envelope(1)).await;
+    assert_eq!(r.status().as_u16(), 200);
+    let signature = r.headers()[control::SIGNATURE_HEADER]
+        .to_str()
+        .unwrap()
+        .to_string();
+    let body = r.bytes().await.unwrap();
+    assert!(control::verify_topology(KEY, &path, &body, &signature));
+    assert_eq!(
+        TopologyDocument::parse(std::str::from_utf8(&body).unwrap())
+            .unwrap()
+            .version,
+        3
+    );
+    // Reads are not sequenced (the long-poll runs beside the posts), only fresh.
+    assert_eq!(read(KEY, envelope(1)).await.status().as_u16(), 200);
+    assert_eq!(
+        read(b"another key", envelope(2)).await.status().as_u16(),
+        401
+    );
+    let stale = Envelope {
+        time_ms: 1,
+        ..envelope(3)
+    };
+    assert_eq!(read(KEY, stale).await.status().as_u16(), 400);
+    // Without a signature it is an observer's read: a token, and the right to get the job.
+    let anonymous = reqwest::get(format!("{base}{path}")).await.unwrap();
+    assert_eq!(anonymous.status().as_u16(), 401);
+}
+
+/// An [`access::Access`] with fixed answers: token `alice` may get jobs in namespace `a`,
+/// `bob` in `b` and `/metrics`; every other token is refused.
+struct Fixed;
+
+impl access::Access for Fixed {
+    fn authenticate<'a>(
+        &'a self,
+        token: Option<&'a str>,
+    ) -> futures::future::BoxFuture<'a, Result<access::Caller, access::Denied>> {
+        Box::pin(async move {
+            match token {
+                Some(name @ ("alice" | "bob")) => {
+                    Ok(access::Caller::User(Arc::new(access::ClusterUser {
+                        name: name.into(),
+                        ..Default::default()
+                    })))
+                }
+                _ => Err(access::Denied::Unauthenticated("who?".into())),
+            }
+        })
+    }
+
+    fn allows<'a>(
+        &'a self,
+        caller: &'a access::Caller,
+        action: &'a access::Action,
+    ) -> futures::future::BoxFuture<'a, Result<bool, access::Denied>> {
+        Box::pin(async move {
+            let access::Caller::User(user) = caller else {
+                return Ok(false);
+            };
+            Ok(match (user.name.as_str(), action) {
+                ("alice", access::Action::GetJob { namespace, .. }) => namespace == "a",
+                ("bob", access::Action::GetJob { namespace, .. }) => namespace == "b",
+                ("bob", access::Action::GetMetrics) => true,
+                _ => false,
+            })
+        })
+    }
+}
+
+async fn serve_with(access: Arc<dyn access::Access>) -> (Arc<Hub>, String) {
+    let hub = Arc::new(Hub::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let app = router(hub.clone(), access, pacer::DEFAULT_READS_PER_SECOND);
+    tokio::spawn(axum::serve(listener, app).into_future());
+    (hub, base)
+}
+
+/// Each caller lists only the jobs they may get, gets 403 on the others' routes (whether or not
+/// the job exists), 401 without a token they hold; the probes stay open.
+#[tokio::test]
+async fn observers_see_only_the_jobs_they_may_get() {
+    let (hub, base) = serve_with(Arc::new(Fixed)).await;
+    for ns in ["a", "b"] {
+        let (job, _inbox) = hub.register(ns, "j", KEY.to_vec());
+        let mut v = view();
+        v.namespace = ns.into();
+        hub.publish(&job, v);
+        job.set_topology(doc(1));
+    }
+    let client = reqwest::Client::new();
+    let get = |token: Option<&'static str>, path: String, header: &'static str| {
+        let mut request = client.get(format!("{base}{path}"));
+        if let Some(token) = token {
+            request = request.header(header, format!("Bearer {token}"));
+        }
+        async move {
+            let r = request.send().await.unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    for (token, mine, theirs) in [("alice", "a", "b"), ("bob", "b", "a")] {
+        for header in ["authorization", access::FORWARDED_TOKEN_HEADER] {
+            let (code, list) = get(Some(token), "/api/v1/jobs".into(), header).await;
+            assert_eq!(code, 200);
+            let list: Vec<serde_json::Value> = serde_json::from_str(&list).unwrap();
+            assert_eq!(list.len(), 1, "{token}: {list:?}");
+            assert_eq!(list[0]["namespace"], mine);
+            for route in ["", "/events", "/series", "/topology"] {
+                let own = format!("/api/v1/namespaces/{mine}/jobs/j{route}");
+                assert_eq!(
+                    get(Some(token), own, header).await.0,
+                    200,
+                    "{token} {route}"
+                );
+                let other = format!("/api/v1/namespaces/{theirs}/jobs/j{route}");
+                let (code, why) = get(Some(token), other, header).await;
+                assert_eq!(code, 403, "{token} {route}");
+                assert!(why.contains(&format!("may not get decentralizedtrainingjobs.murmur.dev \\\"j\\\" in namespace \\\"{theirs}\\\"")), "{why}");
+            }
+            let missing = format!("/api/v1/namespaces/{theirs}/jobs/nope");
+            assert_eq!(
+                get(Some(token), missing, header).await.0,
+                403,
+                "existence is not told"
+            );
+        }
+    }
+    assert_eq!(
+        get(Some("alice"), "/metrics".into(), "authorization")
+            .await
+            .0,
+        403
+    );
+    assert_eq!(
+        get(Some("bob"), "/metrics".into(), "authorization").await.0,
+        200
+    );
+    for path in [
+        "/",
+        "/api/v1/jobs",
+        "/metrics",
+        "/api/v1/openapi.json",
+        "/api/v1/namespaces/a/jobs/j",
+    ] {
+        for token in [None, Some("mallory")] {
+            assert_eq!(
+                get(token, path.into(), "authorization").await.0,
+                401,
+                "{path} {token:?}"
+            );
+        }
+    }
+    let r = client
+        .get(format!("{base}/api/v1/jobs"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.headers()["www-authenticate"], "Bearer realm=\"murmur\"");
+    for probe in ["/healthz", "/readyz"] {
+        assert_eq!(get(None, probe.into(), "authorization").await.0, 200);
+    }
 }
 
 #[tokio::test]

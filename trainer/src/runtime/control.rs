@@ -1,14 +1,19 @@
-//! The trainer's side of the control endpoint: join report, status and peer events (signed with
-//! the job key), and the topology, from the long-poll endpoint or from a file.
+//! The trainer's side of the control endpoint: join report, status and peer events, and the
+//! topology, from the long-poll endpoint or from a file. Every request is signed with the job
+//! key over an [`Envelope`] whose sequence number increases, so a captured post is refused if
+//! replayed; posts go one at a time, so they arrive in the order they were numbered. A served
+//! topology is followed only if it carries the job key's signature.
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use backon::{ExponentialBuilder, Retryable};
 use serde::Serialize;
 use tokio::sync::watch;
 
+use murmur_core::contract::control::Envelope;
 use murmur_core::contract::{TopologyDocument, control};
 
 const FILE_POLL: Duration = Duration::from_millis(500);
@@ -21,6 +26,12 @@ fn backoff() -> ExponentialBuilder {
         .with_factor(2.0)
 }
 
+fn unix_now() -> Duration {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+}
+
 #[derive(Clone)]
 pub struct ControlClient {
     http: reqwest::Client,
@@ -28,11 +39,23 @@ pub struct ControlClient {
     namespace: String,
     job: String,
     member: u32,
+    attempt: u32,
     key: Arc<Vec<u8>>,
+    /// The last sequence number signed; it starts at the Unix time in microseconds, so a
+    /// restarted process of the same attempt counts on from above what it sent before.
+    sequence: Arc<AtomicU64>,
+    /// Held across each post: one in flight at a time, so they arrive in sequence.
+    posting: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl ControlClient {
-    pub fn new(base: &str, namespace: &str, job: &str, member: u32, key: Arc<Vec<u8>>) -> Self {
+    pub fn new(
+        base: &str,
+        namespace: &str,
+        job: &str,
+        (member, attempt): (u32, u32),
+        key: Arc<Vec<u8>>,
+    ) -> Self {
         Self {
             http: reqwest::Client::builder()
                 .connect_timeout(Duration::from_secs(3))
@@ -42,20 +65,46 @@ impl ControlClient {
             namespace: namespace.to_string(),
             job: job.to_string(),
             member,
+            attempt,
             key,
+            sequence: Arc::new(AtomicU64::new(unix_now().as_micros() as u64)),
+            posting: Arc::default(),
         }
+    }
+
+    /// The next envelope: a sequence number above every earlier one, and the time now.
+    fn envelope(&self) -> Envelope {
+        Envelope {
+            attempt: self.attempt,
+            sequence: self.sequence.fetch_add(1, Ordering::Relaxed) + 1,
+            time_ms: unix_now().as_millis() as u64,
+        }
+    }
+
+    /// `request` (to `path`, with `body`) signed: the envelope headers and the signature.
+    fn signed(
+        &self,
+        request: reqwest::RequestBuilder,
+        method: &str,
+        path: &str,
+        body: &[u8],
+    ) -> reqwest::RequestBuilder {
+        control::signed_headers(&self.key, method, path, &self.envelope(), body)
+            .into_iter()
+            .fold(request, |r, (name, value)| r.header(name, value))
     }
 
     /// POST `body` to `path`, signed. Errors are strings for the log: nothing here is fatal.
     async fn post<T: Serialize>(&self, path: &str, body: &T) -> Result<(), String> {
         let bytes = serde_json::to_vec(body).expect("plain structs");
-        let signature = control::sign(&self.key, &bytes);
-        let response = self
+        let _one_at_a_time = self.posting.lock().await;
+        let request = self
             .http
             .post(format!("{}{path}", self.base))
             .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .header(control::SIGNATURE_HEADER, signature)
-            .timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(5));
+        let response = self
+            .signed(request, "POST", path, &bytes)
             .body(bytes)
             .send()
             .await
@@ -63,7 +112,9 @@ impl ControlClient {
         if response.status().is_success() {
             Ok(())
         } else {
-            Err(format!("{path}: HTTP {}", response.status()))
+            let code = response.status();
+            let why = response.text().await.unwrap_or_default();
+            Err(format!("{path}: HTTP {code} {why}"))
         }
     }
 
@@ -96,24 +147,40 @@ impl ControlClient {
 
     /// One long-poll: a document newer than `after`, or `None` when the server held the request
     /// and nothing changed.
+    ///
+    /// A document whose signature does not verify under the job key is refused (an error):
+    /// whoever answered is not the job's control plane.
     async fn topology_after(&self, after: u64) -> Result<Option<TopologyDocument>, String> {
-        let url = format!(
-            "{}{}?after={after}",
-            self.base,
-            control::topology_path(&self.namespace, &self.job)
-        );
-        let response = self
+        let path = control::topology_path(&self.namespace, &self.job);
+        let url = format!("{}{path}?after={after}", self.base);
+        let request = self
             .http
             .get(&url)
-            .timeout(Duration::from_secs(control::LONG_POLL_HOLD_SECONDS + 10))
+            .timeout(Duration::from_secs(control::LONG_POLL_HOLD_SECONDS + 10));
+        let response = self
+            .signed(request, "GET", &path, &[])
             .send()
             .await
             .map_err(|e| e.to_string())?;
         match response.status().as_u16() {
             204 | 304 => Ok(None),
             200 => {
-                let text = response.text().await.map_err(|e| e.to_string())?;
-                TopologyDocument::parse(&text)
+                let signature = response
+                    .headers()
+                    .get(control::SIGNATURE_HEADER)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_string);
+                let body = response.bytes().await.map_err(|e| e.to_string())?;
+                if !signature
+                    .is_some_and(|sig| control::verify_topology(&self.key, &path, &body, &sig))
+                {
+                    return Err(format!(
+                        "{url}: refused a topology document without the job key's signature \
+                         (forged, altered, or another job's)"
+                    ));
+                }
+                let text = std::str::from_utf8(&body).map_err(|e| format!("{url}: {e}"))?;
+                TopologyDocument::parse(text)
                     .map(Some)
                     .map_err(|e| format!("{url}: {e}"))
             }

@@ -885,10 +885,15 @@ pub async fn run<B: AutodiffBackend>(
     );
 
     let key = Arc::new(key);
-    let control = env
-        .control_endpoint
-        .as_deref()
-        .map(|url| ControlClient::new(url, &env.namespace, &env.job, me, key.clone()));
+    let control = env.control_endpoint.as_deref().map(|url| {
+        ControlClient::new(
+            url,
+            &env.namespace,
+            &env.job,
+            (me, env.attempt),
+            key.clone(),
+        )
+    });
     let source = match (&env.topology_file, &control) {
         (Some(file), _) => TopologySource::File(file.clone()),
         (None, Some(c)) => TopologySource::Control(c.clone()),

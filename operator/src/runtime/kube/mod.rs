@@ -4,6 +4,7 @@
 //! calls the same planner as `murmur run`) and performs the writes; the same status router as
 //! `murmur run` serves the API, the dashboard and the trainers' control endpoint.
 
+pub mod access;
 pub mod decide;
 pub mod lease;
 mod metrics;
@@ -734,6 +735,8 @@ pub struct OperatorOptions {
     pub listen: String,
     /// Observer reads the status router serves per second (0: unpaced).
     pub reads_per_second: u32,
+    /// Observers' tokens must be issued for one of these audiences (empty: the API server's).
+    pub token_audiences: Vec<String>,
     /// Reconciles of different jobs in flight at once.
     pub concurrency: u16,
     /// Leader election; None runs without (a single replica).
@@ -793,7 +796,7 @@ pub async fn run_with(
         options.crd_wait,
     )
     .await?;
-    let (hub, metrics) = serve_status(&options).await?;
+    let (hub, metrics) = serve_status(&client, &options).await?;
 
     let elector = options.lease.as_ref().map(|l| {
         lease::Elector::new(
@@ -858,8 +861,10 @@ pub async fn run_with(
 
 /// The status router (API, dashboard, control endpoint, metrics) on `options.listen`, not
 /// Ready until this replica leads with complete caches: the Service then sends trainers' posts
-/// and users to the replica that runs the jobs, not to a standby.
+/// and users to the replica that runs the jobs, not to a standby. Observers are whom the
+/// cluster says they are, and read what RBAC lets them `get` ([`access`]).
 async fn serve_status(
+    client: &Client,
     options: &OperatorOptions,
 ) -> Result<(Arc<Hub>, Arc<OperatorMetrics>), OperatorError> {
     let mut hub = Hub::default();
@@ -876,7 +881,14 @@ async fn serve_status(
     tokio::spawn(
         axum::serve(
             listener,
-            crate::status::router(hub.clone(), options.reads_per_second),
+            crate::status::router(
+                hub.clone(),
+                Arc::new(access::ClusterAccess::new(
+                    client.clone(),
+                    options.token_audiences.clone(),
+                )),
+                options.reads_per_second,
+            ),
         )
         .into_future(),
     );

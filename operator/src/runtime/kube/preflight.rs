@@ -52,6 +52,9 @@ pub const PERMISSIONS: &[(&str, &str, &str)] = &[
     ("update", "coordination.k8s.io", "leases"),
     // Our own CRD only (the chart names it): is it Established yet?
     ("get", CRD_GROUP, "customresourcedefinitions"),
+    // Who holds an observer's bearer token, and may they read the job (the status API).
+    ("create", "authentication.k8s.io", "tokenreviews"),
+    ("create", "authorization.k8s.io", "subjectaccessreviews"),
 ];
 
 const CRD_GROUP: &str = "apiextensions.k8s.io";

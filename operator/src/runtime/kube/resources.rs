@@ -455,6 +455,7 @@ fn trainer_env(p: &MemberPod, s: &Settings) -> Vec<EnvVar> {
         job: name(p.job),
         namespace: namespace(p.job),
         member_id: p.member,
+        attempt: p.attempt,
         listen_address: format!("0.0.0.0:{PEER_PORT}"),
         status_address: format!("0.0.0.0:{STATUS_PORT}"),
         control_endpoint: Some(s.control_endpoint.clone()),

@@ -1934,9 +1934,17 @@ fn bare_api_server(
                     lease = Some(l.clone());
                     (200, l)
                 }
-                (_, Some((_, _, r))) if r == "selfsubjectaccessreviews" => {
+                (_, Some((_, _, r)))
+                    if r == "selfsubjectaccessreviews" || r == "subjectaccessreviews" =>
+                {
                     let mut review = body.clone();
                     review["status"] = json!({"allowed": true});
+                    (201, review)
+                }
+                (_, Some((_, _, r))) if r == "tokenreviews" => {
+                    let mut review = body.clone();
+                    review["status"] =
+                        json!({"authenticated": true, "user": {"username": "observer"}});
                     (201, review)
                 }
                 _ => (200, body.clone()),
@@ -1977,6 +1985,7 @@ async fn the_operator_uses_exactly_the_permissions_it_declares() {
         },
         listen: format!("127.0.0.1:{port}"),
         reads_per_second: crate::status::pacer::DEFAULT_READS_PER_SECOND,
+        token_audiences: Vec::new(),
         concurrency: 2,
         lease: Some(LeaseOptions {
             namespace: "murmur-system".into(),
@@ -1995,6 +2004,14 @@ async fn the_operator_uses_exactly_the_permissions_it_declares() {
             let answer = reqwest::get(format!("http://127.0.0.1:{port}/readyz")).await;
             if answer.is_ok_and(|a| a.status() == 200) {
                 ready.store(true, std::sync::atomic::Ordering::Relaxed);
+                // An observer's read: its token and its access reviewed by the API server.
+                let metrics = reqwest::Client::new()
+                    .get(format!("http://127.0.0.1:{port}/metrics"))
+                    .bearer_auth("observer-token")
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(metrics.status(), 200);
                 return;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -2128,7 +2145,7 @@ async fn the_job_key_never_leaves_its_secret() {
         );
     }
 
-    // The status API and metrics, as anyone who can reach the port sees them.
+    // The status API and metrics, as an observer allowed to read everything sees them.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(
@@ -2136,6 +2153,7 @@ async fn the_job_key_never_leaves_its_secret() {
             listener,
             crate::status::router(
                 c.ctx.hub.clone(),
+                Arc::new(crate::status::access::LocalUser),
                 crate::status::pacer::DEFAULT_READS_PER_SECOND,
             ),
         )

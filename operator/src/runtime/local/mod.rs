@@ -235,7 +235,11 @@ pub async fn run(
     tokio::spawn(
         axum::serve(
             listener,
-            status::router(hub.clone(), options.reads_per_second),
+            status::router(
+                hub.clone(),
+                Arc::new(status::access::LocalUser),
+                options.reads_per_second,
+            ),
         )
         .into_future(),
     );
@@ -526,6 +530,7 @@ impl Local {
             job: self.name.clone(),
             namespace: self.namespace.clone(),
             member_id: member,
+            attempt,
             listen_address: listen_address.clone(),
             status_address: format!("127.0.0.1:{status_port}"),
             control_endpoint: Some(self.control_url.clone()),
