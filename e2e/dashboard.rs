@@ -8,7 +8,6 @@
 mod support;
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use support::*;
@@ -30,38 +29,9 @@ spec:
     steps: 2000000
 ";
 
-fn chromium() -> Option<&'static str> {
-    ["chromium", "chromium-browser", "google-chrome"]
-        .into_iter()
-        .find(|name| tools::on_path(name))
-}
-
-fn headless(browser: &str, args: &[&str], url: &str) -> String {
-    let out = Command::new(browser)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-dev-shm-usage",
-            "--hide-scrollbars",
-            "--window-size=1400,1000",
-            "--virtual-time-budget=4000",
-        ])
-        .args(args)
-        .arg(url)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "chromium failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 #[test]
 fn the_dashboard_draws_the_graph_and_curves_of_a_running_job() {
-    let Some(browser) = chromium() else {
+    let Some(browser) = tools::chromium() else {
         tools::available(
             "the dashboard test",
             &[("chromium", "chromium")],
@@ -97,7 +67,7 @@ fn the_dashboard_draws_the_graph_and_curves_of_a_running_job() {
         }
     };
     let url = format!("http://127.0.0.1:{port}/");
-    let dom = headless(browser, &["--dump-dom"], &url);
+    let dom = tools::headless(browser, &["--dump-dom"], &url);
     let members = dom.matches("class=\"member\"").count();
     assert_eq!(members, 4, "four members in the graph:\n{dom}");
     let accuracy = &dom[dom.find("id=\"accuracy\"").unwrap()..];
@@ -124,7 +94,7 @@ fn the_dashboard_draws_the_graph_and_curves_of_a_running_job() {
     std::fs::create_dir_all(&artifacts).unwrap();
     let shot = artifacts.join("dashboard.png");
     let _ = std::fs::remove_file(&shot);
-    headless(
+    tools::headless(
         browser,
         &[&format!("--screenshot={}", shot.display())],
         &url,

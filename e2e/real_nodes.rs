@@ -9,9 +9,14 @@
 //!   the runtime's reason, and the job fails once its restart budget is spent;
 //! - a volume that cannot be mounted (a checkpoint claim bound to a host path that is not there).
 //!
+//! Then who may see and do what (`access`): users and their roles, `murmur dashboard`, replayed
+//! and forged control traffic.
+//!
 //! Needs root, podman, mmdebstrap, catatonit, iproute2, jq and Go; skipped with the reason otherwise, unless
 //! `MURMUR_REQUIRE_CONTROLPLANE` is set (CI sets it).
 
+#[path = "real_nodes/access.rs"]
+mod access;
 mod support;
 
 use std::path::PathBuf;
@@ -68,7 +73,10 @@ fn main() -> ExitCode {
     cp.nodes(&load);
     let ready = cp.add_node("node-1", "zone-1", &[]);
     println!("a real node Ready in {ready:.2} s");
-    install_chart(&cp);
+    // Trainers reach the operator through a man in the middle on this machine (the access
+    // scenario replays and forges their traffic), at the address pods reach this machine at.
+    let mitm = access::Mitm::start();
+    install_chart(&cp, &format!("http://{}:{}", cp.host_ip(), mitm.port));
 
     // A checkpoint claim bound to a host path that is not a directory on the node.
     cp.apply(&format!(
@@ -191,11 +199,18 @@ spec:
         "real-node bad input: 4 cases in {:.0} s",
         started.elapsed().as_secs_f64()
     );
+    let access_started = Instant::now();
+    let figures = access::scenario(&cp, &mitm);
+    println!(
+        "access: {figures} in {:.0} s",
+        access_started.elapsed().as_secs_f64()
+    );
     ExitCode::SUCCESS
 }
 
-/// `helm install` of the chart with the images built here; the operator's pod Ready.
-fn install_chart(cp: &ControlPlane) {
+/// `helm install` of the chart with the images built here, trainers told to reach the operator
+/// at `control_endpoint`; the operator's pod Ready.
+fn install_chart(cp: &ControlPlane, control_endpoint: &str) {
     let chart = repository().join("charts/murmur");
     let out = cp.helm(&[
         "install",
@@ -210,6 +225,8 @@ fn install_chart(cp: &ControlPlane) {
         "image.tag=e2e",
         "--set",
         "trainer.image=localhost/murmur-trainer:e2e",
+        "--set-json",
+        &format!("operator.extraArgs=[\"--control-endpoint={control_endpoint}\"]"),
     ]);
     control_plane::stdout_of("helm install", out);
     cp.kubectl_ok(&[

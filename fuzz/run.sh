@@ -12,14 +12,14 @@ cd "$(dirname "$0")"
 seconds="${1:-60}"
 export RUSTC_BOOTSTRAP=1
 # Seeds: the example manifests, and every regression input of each target.
-mkdir -p corpus/manifest corpus/topology_document corpus/frame
+mkdir -p corpus/manifest corpus/topology_document corpus/frame corpus/control_request
 cp ../manifests/examples/*.yaml corpus/manifest/
-for target in frame topology_document manifest; do
+for target in frame topology_document manifest control_request; do
     cp regressions/"$target"/* corpus/"$target"/ 2>/dev/null || true
 done
 cargo fuzz build --dev --sanitizer none
 status=0
-for target in frame topology_document manifest; do
+for target in frame topology_document manifest control_request; do
     echo "::: fuzz $target for ${seconds}s"
     if ! cargo fuzz run --dev --sanitizer none "$target" -- -max_total_time="$seconds" -max_len=65536 \
         -print_final_stats=1 2>&1 | grep -E '^(Done|stat::number_of_executed_units|==|SUMMARY|thread|panicked)|crash-|ERROR'; then

@@ -33,6 +33,59 @@ pub fn topology_document(input: &[u8]) {
     }
 }
 
+/// The key the control-request target checks against: the fuzzer does not know it, as an
+/// attacker on the network does not.
+const JOB_KEY: &[u8] = b"the job key no input knows";
+
+/// A trainer's request or a served topology as the control plane and trainers check them: the
+/// input's first five lines are the method, path, attempt, sequence and time headers, the sixth
+/// the signature, the rest the body. Nothing panics, a request not signed with the job key is
+/// refused (naming the header or the signature), and so is a topology "signed" with the same
+/// bytes; a request that is signed (re-signed here) verifies, and changing its body breaks it.
+pub fn control_request(input: &[u8]) {
+    use crate::contract::control;
+    let mut parts = input.splitn(7, |&b| b == b'\n');
+    let mut line = || {
+        parts
+            .next()
+            .map(|l| String::from_utf8_lossy(l).into_owned())
+    };
+    let (method, path) = (line().unwrap_or_default(), line().unwrap_or_default());
+    let headers = [
+        (control::ATTEMPT_HEADER, line()),
+        (control::SEQUENCE_HEADER, line()),
+        (control::TIME_HEADER, line()),
+        (control::SIGNATURE_HEADER, line()),
+    ];
+    let body = parts.next().unwrap_or_default();
+    let header = |name: &str| {
+        headers
+            .iter()
+            .find(|(n, _)| *n == name)
+            .and_then(|(_, v)| v.as_deref())
+    };
+    let checked = control::check_request(JOB_KEY, &method, &path, header, body);
+    assert!(checked.is_err(), "an input the key never signed verified");
+    let signature = header(control::SIGNATURE_HEADER).unwrap_or_default();
+    assert!(!control::verify_topology(JOB_KEY, &path, body, signature));
+    if let Ok(envelope) = control::Envelope::from_headers(header) {
+        let signed = control::signed_headers(JOB_KEY, &method, &path, &envelope, body);
+        let lookup = |name: &str| {
+            signed
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.as_str())
+        };
+        assert_eq!(
+            control::check_request(JOB_KEY, &method, &path, lookup, body),
+            Ok(envelope)
+        );
+        let mut altered = body.to_vec();
+        altered.push(b' ');
+        assert!(control::check_request(JOB_KEY, &method, &path, lookup, &altered).is_err());
+    }
+}
+
 /// Run `check` on every input kept in `fuzz/regressions/<target>/` (what the fuzzers once found
 /// and hand-made hostile cases): a panicking input names its file. Returns how many ran. The
 /// regression tests of each target call it, so they replay on every `cargo test`.
@@ -58,6 +111,11 @@ mod regressions {
     #[test]
     fn manifests_that_broke_or_might_break_the_loader() {
         assert!(replay("manifest", super::manifest) > 0);
+    }
+
+    #[test]
+    fn control_requests_that_might_pass_unsigned() {
+        assert!(replay("control_request", super::control_request) > 0);
     }
 
     #[test]

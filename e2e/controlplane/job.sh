@@ -30,7 +30,7 @@
 #                          --set '.spec.replicas = {min: 12, target: 20, max: 24}'
 #   --keep DIR             copy the logs (pods, nodes, control plane, the watch) into DIR
 #   --dashboard DIR        once a quarter of the steps are done, headless Chromium loads the
-#                          operator's dashboard through kubectl port-forward: its DOM (dom.html)
+#                          operator's dashboard through `murmur dashboard`: its DOM (dom.html)
 #                          and a screenshot into DIR
 #
 # Needs root, podman, mmdebstrap, iproute2, jq, curl, Go (the control plane is built on first
@@ -166,8 +166,24 @@ HELM_CACHE_HOME=$WORK/helm HELM_CONFIG_HOME=$WORK/helm HELM_DATA_HOME=$WORK/helm
     die "helm install failed: $(cat "$WORK/helm.log")"
 "$K" -n murmur-system rollout status deploy/murmur-operator --timeout=180s >/dev/null ||
     die "the operator's Deployment did not become available: $("$K" -n murmur-system get pods -o wide 2>&1)"
-# The status API through the API server's service proxy, as any user with RBAC on the Service can.
-api() { "$K" get --raw "/api/v1/namespaces/murmur-system/services/http:murmur-operator:http/proxy$1"; }
+# A user who may get every job (the chart's job-viewer role), as a ServiceAccount with a token
+# kubeconfig: the status API and dashboard show a caller only the jobs RBAC lets them get.
+"$K" -n murmur-system create serviceaccount murmur-watcher >/dev/null
+"$K" create clusterrolebinding murmur-watcher --clusterrole=murmur-operator-job-viewer \
+    --serviceaccount=murmur-system:murmur-watcher >/dev/null
+WATCHER_TOKEN=$("$K" -n murmur-system create token murmur-watcher --duration=2h)
+WATCHER_KUBECONFIG=$WORK/kubeconfig-watcher
+"$K" config view --raw --minify --flatten -o json |
+    jq --arg t "$WATCHER_TOKEN" '.users = [{name: "watcher", user: {token: $t}}] | .contexts[0].context.user = "watcher"' \
+        >"$WATCHER_KUBECONFIG"
+CA_FILE=$MURMUR_CONTROLPLANE_DIR/pki/ca.crt
+# The status API through the API server's service proxy, as that user: the API server takes the
+# token for the hop and drops it, so it goes on in X-Murmur-Authorization for the operator.
+api() {
+    curl -sf --max-time 10 --cacert "$CA_FILE" -H "Authorization: Bearer $WATCHER_TOKEN" \
+        -H "X-Murmur-Authorization: Bearer $WATCHER_TOKEN" \
+        "$MURMUR_CONTROLPLANE_SERVER/api/v1/namespaces/murmur-system/services/http:murmur-operator:http/proxy$1"
+}
 say "operator ready in the cluster: $("$K" -n murmur-system get pods -l app.kubernetes.io/component=operator -o jsonpath='{.items[0].metadata.name} on {.items[0].spec.nodeName}')"
 
 # --- the job ---------------------------------------------------------------------------------------
@@ -395,7 +411,7 @@ EOF
     esac
 done
 
-# --- the dashboard, as a user opens it mid-run: kubectl port-forward to the operator's Service ------
+# --- the dashboard, as a user opens it mid-run: `murmur dashboard` with their kubeconfig ------------
 if [[ -n $DASHBOARD ]]; then
     until (($(step) >= STEPS / 4)); do
         ended && die "the job ended ($(phase)) before the dashboard was looked at"
@@ -403,22 +419,22 @@ if [[ -n $DASHBOARD ]]; then
         sleep 0.5
     done
     mkdir -p "$DASHBOARD"
-    "$K" -n murmur-system port-forward svc/murmur-operator :8470 >"$WORK/port-forward.log" 2>&1 &
+    "$MURMUR" dashboard --kubeconfig "$WATCHER_KUBECONFIG" --no-browser -n "$NS" "$JOB" >"$WORK/dashboard.log" 2>&1 &
     forward=$!
     BACKGROUND+=($forward)
     for _ in $(seq 1 100); do
-        port=$(sed -n 's/^Forwarding from 127.0.0.1:\([0-9]*\) .*/\1/p' "$WORK/port-forward.log" | head -1)
-        [[ -n $port ]] && break
+        url=$(sed -n 's/^dashboard: //p' "$WORK/dashboard.log" | head -1)
+        [[ -n $url ]] && break
         sleep 0.1
     done
-    [[ -n $port ]] || die "kubectl port-forward to the operator failed: $(cat "$WORK/port-forward.log")"
+    [[ -n $url ]] || die "murmur dashboard did not start: $(cat "$WORK/dashboard.log")"
     chrome=(--headless --no-sandbox --disable-gpu --disable-dev-shm-usage --hide-scrollbars
         --disable-background-networking --disable-component-update --disable-sync --no-first-run
         --window-size=1400,1000 --virtual-time-budget=4000)
-    "$BROWSER" "${chrome[@]}" --dump-dom "http://127.0.0.1:$port/" >"$DASHBOARD/dom.html" 2>>"$WORK/chromium.log"
-    "$BROWSER" "${chrome[@]}" --screenshot="$DASHBOARD/dashboard.png" "http://127.0.0.1:$port/" >>"$WORK/chromium.log" 2>&1
+    "$BROWSER" "${chrome[@]}" --dump-dom "$url" >"$DASHBOARD/dom.html" 2>>"$WORK/chromium.log"
+    "$BROWSER" "${chrome[@]}" --screenshot="$DASHBOARD/dashboard.png" "$url" >>"$WORK/chromium.log" 2>&1
     kill "$forward" 2>/dev/null || true
-    say "step $(step): the operator's dashboard captured in $DASHBOARD"
+    say "step $(step): the operator's dashboard captured in $DASHBOARD (murmur dashboard, as a job viewer)"
 fi
 
 # --- the end ---------------------------------------------------------------------------------------

@@ -201,6 +201,15 @@ impl ControlPlane {
         }
     }
 
+    /// The address real nodes and their pods reach this machine at (`up.sh --real-nodes`).
+    pub fn host_ip(&self) -> &str {
+        self.env
+            .iter()
+            .find(|(k, _)| k == "MURMUR_CONTROLPLANE_HOST_IP")
+            .map(|(_, v)| v.as_str())
+            .expect("up.sh --real-nodes names the host's address")
+    }
+
     /// `nodes.sh ARGS...` on this instance, which must succeed: its stdout.
     pub fn nodes(&self, args: &[&str]) -> String {
         let out = Command::new(scripts().join("nodes.sh"))

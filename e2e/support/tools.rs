@@ -35,3 +35,34 @@ pub fn on_path(program: &str) -> bool {
             .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
     })
 }
+
+/// The headless browser on PATH, if any.
+pub fn chromium() -> Option<&'static str> {
+    ["chromium", "chromium-browser", "google-chrome"]
+        .into_iter()
+        .find(|name| on_path(name))
+}
+
+/// `browser` headless at `url` with `args` (`--dump-dom`, `--screenshot=...`): its stdout.
+pub fn headless(browser: &str, args: &[&str], url: &str) -> String {
+    let out = std::process::Command::new(browser)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--hide-scrollbars",
+            "--window-size=1400,1000",
+            "--virtual-time-budget=4000",
+        ])
+        .args(args)
+        .arg(url)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "chromium failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}

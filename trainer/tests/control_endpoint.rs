@@ -100,7 +100,7 @@ fn signed(stub: &Stub, method: &str, uri: &Uri, headers: &HeaderMap, body: &[u8]
     match control::check_request(KEY.as_bytes(), method, uri.path(), header, body) {
         Ok(envelope) => {
             if method == "POST" {
-                let member = uri.path().split('/').nth(7).unwrap().parse().unwrap();
+                let member = uri.path().split('/').nth(8).unwrap().parse().unwrap();
                 let mut sequences = stub.sequences.lock().unwrap();
                 sequences.entry(member).or_default().push(envelope.sequence);
             }
@@ -248,18 +248,8 @@ fn trainers_follow_the_control_endpoint_from_a_ring_to_data_aware_cliques() {
                 .is_some_and(|s| s["topologyVersion"] == 2 && s["step"].as_u64() > Some(20))
         })
     });
-    // The endpoint goes away for a while: training goes on on the last topology.
-    stub.down.store(true, Ordering::Relaxed);
-    let before: Vec<u64> = (0..4).map(|id| job.step(id).unwrap()).collect();
-    wait_for(
-        Duration::from_secs(20),
-        "training while the endpoint is down",
-        || (0..4).all(|id| job.step(id).is_some_and(|s| s > before[id as usize] + 30)),
-    );
-    // Long enough for every member's held poll to come back and fail at least once.
-    std::thread::sleep(Duration::from_secs(2));
-    stub.down.store(false, Ordering::Relaxed);
-    // Then it serves a newer topology signed with another key: refused, the old one kept.
+    // An endpoint that serves a newer topology signed with another key: refused, the old one
+    // kept.
     stub.forged.store(true, Ordering::Relaxed);
     wait_for(
         Duration::from_secs(30),
@@ -275,6 +265,17 @@ fn trainers_follow_the_control_endpoint_from_a_ring_to_data_aware_cliques() {
         },
     );
     stub.forged.store(false, Ordering::Relaxed);
+    // The endpoint goes away for a while: training goes on on the last topology.
+    stub.down.store(true, Ordering::Relaxed);
+    let before: Vec<u64> = (0..4).map(|id| job.step(id).unwrap()).collect();
+    wait_for(
+        Duration::from_secs(20),
+        "training while the endpoint is down",
+        || (0..4).all(|id| job.step(id).is_some_and(|s| s > before[id as usize] + 30)),
+    );
+    // Long enough for every member's held poll to come back and fail at least once.
+    std::thread::sleep(Duration::from_secs(2));
+    stub.down.store(false, Ordering::Relaxed);
 
     for c in &mut procs.0 {
         let status = wait_exit(c, Duration::from_secs(120)).expect("hung");

@@ -420,16 +420,16 @@ async fn serve(args: DashboardArgs, out: &mut impl std::io::Write) -> Result<(),
         .unwrap_or_default();
     let url = format!("http://{address}/login?secret={secret}{job}");
     writeln!(out, "dashboard: {url}")?;
-    writeln!(
-        out,
+    out.flush()?;
+    // Said on stderr: whoever reads the address from stdout may stop reading after it.
+    eprintln!(
         "serving as kubeconfig user {:?} through service {}/{} (Ctrl-C to stop)",
         if user.is_empty() { "-" } else { &user },
         args.operator_namespace,
         args.service
-    )?;
-    out.flush()?;
+    );
     if !args.no_browser {
-        open_browser(&url, out);
+        open_browser(&url);
     }
     let app = Router::new()
         .route("/login", get(login))
@@ -444,7 +444,7 @@ async fn serve(args: DashboardArgs, out: &mut impl std::io::Write) -> Result<(),
 }
 
 /// Open `url` in the desktop's browser; say so when there is none.
-fn open_browser(url: &str, out: &mut impl std::io::Write) {
+fn open_browser(url: &str) {
     let opener = if cfg!(target_os = "macos") {
         "open"
     } else {
@@ -457,9 +457,6 @@ fn open_browser(url: &str, out: &mut impl std::io::Write) {
         .spawn()
         .is_ok();
     if !opened {
-        let _ = writeln!(
-            out,
-            "no browser opened ({opener} not found): open the address above"
-        );
+        eprintln!("no browser opened ({opener} not found): open the address above");
     }
 }
