@@ -78,13 +78,15 @@ pub async fn helm(env: &Env) {
     let lint = cp.helm(&["lint", "charts/murmur"]);
     stdout_of("helm lint charts/murmur", lint);
     install(env);
-    // Out of cluster, as the chart's ServiceAccount, with leader election on as the chart runs
-    // it: the start-up check passes and the replica leads.
-    let mut op = operator(
-        env,
-        "helm-operator.log",
-        &["--leader-election", "--lease-namespace", NAMESPACE],
-    );
+    // Out of cluster, as the chart's ServiceAccount, with leader election and NetworkPolicies on
+    // as the chart runs it: the start-up check passes and the replica leads.
+    let as_the_chart_runs = [
+        "--leader-election",
+        "--lease-namespace",
+        NAMESPACE,
+        "--network-policies",
+    ];
+    let mut op = operator(env, "helm-operator.log", &as_the_chart_runs);
     ready(&mut op).await;
     drop(op);
 
@@ -119,7 +121,7 @@ pub async fn helm(env: &Env) {
                         "helm-without-{kind}-{verb}-{}.log",
                         resource.replace('/', "-")
                     ),
-                    &["--leader-election", "--lease-namespace", NAMESPACE],
+                    &as_the_chart_runs,
                 );
                 let (code, log) = op.wait(Duration::from_secs(30));
                 assert!(

@@ -48,10 +48,19 @@ fn watch_disruptions(s: &Scene<'_>) -> Disruptions {
     seen
 }
 
-/// The operator's status API view of the job (its preemption history carries reasons).
+/// The operator's status API view of the job (its preemption history carries reasons), read as
+/// a user who may get it.
 async fn view(s: &Scene<'_>) -> Value {
     let url = format!("{}/api/v1/namespaces/{}/jobs/{JOB}", s.endpoint(), s.ns);
-    reqwest::get(url).await.unwrap().json().await.unwrap()
+    reqwest::Client::new()
+        .get(url)
+        .bearer_auth(s.observer_token())
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
 }
 
 /// After `disrupt` took `lost` (pod names): each lost member counted as a preemption, no

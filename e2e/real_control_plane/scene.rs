@@ -44,6 +44,31 @@ impl<'a> Scene<'a> {
     }
 
     /// The operator's control endpoint (what trainers post to).
+    /// A token of a ServiceAccount in the scene's namespace that may get its jobs (the chart's
+    /// job-viewer role): what the status API asks of an observer.
+    pub fn observer_token(&self) -> String {
+        let cp = &self.env.cp;
+        let exists = cp
+            .kubectl(&["-n", &self.ns, "get", "serviceaccount", "observer"])
+            .status
+            .success();
+        if !exists {
+            cp.kubectl_ok(&["-n", &self.ns, "create", "serviceaccount", "observer"]);
+            cp.kubectl_ok(&[
+                "-n",
+                &self.ns,
+                "create",
+                "rolebinding",
+                "observer",
+                "--clusterrole=murmur-operator-job-viewer",
+                &format!("--serviceaccount={}:observer", self.ns),
+            ]);
+        }
+        cp.kubectl_ok(&["-n", &self.ns, "create", "token", "observer"])
+            .trim()
+            .to_string()
+    }
+
     pub fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.operator.port)
     }
@@ -208,23 +233,26 @@ impl<'a> Scene<'a> {
             .unwrap();
             let path = control::join_path(&self.ns, job, id);
             let url = format!("{}{path}", self.endpoint());
+            // As a trainer numbers its posts: from the time in microseconds, so a replacement's
+            // join (a later call) is above its predecessor's.
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap();
             let envelope = control::Envelope {
                 attempt: 0,
-                sequence: 1,
-                time_ms: std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap()
-                    .as_millis() as u64,
+                sequence: now.as_micros() as u64,
+                time_ms: now.as_millis() as u64,
             };
             let mut request = http.post(&url).header("content-type", "application/json");
             for (name, value) in control::signed_headers(&key, "POST", &path, &envelope, &body) {
                 request = request.header(name, value);
             }
             let response = request.body(body).send().await.unwrap();
+            let status = response.status();
             assert!(
-                response.status().is_success(),
-                "join of member {id}: {}",
-                response.status()
+                status.is_success(),
+                "join of member {id}: {status} {}",
+                response.text().await.unwrap_or_default()
             );
         }
     }
