@@ -551,6 +551,29 @@ async fn the_openapi_document_describes_every_route_with_generated_schemas() {
         paths["/api/v1/namespaces/{namespace}/jobs/{name}/topology"]["get"]["responses"]["429"]
             .is_null()
     );
+    // Observer reads say who may make them; trainers' posts say how they are signed.
+    let job = &paths["/api/v1/namespaces/{namespace}/jobs/{name}"]["get"];
+    assert_eq!(job["security"], serde_json::json!([{"bearer": []}]));
+    assert!(job["responses"]["403"].is_object());
+    let status = &paths["/api/v1/namespaces/{namespace}/jobs/{name}/members/{id}/status"]["post"];
+    let headers: Vec<&str> = status["parameters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["in"] == "header")
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        headers,
+        [
+            control::ATTEMPT_HEADER,
+            control::SEQUENCE_HEADER,
+            control::TIME_HEADER,
+            control::SIGNATURE_HEADER
+        ]
+    );
+    assert!(status["responses"]["409"].is_object());
+    assert!(doc["components"]["securitySchemes"]["bearer"].is_object());
     let schemas = doc["components"]["schemas"].as_object().unwrap();
     for s in [
         "JobView",
