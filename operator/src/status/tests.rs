@@ -71,17 +71,41 @@ fn view() -> JobView {
     view::job_view("ml", "j", &spec, &state, &observed, now)
 }
 
+/// A `method` request of `body` to `path`, signed as a trainer signs it, with `key` over
+/// `envelope`.
+fn signed_request(
+    (method, base, path): (&str, &str, &str),
+    key: &[u8],
+    envelope: Envelope,
+    body: &[u8],
+) -> reqwest::RequestBuilder {
+    let request = reqwest::Client::new()
+        .request(method.parse().unwrap(), format!("{base}{path}"))
+        .body(body.to_vec());
+    control::signed_headers(key, method, path, &envelope, body)
+        .into_iter()
+        .fold(request, |r, (name, value)| r.header(name, value))
+}
+
 /// POST `body` to `path`, signed with `key` over `envelope` when given; the status code.
 async fn post(base: &str, path: &str, body: &[u8], signed: Option<(&[u8], Envelope)>) -> u16 {
-    let mut request = reqwest::Client::new()
-        .post(format!("{base}{path}"))
-        .body(body.to_vec());
-    if let Some((key, envelope)) = signed {
-        for (name, value) in control::signed_headers(key, "POST", path, &envelope, body) {
-            request = request.header(name, value);
-        }
-    }
+    let request = match signed {
+        Some((key, envelope)) => signed_request(("POST", base, path), key, envelope, body),
+        None => reqwest::Client::new()
+            .post(format!("{base}{path}"))
+            .body(body.to_vec()),
+    };
     request.send().await.unwrap().status().as_u16()
+}
+
+/// `/metrics` as text.
+async fn metrics_text(base: &str) -> String {
+    reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
 }
 
 #[tokio::test]
@@ -227,12 +251,7 @@ async fn only_signed_posts_for_the_right_member_reach_the_runtime() {
         204
     );
     assert_eq!(inbox.recv().await.unwrap(), Inbound::Join(report));
-    let metrics = reqwest::get(format!("{base}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_text(&base).await;
     assert!(
         metrics.contains(
             "murmur_control_requests_total{endpoint=\"join\",outcome=\"badSignature\"} 2"
@@ -259,14 +278,8 @@ async fn replayed_reordered_and_stale_posts_are_refused_and_counted() {
     assert_eq!(post(&base, &path, &body, Some((KEY, captured))).await, 204);
     assert_eq!(inbox.recv().await.unwrap(), Inbound::Status(status.clone()));
     let answer = |envelope: Envelope| {
-        let url = format!("{base}{path}");
-        let headers = control::signed_headers(KEY, "POST", &path, &envelope, &body);
-        let body = body.clone();
+        let request = signed_request(("POST", &base, &path), KEY, envelope, &body);
         async move {
-            let mut request = reqwest::Client::new().post(url).body(body);
-            for (name, value) in headers {
-                request = request.header(name, value);
-            }
             let r = request.send().await.unwrap();
             let code = r.status().as_u16();
             let why = r
@@ -309,12 +322,7 @@ async fn replayed_reordered_and_stale_posts_are_refused_and_counted() {
         inbox.try_recv().is_err(),
         "refused posts never reach the runtime"
     );
-    let metrics = reqwest::get(format!("{base}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_text(&base).await;
     for (outcome, n) in [("accepted", 3), ("replayed", 3), ("stale", 1)] {
         let line = format!(
             "murmur_control_requests_total{{endpoint=\"status\",outcome=\"{outcome}\"}} {n}"
@@ -332,15 +340,8 @@ async fn the_topology_is_signed_and_served_to_signed_trainers() {
     job.set_topology(doc(3));
     let path = control::topology_path("ml", "j");
     let read = |key: &'static [u8], envelope: Envelope| {
-        let url = format!("{base}{path}");
-        let headers = control::signed_headers(key, "GET", &path, &envelope, &[]);
-        async move {
-            let mut request = reqwest::Client::new().get(url);
-            for (name, value) in headers {
-                request = request.header(name, value);
-            }
-            request.send().await.unwrap()
-        }
+        let request = signed_request(("GET", &base, &path), key, envelope, &[]);
+        async move { request.send().await.unwrap() }
     };
     let r = read(KEY, envelope(1)).await;
     assert_eq!(r.status().as_u16(), 200);
@@ -513,12 +514,7 @@ async fn metrics_follow_the_published_view() {
     let (hub, base) = serve().await;
     let (job, _inbox) = hub.register("ml", "j", KEY.to_vec());
     hub.publish(&job, view());
-    let metrics = reqwest::get(format!("{base}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_text(&base).await;
     assert!(metrics.contains("murmur_job_target_members{namespace=\"ml\",job=\"j\"} 2"));
     assert!(metrics.contains("murmur_job_preemptions{namespace=\"ml\",job=\"j\"} 0"));
 }
