@@ -197,6 +197,9 @@ pub struct Kills {
     /// Kills with nothing to heal: they landed as a member reached the target (a finishing job
     /// replaces no one), or the finishing job retired the replacement before it joined.
     pub nothing_to_heal: usize,
+    /// Kills whose replacement was itself killed before its first averaging round (a spot
+    /// preemption may strike a member that has only just started): the later kill is measured.
+    pub killed_again: usize,
 }
 
 fn seconds(text: &str) -> f64 {
@@ -251,6 +254,7 @@ impl Finished {
         let logs = self.logs();
         let mut out = Vec::new();
         let mut nothing_to_heal = 0;
+        let mut killed_again_count = 0;
         for kill in events.iter().filter(|e| e["reason"] == "Chaos") {
             let member = kill["member"].as_u64().unwrap();
             let killed_at = seconds(kill["time"].as_str().unwrap());
@@ -280,6 +284,15 @@ impl Finished {
                 .find(|l| l["fields"]["message"] == "first averaging round with peers")
                 .map(|l| seconds(l["timestamp"].as_str().unwrap()));
             let Some(averaged) = averaged else {
+                let killed_again = events.iter().any(|e| {
+                    e["reason"] == "Chaos"
+                        && e["member"].as_u64() == Some(member)
+                        && attempt_of(e) == attempt
+                });
+                if killed_again {
+                    killed_again_count += 1;
+                    continue;
+                }
                 // Killed just before the end: the job finished before its replacement joined,
                 // and the planner retired it (nothing to heal).
                 let retired = events.iter().any(|e| {
@@ -334,6 +347,7 @@ impl Finished {
         Kills {
             healed: out,
             nothing_to_heal,
+            killed_again: killed_again_count,
         }
     }
 }
