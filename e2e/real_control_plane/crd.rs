@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 
 use super::super::Env;
 use super::helm;
+use super::super::support::control_plane::stdout_of;
 
 /// A manifest that breaks one rule: the rule's message, a JSON merge patch of the base job
 /// (`null` removes a field), and the field the API server must name. `update`: a transition rule,
@@ -564,7 +565,15 @@ spec:
         "crd/rivals.murmur.dev",
         "--timeout=60s",
     ]);
-    cp.kubectl_ok(&["apply", "--server-side", "-f", "crds/"]);
+    // Created anew, as on a first install: the API server warns about nothing in it (it warned
+    // about every format it does not know, such as uint32).
+    let created = cp.kubectl(&["apply", "--server-side", "-f", "crds/"]);
+    let warnings = String::from_utf8_lossy(&created.stderr).to_string();
+    stdout_of("kubectl apply -f crds/", created);
+    assert!(
+        !warnings.contains("Warning"),
+        "installing the CRD printed warnings:\n{warnings}"
+    );
     cp.kubectl_ok(&[
         "wait",
         "--for=condition=NamesAccepted=False",

@@ -18,7 +18,8 @@ pub use status::*;
 /// The CustomResourceDefinition the cluster gets: the types' schema with every integer bounded
 /// by its width. The API server ignores `format`, so without bounds it stores an `int32` of five
 /// billion, which the operator then cannot decode (and a failed decode of one object stopped the
-/// job watch for every job).
+/// job watch for every job). It knows only `int32` and `int64` for integers and warns on every
+/// apply of any other, so unsigned widths become `int64` with their bounds.
 pub fn crd()
 -> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
     let mut crd = serde_json::to_value(DecentralizedTrainingJob::crd()).expect("a CRD serializes");
@@ -26,26 +27,33 @@ pub fn crd()
     serde_json::from_value(crd).expect("a bounded CRD is a CRD")
 }
 
-/// Give every `integer` schema of width `int32`/`uint32` the `minimum` and `maximum` of its
-/// width (a tighter bound already there stays).
+/// Give every `integer` schema the `minimum` and `maximum` of its width (a tighter bound already
+/// there stays), and an unsigned one the format `int64`, which holds it.
 fn bound_integers(schema: &mut serde_json::Value) {
     use serde_json::{Value, json};
     match schema {
         Value::Object(map) => {
             let range = match map.get("format").and_then(Value::as_str) {
-                Some("int32") => Some((i64::from(i32::MIN), i64::from(i32::MAX))),
-                Some("uint32") => Some((0, i64::from(u32::MAX))),
+                Some("int32") => Some((i64::from(i32::MIN), Some(i64::from(i32::MAX)))),
+                Some("uint32") => Some((0, Some(i64::from(u32::MAX)))),
+                // int64's own maximum bounds the rest.
+                Some("uint64") => Some((0, None)),
                 _ => None,
             };
             if let Some((low, high)) = range
                 && map.get("type").and_then(Value::as_str) == Some("integer")
             {
+                if map.get("format").and_then(Value::as_str) != Some("int32") {
+                    map.insert("format".into(), json!("int64"));
+                }
                 let minimum = map.get("minimum").and_then(Value::as_f64);
                 let maximum = map.get("maximum").and_then(Value::as_f64);
                 if minimum.is_none_or(|e| e < low as f64) {
                     map.insert("minimum".into(), json!(low));
                 }
-                if maximum.is_none_or(|e| e > high as f64) {
+                if let Some(high) = high
+                    && maximum.is_none_or(|e| e > high as f64)
+                {
                     map.insert("maximum".into(), json!(high));
                 }
             }

@@ -589,3 +589,48 @@ fn crd_has_the_advertised_shape() {
     let rules = crd_yaml().matches("rule: ").count();
     assert!(rules >= 30, "only {rules} CEL rules in the CRD");
 }
+
+/// The API server warns on every apply of a CRD whose schema has a format it does not know
+/// (apiextensions-apiserver's `validation/formats.go`: for integers only `int32` and `int64`).
+#[test]
+fn every_format_in_the_crd_is_one_the_api_server_knows() {
+    fn formats(v: &serde_json::Value, path: &str, out: &mut Vec<(String, String, String)>) {
+        match v {
+            serde_json::Value::Object(map) => {
+                if let (Some(kind), Some(format)) = (
+                    map.get("type").and_then(|t| t.as_str()),
+                    map.get("format").and_then(|f| f.as_str()),
+                ) {
+                    out.push((path.to_string(), kind.to_string(), format.to_string()));
+                }
+                for (k, child) in map {
+                    formats(child, &format!("{path}.{k}"), out);
+                }
+            }
+            serde_json::Value::Array(items) => {
+                for (i, child) in items.iter().enumerate() {
+                    formats(child, &format!("{path}[{i}]"), out);
+                }
+            }
+            _ => {}
+        }
+    }
+    let crd = serde_json::to_value(super::crd()).unwrap();
+    let mut found = Vec::new();
+    formats(&crd, "", &mut found);
+    assert!(found.len() > 20, "the schema has formats to check");
+    for (path, kind, format) in &found {
+        let known = match kind.as_str() {
+            "integer" => ["int32", "int64"].contains(&format.as_str()),
+            "number" => ["float", "double"].contains(&format.as_str()),
+            "string" => ["date-time", "byte", "duration"].contains(&format.as_str()),
+            _ => false,
+        };
+        assert!(known, "{path}: format {format} of a {kind} makes the API server warn");
+    }
+    // Unsigned fields keep their range as bounds.
+    let step = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+        ["properties"]["progress"]["properties"]["step"];
+    assert_eq!(step["format"], "int64", "{step}");
+    assert_eq!(step["minimum"].as_f64(), Some(0.0), "{step}");
+}
