@@ -209,7 +209,7 @@ spec:
 }
 
 /// `helm install` of the chart with the images built here, trainers told to reach the operator
-/// at `control_endpoint`; the operator's pod Ready.
+/// at `control_endpoint`; the operator's pod Ready and leading.
 fn install_chart(cp: &ControlPlane, control_endpoint: &str) {
     let chart = repository().join("charts/murmur");
     let out = cp.helm(&[
@@ -237,6 +237,25 @@ fn install_chart(cp: &ControlPlane, control_endpoint: &str) {
         "deploy/murmur-operator",
         "--timeout=180s",
     ]);
+    // Ready is not leading: the Service reaches the replica that labels its pod the leader.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while cp
+        .kubectl_ok(&[
+            "-n",
+            "murmur-system",
+            "get",
+            "pods",
+            "-l",
+            "murmur.dev/operator-leader=true",
+            "-o",
+            "name",
+        ])
+        .trim()
+        .is_empty()
+    {
+        assert!(Instant::now() < deadline, "no operator replica leads");
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }
 
 fn job(cp: &ControlPlane, name: &str) -> Value {

@@ -206,6 +206,7 @@ fn main() -> ExitCode {
         "--drain-node",
         "--delete-node",
         "--delete-operator-pod",
+        "--upgrade-operator",
     ]);
     let hurt_accuracy = hurt["finalAccuracy"].as_f64().unwrap_or(0.0);
     println!(
@@ -229,7 +230,26 @@ fn main() -> ExitCode {
     assert_succeeded_near(&hurt, reference, "after the disruptions");
     for d in hurt["disruptions"].as_array().unwrap() {
         assert!(d["skipped"].is_null(), "a disruption did not happen: {d}");
+        // helm upgrade mid-job: the rolling update completed (job.sh fails otherwise) and
+        // one replica of the two leads.
+        if d["kind"] == "upgrade-operator" {
+            println!(
+                "  helm upgrade to 2 replicas {:.0} s into the job: rolled out in {:.1} s, {} leading {:.1} s after the upgrade began",
+                d["atSeconds"].as_f64().unwrap(),
+                d["rolloutSeconds"].as_f64().unwrap(),
+                d["target"],
+                d["leaderSeconds"].as_f64().unwrap()
+            );
+        }
     }
+    assert!(
+        hurt["disruptions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|d| d["kind"] == "upgrade-operator"),
+        "{hurt:#}"
+    );
     assert_eq!(hurt["restarts"], 0, "a preemption is never a restart");
     // An eviction, a drained node and a deleted node: one member at least each.
     assert!(hurt["preemptions"].as_u64().unwrap() >= 3, "{hurt:#}");

@@ -12,7 +12,7 @@
 #   JSON object, whatever happened (an "error" field says what went wrong).
 #
 #   e2e/controlplane/job.sh MANIFEST [--evict N] [--drain-node] [--delete-node]
-#                           [--delete-operator-pod] [--zones N] [--nodes-per-zone N]
+#                           [--delete-operator-pod] [--upgrade-operator] [--zones N] [--nodes-per-zone N]
 #                           [--zone-aware on|off] [--steps N] [--set JQ]... [--namespace NS]
 #                           [--timeout SECONDS] [--seed N] [--keep DIR] [--dashboard DIR]
 #
@@ -22,6 +22,8 @@
 #                          deleted as a cloud's node controller does, and a new spot node joins
 #                          its zone as an autoscaler would bring one
 #   --delete-operator-pod  kubectl delete the operator's pod (its Deployment makes another)
+#   --upgrade-operator     helm upgrade of the operator to 2 replicas with a new pod template (a
+#                          rolling update); must complete within 120 s, a replica leading after
 #   --zones, --nodes-per-zone  the spot nodes, default 2 zones of 2 (each a real node: this
 #                          machine's CPUs and memory), beside one on-demand system node
 #   --zone-aware on|off    set spec.scheduling.zoneAware   } the manifest is applied as it is
@@ -51,7 +53,7 @@ die() {
     exit 1
 }
 
-MANIFEST= EVICT=0 DRAIN=0 DELETE_NODE=0 DELETE_OPERATOR=0 ZONES=2 PER_ZONE=2 ZONE_AWARE=
+MANIFEST= EVICT=0 DRAIN=0 DELETE_NODE=0 DELETE_OPERATOR=0 UPGRADE_OPERATOR=0 ZONES=2 PER_ZONE=2 ZONE_AWARE=
 NS=murmur-e2e TIMEOUT=900 SEED=${RANDOM} KEEP= SET_STEPS= DASHBOARD=
 EDITS=()
 while (($#)); do
@@ -60,6 +62,7 @@ while (($#)); do
     --drain-node) DRAIN=1 ;;
     --delete-node) DELETE_NODE=1 ;;
     --delete-operator-pod) DELETE_OPERATOR=1 ;;
+    --upgrade-operator) UPGRADE_OPERATOR=1 ;;
     --zones) ZONES=${2:?--zones N}; shift ;;
     --nodes-per-zone) PER_ZONE=${2:?--nodes-per-zone N}; shift ;;
     --zone-aware) ZONE_AWARE=${2:?--zone-aware on|off}; shift ;;
@@ -166,6 +169,14 @@ HELM_CACHE_HOME=$WORK/helm HELM_CONFIG_HOME=$WORK/helm HELM_DATA_HOME=$WORK/helm
     die "helm install failed: $(cat "$WORK/helm.log")"
 "$K" -n murmur-system rollout status deploy/murmur-operator --timeout=180s >/dev/null ||
     die "the operator's Deployment did not become available: $("$K" -n murmur-system get pods -o wide 2>&1)"
+# Ready replicas may stand by: the Service reaches the one that labels its pod as the leader.
+leader_endpoint() {
+    "$K" -n murmur-system get endpointslices -l kubernetes.io/service-name=murmur-operator \
+        -o jsonpath='{.items[*].endpoints[?(@.conditions.ready==true)].addresses[*]}' 2>/dev/null
+}
+for _ in $(seq 120); do [[ -n $(leader_endpoint) ]] && break; sleep 0.5; done
+[[ -n $(leader_endpoint) ]] ||
+    die "no operator replica leads: $("$K" -n murmur-system get pods --show-labels 2>&1)"
 # A user who may get every job (the chart's job-viewer role), as a ServiceAccount with a token
 # kubeconfig: the status API and dashboard show a caller only the jobs RBAC lets them get.
 "$K" -n murmur-system create serviceaccount murmur-watcher >/dev/null
@@ -256,11 +267,12 @@ running_member() {
         jq -r '.items[] | select(.metadata.deletionTimestamp == null) | "\(.metadata.name) \(.metadata.labels["murmur.dev/member"]) \(.spec.nodeName)"' |
         shuf -n1 --random-source=<(yes "$RANDOM")
 }
-record() { # KIND TARGET MEMBER POD AT [SKIPPED]: what was done, to whom, when (epoch seconds)
+record() { # KIND TARGET MEMBER POD AT [SKIPPED] [JSON]: what was done, to whom, when (epoch seconds)
     jq -nc --arg kind "$1" --arg target "$2" --argjson member "$3" --arg pod "$4" --argjson at "$5" --arg skipped "${6:-}" \
+        --argjson more "${7:-"{}"}" \
         '{kind: $kind, target: (if $target == "" then null else $target end), member: $member,
           pod: (if $pod == "" then null else $pod end), at: $at}
-         + (if $skipped == "" then {} else {skipped: $skipped} end)' >>"$WORK/disruptions.jsonl"
+         + (if $skipped == "" then {} else {skipped: $skipped} end) + $more' >>"$WORK/disruptions.jsonl"
 }
 
 # The end, and what the run measured. The last line of stdout, whatever happened; ERROR says
@@ -352,6 +364,7 @@ for ((i = 0; i < EVICT; i++)); do plan+=(evict); done
 ((DRAIN)) && plan+=(drain)
 ((DELETE_NODE)) && plan+=(delete-node)
 ((DELETE_OPERATOR)) && plan+=(delete-operator-pod)
+((UPGRADE_OPERATOR)) && plan+=(upgrade-operator)
 at=()
 if ((${#plan[@]})); then
     mapfile -t plan < <(printf '%s\n' "${plan[@]}" | shuf --random-source=<(yes "$RANDOM"))
@@ -370,7 +383,7 @@ for ((i = 0; i < ${#plan[@]}; i++)); do
         ((SECONDS < deadline)) || die "timed out waiting for step ${at[$i]}"
         sleep 0.5
     done
-    if [[ -z $skipped && $kind != delete-operator-pod ]] && ! read -r pod member node < <(running_member); then
+    if [[ -z $skipped && $kind != *-operator* ]] && ! read -r pod member node < <(running_member); then
         skipped="no member was running at step $(step)"
     fi
     if [[ -n $skipped ]]; then
@@ -407,6 +420,23 @@ EOF
         say "step $(step): deleting the operator's pod $operator_pod"
         record delete-operator-pod "$operator_pod" null "" "$(now)"
         "$K" -n murmur-system delete pod "$operator_pod" --wait=false >/dev/null
+        ;;
+    upgrade-operator)
+        say "step $(step): helm upgrade of the operator (2 replicas, a new pod template)"
+        began=$(now)
+        HELM_CACHE_HOME=$WORK/helm HELM_CONFIG_HOME=$WORK/helm HELM_DATA_HOME=$WORK/helm \
+            "$HELM" upgrade murmur "$REPO/charts/murmur" --namespace murmur-system --reuse-values \
+            --set replicaCount=2 --set-string "podAnnotations.murmur\\.dev/upgraded=$began" \
+            >>"$WORK/helm.log" 2>&1 || die "helm upgrade failed: $(tail -3 "$WORK/helm.log")"
+        "$K" -n murmur-system rollout status deploy/murmur-operator --timeout=120s >>"$WORK/helm.log" 2>&1 ||
+            die "the operator's rolling update did not complete: $("$K" -n murmur-system get pods -o wide 2>&1)"
+        rolled=$(now)
+        for _ in $(seq 120); do [[ -n $(leader_endpoint) ]] && break; sleep 0.5; done
+        leaders=$("$K" -n murmur-system get pods -l murmur.dev/operator-leader=true -o jsonpath='{.items[*].metadata.name}')
+        [[ $(wc -w <<<"$leaders") == 1 ]] || die "after the upgrade, leaders: '$leaders'"
+        say "step $(step): upgrade rolled out in $(jq -n "$rolled - $began | . * 10 | round / 10") s; $leaders leads"
+        record upgrade-operator "$leaders" null "" "$began" "" \
+            "$(jq -nc --argjson r "$(jq -n "$rolled - $began")" --argjson l "$(jq -n "$(now) - $began")" '{rolloutSeconds: $r, leaderSeconds: $l}')"
         ;;
     esac
 done

@@ -10,8 +10,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::super::Env;
-use super::helm;
 use super::super::support::control_plane::stdout_of;
+use super::helm;
 
 /// A manifest that breaks one rule: the rule's message, a JSON merge patch of the base job
 /// (`null` removes a field), and the field the API server must name. `update`: a transition rule,

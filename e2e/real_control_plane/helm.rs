@@ -49,13 +49,19 @@ pub fn operator(env: &Env, log: &str, extra: &[&str]) -> Operator {
     Operator::start(&kubeconfig, env.dir.path().join(log), extra)
 }
 
-/// Until the operator answers /readyz with 200 (it leads, its caches listed).
+/// Until the operator leads with its caches listed (`/readyz` says `leading`).
 pub async fn ready(operator: &mut Operator) {
+    until_readyz(operator, "leading\n").await;
+}
+
+/// Until the operator's `/readyz` answers 200 with `body`.
+pub async fn until_readyz(operator: &mut Operator, body: &str) {
     let url = format!("http://127.0.0.1:{}/readyz", operator.port);
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
         if let Ok(r) = reqwest::get(&url).await
             && r.status() == 200
+            && r.text().await.is_ok_and(|t| t == body)
         {
             return;
         }

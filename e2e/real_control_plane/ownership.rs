@@ -190,44 +190,113 @@ async fn endings(s: &Scene<'_>) {
     assert!(pods.values().all(|p| member_of(p).is_some()));
 }
 
-/// Two replicas on one Lease: one leads (Ready), the other waits; the leader killed without
-/// releasing it, the other leads within the lease's duration (15 s).
+/// Two replicas on one Lease: both Ready (a rolling update needs its new pod Ready), one leads.
+/// - The leader stopped with SIGTERM releases the Lease: the other leads within seconds, not
+///   after the lease's 15 s.
+/// - A leader frozen (SIGSTOP) past its lease: the other takes over after the full duration as
+///   its own clock measures it; thawed, the old leader never writes the Lease again and exits.
+/// - A leader killed without releasing: the other leads within the lease's duration.
 async fn leader_election(env: &Env) {
+    const STANDBY: &str = "standby: another replica leads\n";
     let flags = ["--leader-election", "--lease-namespace", NAMESPACE];
-    let mut a = helm::operator(
-        env,
-        "lease-a.log",
-        &[&flags[..], &["--identity", "replica-a"]].concat(),
-    );
-    helm::ready(&mut a).await;
-    let mut b = helm::operator(
-        env,
-        "lease-b.log",
-        &[&flags[..], &["--identity", "replica-b"]].concat(),
-    );
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let ready = |port: u16| async move {
-        reqwest::get(format!("http://127.0.0.1:{port}/readyz"))
-            .await
-            .is_ok_and(|r| r.status() == 200)
+    let replica = |name: &str| {
+        helm::operator(
+            env,
+            &format!("lease-{name}.log"),
+            &[&flags[..], &["--identity", name]].concat(),
+        )
     };
-    assert!(!ready(b.port).await, "two leaders");
-    assert!(b.running());
+    let readyz = |port: u16| async move {
+        match reqwest::get(format!("http://127.0.0.1:{port}/readyz")).await {
+            Ok(r) => (r.status().as_u16(), r.text().await.unwrap_or_default()),
+            Err(_) => (0, String::new()),
+        }
+    };
+    let leads_within = |port: u16, within: Duration| async move {
+        let started = Instant::now();
+        while readyz(port).await.1 != "leading\n" {
+            if started.elapsed() > within {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Some(started.elapsed().as_secs_f64())
+    };
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(env.cp.client().await, NAMESPACE);
+    let holder = || async {
+        let lease = leases.get("murmur-operator").await.unwrap();
+        let spec = lease.spec.unwrap_or_default();
+        (spec.holder_identity, spec.lease_transitions)
+    };
+
+    let mut a = replica("replica-a");
+    helm::ready(&mut a).await;
+    let mut b = replica("replica-b");
+    helm::until_readyz(&mut b, STANDBY).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        readyz(b.port).await,
+        (200, STANDBY.into()),
+        "a standby stays Ready and does not lead:\n{}",
+        b.logs()
+    );
+    assert_eq!(readyz(a.port).await.1, "leading\n");
+
+    // SIGTERM: released on the way out.
+    let (code, log) = a.wait_after_term(Duration::from_secs(20));
+    assert_eq!(code, Some(0), "{log}");
+    assert!(log.contains("lease released"), "{log}");
+    let took = leads_within(b.port, Duration::from_secs(10))
+        .await
+        .unwrap_or_else(|| panic!("replica-b never took the released lease:\n{}", b.logs()));
+    println!("  leader stopped (SIGTERM): it released the lease, the other led {took:.1} s later");
+
+    // SIGSTOP past the lease: the standby waits the full duration on its own clock, takes
+    // over, and the thawed leader never writes the lease again.
+    let mut c = replica("replica-c");
+    helm::until_readyz(&mut c, STANDBY).await;
+    let frozen = Instant::now();
+    b.signal(nix::sys::signal::Signal::SIGSTOP);
+    let took = leads_within(c.port, Duration::from_secs(40))
+        .await
+        .unwrap_or_else(|| panic!("replica-c never took over:\n{}", c.logs()));
+    // The frozen leader's last renewal came up to one retry period (about 2 s) before the
+    // freeze: the lease stood 15 s from then.
+    assert!(
+        frozen.elapsed() >= Duration::from_secs(12),
+        "took over {took:.1} s after the freeze, before the lease's 15 s could have passed"
+    );
+    let (taken_by, transitions) = holder().await;
+    assert_eq!(taken_by.as_deref(), Some("replica-c"));
+    b.signal(nix::sys::signal::Signal::SIGCONT);
+    let (code, log) = b.wait(Duration::from_secs(15));
+    assert!(
+        code.is_some_and(|c| c != 0),
+        "the thawed leader did not exit: {code:?}\n{log}"
+    );
+    assert!(log.contains("lost the leader lease"), "{log}");
+    assert_eq!(
+        holder().await,
+        (Some("replica-c".to_string()), transitions),
+        "the thawed leader wrote the lease"
+    );
+    println!(
+        "  leader frozen: the other led {took:.1} s after the freeze (lease 15 s); thawed, the old leader exited without writing"
+    );
+
+    // Killed: nothing released, the lease waited out.
+    let mut d = replica("replica-d");
+    helm::until_readyz(&mut d, STANDBY).await;
     let killed = Instant::now();
-    a.kill();
-    let deadline = killed + Duration::from_secs(30);
-    while !ready(b.port).await {
-        assert!(
-            Instant::now() < deadline,
-            "replica-b never took over:\n{}",
-            b.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    c.kill();
+    leads_within(d.port, Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|| panic!("replica-d never took over:\n{}", d.logs()));
     let took = killed.elapsed().as_secs_f64();
     assert!(
         took <= 15.0 + 5.0,
         "took over after {took:.1} s, lease 15 s"
     );
-    println!("  leader killed: the other replica led and was ready {took:.1} s later (lease 15 s)");
+    println!("  leader killed: the other replica led {took:.1} s later (lease 15 s)");
 }

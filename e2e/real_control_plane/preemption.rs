@@ -1,4 +1,5 @@
-//! Preemption as the cluster does it: an eviction through the Eviction API, `kubectl drain` of a
+//! Preemption as the cluster does it: evictions through the Eviction API (as many at once as the
+//! job's PodDisruptionBudget allows, and no more), `kubectl drain` of a
 //! spot node, a `NoExecute` taint as a cloud's node controller puts on a reclaimed node, and a
 //! node deleted outright. Each must end as a preemption in the job's status (never a restart),
 //! with a `Preempted` event naming the pod, a replacement, and the topology republished. Which of
@@ -10,6 +11,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::Api;
 use kube::api::EvictParams;
 use kube::runtime::{WatchStreamExt, watcher};
@@ -154,21 +156,84 @@ pub async fn preemption(env: &Env) {
     })
     .await;
 
-    // 1. The Eviction API.
+    // 1. The Eviction API, under the job's PodDisruptionBudget: evictions in a burst take
+    // target − min members (10 − 6), and the rest are refused. First, once the job is still: ten members Ready, none going (zone-aware relocations done; a pod
+    // already being deleted is evicted whatever the budget says), and the disruption controller
+    // has counted them.
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(s.client.clone(), &s.ns);
+    let is_ready = |p: &Pod| {
+        p.status
+            .as_ref()
+            .and_then(|st| st.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+    };
+    let deadline = std::time::Instant::now() + MINUTE;
+    let mut still = 0;
+    let mut last = Vec::new();
+    let ready = loop {
+        let pods = s.pods(JOB).await;
+        let names: Vec<String> = pods
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none() && is_ready(p))
+            .filter_map(|p| p.metadata.name.clone())
+            .collect();
+        let allowed = budgets
+            .get_opt(&format!("{JOB}-members"))
+            .await
+            .unwrap()
+            .and_then(|b| b.status)
+            .and_then(|st| st.disruptions_allowed);
+        let settled = pods.len() == 10 && names.len() == 10 && allowed == Some(4);
+        still = if settled && names == last {
+            still + 1
+        } else {
+            0
+        };
+        last = names;
+        if still >= 2 {
+            break last;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the job never settled: {} pods, ready {last:?}, budget allows {allowed:?}",
+            pods.len()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
     let before = s.status(JOB).await;
     let version = s.topology_version(JOB).await.unwrap();
-    let pods = s.running(JOB, 10).await;
-    let victim = pods[&3].metadata.name.clone().unwrap();
-    let api: Api<Pod> = Api::namespaced(s.client.clone(), &s.ns);
-    api.evict(&victim, &EvictParams::default()).await.unwrap();
-    heals(
-        &s,
-        "eviction",
-        std::slice::from_ref(&victim),
-        &before,
-        version,
-    )
+    // kube's client retries a 429 until the budget has room again: this one takes it as the
+    // answer.
+    let api: Api<Pod> = Api::namespaced(env.cp.client_without_retries().await, &s.ns);
+    // All at once, as a drain of several nodes would: faster than any replacement can become
+    // Ready and give the budget room again.
+    let answers = futures::future::join_all(ready.iter().take(6).map(|victim| {
+        let api = api.clone();
+        async move {
+            (
+                victim.clone(),
+                api.evict(victim, &EvictParams::default()).await,
+            )
+        }
+    }))
     .await;
+    let mut evicted = Vec::new();
+    let mut refused = Vec::new();
+    for (victim, answer) in answers {
+        match answer {
+            Ok(_) => evicted.push(victim),
+            Err(kube::Error::Api(e)) if e.code == 429 => refused.push(e.message),
+            Err(e) => panic!("evicting {victim}: {e}"),
+        }
+    }
+    assert_eq!(evicted.len(), 4, "evicted {evicted:?}, refused {refused:?}");
+    assert_eq!(refused.len(), 2, "{refused:?}");
+    assert!(refused[0].contains("disruption budget"), "{refused:?}");
+    println!(
+        "  six evictions at once: 4 taken (target − min), 2 refused: {}",
+        refused[0]
+    );
+    heals(&s, "eviction", &evicted, &before, version).await;
 
     // 2. kubectl drain of a spot node holding members.
     let before = s.status(JOB).await;

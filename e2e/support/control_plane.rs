@@ -290,6 +290,18 @@ impl ControlPlane {
         client_of(&self.kubeconfig).await
     }
 
+    /// A client as the admin that takes a 429 as the answer (kube's client retries it).
+    pub async fn client_without_retries(&self) -> kube::Client {
+        let mut config = kube::Config::from_custom_kubeconfig(
+            Kubeconfig::read_from(&self.kubeconfig).expect("a kubeconfig"),
+            &KubeConfigOptions::default(),
+        )
+        .await
+        .expect("a client configuration");
+        config.default_retry = false;
+        kube::Client::try_from(config).expect("a client")
+    }
+
     /// A kubeconfig that authenticates as a ServiceAccount (a bound token, one hour), written
     /// into the state dir: how an operator runs out of cluster "as its ServiceAccount".
     pub fn service_account_kubeconfig(&self, namespace: &str, account: &str) -> PathBuf {
@@ -467,6 +479,17 @@ impl Operator {
 
     pub fn logs(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, signal).expect("signal the operator");
+    }
+
+    /// SIGTERM, then [`Operator::wait`].
+    pub fn wait_after_term(self, within: Duration) -> (Option<i32>, String) {
+        self.signal(nix::sys::signal::Signal::SIGTERM);
+        self.wait(within)
     }
 
     pub fn pid(&self) -> u32 {

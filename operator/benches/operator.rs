@@ -24,7 +24,7 @@ use murmur::driver::{JobDriver, Memory};
 use murmur::planner::{self, Exit};
 use murmur::runtime::kube::decide::Decision;
 use murmur::runtime::kube::{
-    Context, Inputs, OperatorMetrics, Settings, Stores, decide, observe, reconcile,
+    Context, Inputs, OperatorMetrics, Settings, Stores, decide, lease, observe, reconcile,
 };
 use murmur::status::{Hub, Inbound};
 use murmur_core::api::{DecentralizedTrainingJob, parse_manifest};
@@ -87,6 +87,7 @@ fn steady(settings: &Settings) -> Steady {
         secret: None,
         config_map: None,
         network_policy: None,
+        disruption_budget: None,
         driver: &driver,
         created: &created,
         key_hex: "00",
@@ -132,6 +133,7 @@ fn steady(settings: &Settings) -> Steady {
         secret: first.secret.as_ref(),
         config_map: None,
         network_policy: None,
+        disruption_budget: first.disruption_budget.as_ref(),
         driver: &driver,
         created: &created,
         key_hex: "00",
@@ -234,6 +236,8 @@ fn operator(s: &Steady, pods: &[Pod], settings: &Settings) -> Arc<Context> {
     listed(w, vec![s.decision.config_map.clone().unwrap()]);
     let (nodes, w) = reflector::store();
     listed(w, vec![node()]);
+    let (disruption_budgets, w) = reflector::store();
+    listed(w, vec![s.first.disruption_budget.clone().unwrap()]);
     let mut hub = Hub::default();
     let metrics = Arc::new(OperatorMetrics::register(&mut hub.metrics.registry));
     let (ctx, _) = Context::new(
@@ -245,12 +249,14 @@ fn operator(s: &Steady, pods: &[Pod], settings: &Settings) -> Arc<Context> {
             secrets,
             nodes,
             network_policies: None,
+            disruption_budgets,
             start_events: Default::default(),
         },
         Arc::new(hub),
         metrics,
         settings.clone(),
         "bench".into(),
+        Arc::new(lease::Leadership::unelected()),
     );
     ctx
 }
@@ -315,6 +321,7 @@ fn benches(c: &mut Criterion) {
         secret: s.first.secret.as_ref(),
         config_map: s.decision.config_map.as_ref(),
         network_policy: None,
+        disruption_budget: s.first.disruption_budget.as_ref(),
         driver: &s.driver,
         created: &created,
         key_hex: "00",

@@ -376,9 +376,20 @@ fn the_arguments_parse_with_the_operators_own_command_line_and_point_trainers_at
         murmur::status::pacer::DEFAULT_READS_PER_SECOND,
         "values.yaml and the binary agree"
     );
-    assert_eq!(
-        service["spec"]["selector"],
-        find(&objects, "Deployment").unwrap()["spec"]["selector"]["matchLabels"]
+    // The Service selects the operator's pods, and of them the one that leads (it labels
+    // itself, knowing its name from POD_NAME), so that every replica may be Ready.
+    let deployment = find(&objects, "Deployment").unwrap();
+    let mut leader = deployment["spec"]["selector"]["matchLabels"].clone();
+    leader[murmur::runtime::kube::lease::LEADER_LABEL] = json!("true");
+    assert_eq!(service["spec"]["selector"], leader);
+    let env = &deployment["spec"]["template"]["spec"]["containers"][0]["env"];
+    assert!(
+        env.as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["name"] == "POD_NAME"
+                && e["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"),
+        "{env}"
     );
 }
 

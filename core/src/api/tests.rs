@@ -626,11 +626,14 @@ fn every_format_in_the_crd_is_one_the_api_server_knows() {
             "string" => ["date-time", "byte", "duration"].contains(&format.as_str()),
             _ => false,
         };
-        assert!(known, "{path}: format {format} of a {kind} makes the API server warn");
+        assert!(
+            known,
+            "{path}: format {format} of a {kind} makes the API server warn"
+        );
     }
     // Unsigned fields keep their range as bounds.
-    let step = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
-        ["properties"]["progress"]["properties"]["step"];
+    let step = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+        ["progress"]["properties"]["step"];
     assert_eq!(step["format"], "int64", "{step}");
     assert_eq!(step["minimum"].as_f64(), Some(0.0), "{step}");
 }

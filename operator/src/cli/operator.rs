@@ -6,7 +6,7 @@ use tracing_subscriber::EnvFilter;
 
 use super::CliError;
 use crate::runtime::kube::resources::NetworkPolicySettings;
-use crate::runtime::kube::{self, LeaseOptions, OperatorOptions, Settings};
+use crate::runtime::kube::{self, LeaseOptions, OperatorOptions, PodName, Settings};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum LogFormat {
@@ -48,8 +48,12 @@ pub struct OperatorArgs {
     #[arg(long, default_value = "murmur-operator")]
     pub lease_name: String,
     /// This replica's identity in the Lease and in events (default: the pod's name).
-    #[arg(long, env = "POD_NAME")]
+    #[arg(long)]
     pub identity: Option<String>,
+    /// The operator's own pod (in --lease-namespace), labelled murmur.dev/operator-leader while
+    /// it leads; the chart's Service selects that label. Unset out of a cluster.
+    #[arg(long, env = "POD_NAME")]
+    pub pod_name: Option<String>,
     /// The trainer image for jobs that name none (cpu backend).
     #[arg(long, default_value = api::DEFAULT_TRAINER_IMAGE, env = "MURMUR_TRAINER_IMAGE")]
     pub trainer_image: String,
@@ -108,14 +112,18 @@ pub fn run(args: OperatorArgs) -> Result<(), CliError> {
         LogFormat::Json => logs.json().try_init(),
         LogFormat::Text => logs.try_init(),
     };
-    let identity = args.identity.clone().unwrap_or_else(|| {
-        format!(
-            "murmur-operator-{}",
-            std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .map(|h| h.trim().to_string())
-                .unwrap_or_else(|_| std::process::id().to_string())
-        )
-    });
+    let identity = args
+        .identity
+        .clone()
+        .or(args.pod_name.clone())
+        .unwrap_or_else(|| {
+            format!(
+                "murmur-operator-{}",
+                std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .map(|h| h.trim().to_string())
+                    .unwrap_or_else(|_| std::process::id().to_string())
+            )
+        });
     let network_policies = match args.network_policies {
         false => None,
         true => Some(NetworkPolicySettings {
@@ -142,6 +150,10 @@ pub fn run(args: OperatorArgs) -> Result<(), CliError> {
         reads_per_second: args.status_reads_per_second,
         token_audiences: args.token_audiences,
         concurrency: args.concurrency,
+        pod: args.pod_name.map(|name| PodName {
+            namespace: args.lease_namespace.clone(),
+            name,
+        }),
         lease: args.leader_election.then(|| LeaseOptions {
             namespace: args.lease_namespace,
             name: args.lease_name,

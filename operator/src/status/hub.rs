@@ -246,19 +246,35 @@ impl Metrics {
 pub struct Hub {
     jobs: RwLock<BTreeMap<(String, String), Arc<JobHandle>>>,
     pub metrics: Metrics,
-    /// Serving nothing yet (an operator replica not leading, or still listing): `/readyz`
-    /// says so, and the operator's Service sends no one here.
-    standby: std::sync::atomic::AtomicBool,
+    /// What this process serves, as `/readyz` says.
+    role: std::sync::atomic::AtomicU8,
+}
+
+/// What an operator replica (or `murmur run`, which always leads) serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Role {
+    /// Runs the jobs, its caches complete: the operator's Service selects it.
+    Leading = 0,
+    /// Up, waiting to lead: Ready (so a rolling update can replace the leader), but the
+    /// Service does not select it.
+    Standby = 1,
+    /// Still starting: not Ready.
+    Starting = 2,
 }
 
 impl Hub {
-    pub fn set_standby(&self, standby: bool) {
-        self.standby
-            .store(standby, std::sync::atomic::Ordering::Relaxed);
+    pub fn set_role(&self, role: Role) {
+        self.role
+            .store(role as u8, std::sync::atomic::Ordering::Relaxed);
     }
 
-    pub fn is_standby(&self) -> bool {
-        self.standby.load(std::sync::atomic::Ordering::Relaxed)
+    pub fn role(&self) -> Role {
+        match self.role.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => Role::Leading,
+            1 => Role::Standby,
+            _ => Role::Starting,
+        }
     }
 
     /// Serve a job; its trainers' posts (signed with `key`) arrive on the returned inbox.

@@ -15,6 +15,6 @@ pub mod view;
 #[cfg(test)]
 mod tests;
 
-pub use hub::{Hub, Inbound, JobHandle};
+pub use hub::{Hub, Inbound, JobHandle, Role};
 pub use router::router;
 pub use view::{JobEvent, JobView, SeriesPoint};

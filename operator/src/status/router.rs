@@ -24,7 +24,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 use super::access::{self, Access, Action, Caller};
-use super::hub::{Hub, Inbound, JobHandle};
+use super::hub::{Hub, Inbound, JobHandle, Role};
 use super::pacer::{Pacer, paced};
 
 const DASHBOARD: &str = include_str!("dashboard.html");
@@ -100,14 +100,10 @@ impl IntoResponse for ApiError {
 }
 
 async fn readyz(State(hub): State<Arc<Hub>>) -> Response {
-    if hub.is_standby() {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "standby: not leading, or the caches are still listing\n",
-        )
-            .into_response()
-    } else {
-        "ok".into_response()
+    match hub.role() {
+        Role::Leading => "leading\n".into_response(),
+        Role::Standby => "standby: another replica leads\n".into_response(),
+        Role::Starting => (StatusCode::SERVICE_UNAVAILABLE, "starting\n").into_response(),
     }
 }
 

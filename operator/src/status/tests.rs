@@ -620,24 +620,35 @@ fn a_status_is_sampled_only_when_its_step_or_accuracy_changed() {
 }
 
 #[tokio::test]
-async fn a_standby_is_alive_but_not_ready() {
+async fn a_standby_is_ready_and_says_it_does_not_lead() {
     let (hub, base) = serve().await;
-    let status = |path: &'static str| {
+    let get = |path: &'static str| {
         let base = base.clone();
         async move {
-            reqwest::get(format!("{base}{path}"))
-                .await
-                .unwrap()
-                .status()
-                .as_u16()
+            let r = reqwest::get(format!("{base}{path}")).await.unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
         }
     };
-    assert_eq!(status("/readyz").await, 200, "murmur run is ready at once");
-    hub.set_standby(true);
-    assert_eq!(status("/readyz").await, 503);
-    assert_eq!(status("/healthz").await, 200, "a standby is not restarted");
-    hub.set_standby(false);
-    assert_eq!(status("/readyz").await, 200);
+    assert_eq!(
+        get("/readyz").await,
+        (200, "leading\n".into()),
+        "murmur run leads at once"
+    );
+    hub.set_role(Role::Starting);
+    assert_eq!(get("/readyz").await.0, 503);
+    assert_eq!(
+        get("/healthz").await.0,
+        200,
+        "a starting replica is not restarted"
+    );
+    // Ready, so that a rolling update can go on; the Service selects only the leader.
+    hub.set_role(Role::Standby);
+    assert_eq!(
+        get("/readyz").await,
+        (200, "standby: another replica leads\n".into())
+    );
+    hub.set_role(Role::Leading);
+    assert_eq!(get("/readyz").await, (200, "leading\n".into()));
 }
 
 #[tokio::test]

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use murmur_core::api::{DecentralizedTrainingJob, DecentralizedTrainingJobStatus, validate};
@@ -92,6 +93,7 @@ pub struct Inputs<'a> {
     pub secret: Option<&'a Secret>,
     pub config_map: Option<&'a ConfigMap>,
     pub network_policy: Option<&'a NetworkPolicy>,
+    pub disruption_budget: Option<&'a PodDisruptionBudget>,
     /// The job's driver: its memory and what its trainers posted.
     pub driver: &'a JobDriver,
     /// Pods this operator created and when (the cache may not show them yet).
@@ -120,6 +122,7 @@ pub struct Decision {
     pub replace_secret: Option<String>,
     pub config_map: Option<ConfigMap>,
     pub network_policy: Option<NetworkPolicy>,
+    pub disruption_budget: Option<PodDisruptionBudget>,
     pub status: Option<DecentralizedTrainingJobStatus>,
     /// Delete the job itself (`ttlSecondsAfterFinished` passed).
     pub delete_job: bool,
@@ -138,6 +141,7 @@ impl Decision {
             replace_secret: None,
             config_map: None,
             network_policy: None,
+            disruption_budget: None,
             status: None,
             delete_job: false,
             requeue: settings.resync,
@@ -154,6 +158,7 @@ impl Decision {
             + usize::from(self.replace_secret.is_some())
             + usize::from(self.config_map.is_some())
             + usize::from(self.network_policy.is_some())
+            + usize::from(self.disruption_budget.is_some())
             + usize::from(self.status.is_some())
             + self.plan.events.len()
             + usize::from(self.delete_job)
@@ -201,7 +206,7 @@ pub fn decide(i: &Inputs) -> Decision {
 }
 
 /// The children that must exist before any member starts: the headless Service, the key
-/// Secret, the NetworkPolicy.
+/// Secret, the PodDisruptionBudget, the NetworkPolicy.
 fn children(i: &Inputs, d: &mut Decision) {
     let service = resources::service(i.job);
     if i.service.is_none_or(|s| !same_service(s, &service)) {
@@ -221,6 +226,12 @@ fn children(i: &Inputs, d: &mut Decision) {
     if !has_key {
         d.replace_secret = leftover;
         d.secret = Some(secret);
+    }
+    let budget = resources::disruption_budget(i.job);
+    if i.disruption_budget
+        .is_none_or(|b| b.spec != budget.spec || !owned_by(&b.metadata, &budget.metadata))
+    {
+        d.disruption_budget = Some(budget);
     }
     if let Some(settings) = &i.settings.network_policies {
         let policy = resources::network_policy(i.job, settings);

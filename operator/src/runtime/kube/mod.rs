@@ -21,9 +21,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use backon::Retryable;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Node, ObjectReference, Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, PropagationPolicy};
@@ -44,7 +46,7 @@ pub use resources::Settings;
 
 use crate::driver::JobDriver;
 use crate::planner;
-use crate::status::{Hub, Inbound, view};
+use crate::status::{Hub, Inbound, Role, view};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -56,6 +58,8 @@ pub enum Error {
     },
     #[error(transparent)]
     Memory(#[from] crate::driver::MemoryError),
+    #[error("not writing: this replica's lease was not renewed within its renew deadline")]
+    NotLeading,
 }
 
 impl Error {
@@ -70,6 +74,7 @@ impl Error {
                 _ => "transport",
             },
             Error::Memory(_) => "persisted_state",
+            Error::NotLeading => "not_leading",
         }
     }
 }
@@ -92,6 +97,7 @@ pub struct Stores {
     pub nodes: Store<Node>,
     /// Filled only with `--network-policies` (otherwise never listed, never waited for).
     pub network_policies: Option<Store<NetworkPolicy>>,
+    pub disruption_budgets: Store<PodDisruptionBudget>,
     /// What keeps pods from starting that only events say (never waited for: an empty index
     /// only means nothing is reported yet).
     pub start_events: start_events::StartEvents,
@@ -115,6 +121,7 @@ impl Stores {
             listed("configmaps", &self.config_maps),
             listed("secrets", &self.secrets),
             listed("nodes", &self.nodes),
+            listed("poddisruptionbudgets", &self.disruption_budgets),
             async {
                 if let Some(store) = &self.network_policies {
                     let _ = store.wait_until_ready().await;
@@ -147,6 +154,8 @@ pub struct Context {
     pub instance: String,
     /// The time (tests move it by hand).
     pub clock: Arc<dyn Fn() -> Timestamp + Send + Sync>,
+    /// Checked before every write: a replica that may have lost its lease writes nothing.
+    pub leadership: Arc<lease::Leadership>,
     /// Writes the job's Kubernetes Events (series and deduplication included).
     recorder: Recorder,
     jobs: Mutex<HashMap<JobKey, Arc<Mutex<Live>>>>,
@@ -162,6 +171,7 @@ impl Context {
         metrics: Arc<OperatorMetrics>,
         settings: Settings,
         instance: String,
+        leadership: Arc<lease::Leadership>,
     ) -> (
         Arc<Self>,
         mpsc::UnboundedReceiver<ObjectRef<DecentralizedTrainingJob>>,
@@ -182,6 +192,7 @@ impl Context {
             settings,
             instance,
             clock: Arc::new(Timestamp::now),
+            leadership,
             recorder,
             jobs: Mutex::default(),
             trigger,
@@ -199,6 +210,7 @@ impl Context {
             settings: self.settings.clone(),
             instance: self.instance.clone(),
             clock: self.clock.clone(),
+            leadership: self.leadership.clone(),
             recorder: self.recorder.clone(),
             jobs: Mutex::new(self.jobs.lock().clone()),
             trigger: self.trigger.clone(),
@@ -395,6 +407,11 @@ async fn reconcile_inner(
         .network_policies
         .as_ref()
         .and_then(|store| get(store, &namespace, resources::network_policy_name(&name)));
+    let disruption_budget = get(
+        &ctx.stores.disruption_budgets,
+        &namespace,
+        resources::disruption_budget_name(&name),
+    );
     let nodes = ctx.stores.nodes.clone();
     let zones = nodes.clone();
     let node = move |n: &str| observe::node_state(nodes.get(&ObjectRef::new(n)).as_deref());
@@ -430,6 +447,7 @@ async fn reconcile_inner(
             secret: secret.as_deref(),
             config_map: config_map.as_deref(),
             network_policy: network_policy.as_deref(),
+            disruption_budget: disruption_budget.as_deref(),
             driver: &l.driver,
             created: &l.created,
             key_hex: &l.key_hex,
@@ -456,6 +474,9 @@ async fn execute(
     d: Decision,
     now: Timestamp,
 ) -> Result<Action, Error> {
+    if !ctx.leadership.may_write() {
+        return Err(Error::NotLeading);
+    }
     let namespace = resources::namespace(job);
     let name = resources::name(job);
     if let Some(service) = &d.service {
@@ -483,6 +504,9 @@ async fn execute(
     }
     if let Some(policy) = &d.network_policy {
         apply_object(ctx, &namespace, policy, "networkpolicy").await?;
+    }
+    if let Some(budget) = &d.disruption_budget {
+        apply_object(ctx, &namespace, budget, "poddisruptionbudget").await?;
     }
     let rejected = write_pods(ctx, &namespace, live, &d, now).await?;
     if !rejected.is_empty() {
@@ -744,6 +768,14 @@ pub struct OperatorOptions {
     pub instance: String,
     /// How long to wait at start-up for the CRD to be Established.
     pub crd_wait: Duration,
+    /// The operator's own pod, when it runs in one: labelled while it leads.
+    pub pod: Option<PodName>,
+}
+
+#[derive(Clone, Debug)]
+pub struct PodName {
+    pub namespace: String,
+    pub name: String,
 }
 
 #[derive(Clone, Debug)]
@@ -766,6 +798,8 @@ pub enum OperatorError {
     },
     #[error("lost the leader lease {0}; exiting so another replica takes over")]
     LostLease(String),
+    #[error("cannot label the operator's pod {pod}: {source}")]
+    Label { pod: String, source: kube::Error },
 }
 
 /// Run the operator until SIGTERM / Ctrl-C (or until it loses its lease).
@@ -797,6 +831,19 @@ pub async fn run_with(
     )
     .await?;
     let (hub, metrics) = serve_status(&client, &options).await?;
+    // A restarted container keeps its pod's labels: it says it leads only once it does again.
+    let label = options.pod.as_ref().map(|pod| {
+        lease::LeaderLabel::new(Api::namespaced(client.clone(), &pod.namespace), &pod.name)
+    });
+    if let Some(label) = &label {
+        label
+            .set(false)
+            .await
+            .map_err(|source| OperatorError::Label {
+                pod: label.pod().to_string(),
+                source,
+            })?;
+    }
 
     let elector = options.lease.as_ref().map(|l| {
         lease::Elector::new(
@@ -806,10 +853,17 @@ pub async fn run_with(
             l.duration,
         )
     });
-    if let Some(e) = &elector {
-        e.acquire().await;
-        tracing::info!(identity = e.identity(), "leading");
-    }
+    let leadership = match &elector {
+        Some(e) => {
+            // Ready while waiting: a rolling update of the operator replaces the leader only
+            // once its successor is Ready.
+            hub.set_role(Role::Standby);
+            e.acquire().await;
+            tracing::info!(identity = e.identity(), "leading");
+            e.leadership()
+        }
+        None => Arc::new(lease::Leadership::unelected()),
+    };
 
     let with_policies = options.settings.network_policies.is_some();
     let (stores, writers) = Writers::new(with_policies);
@@ -821,13 +875,22 @@ pub async fn run_with(
         metrics,
         options.settings.clone(),
         options.instance.clone(),
+        leadership,
     );
-    // Leading (the elector returned above); Ready once every cache has listed.
+    // Leading; the Service selects this replica once every cache has listed.
     let caches = ctx.stores.clone();
+    let leader_label = label.clone();
     tokio::spawn(async move {
         caches.ready().await;
-        hub.set_standby(false);
-        tracing::info!("caches synced: ready");
+        if let Some(label) = &leader_label {
+            let labelled = || label.set(true);
+            let _ = labelled
+                .retry(backon::ExponentialBuilder::default().without_max_times())
+                .notify(|e, _| tracing::warn!(error = %e, "cannot label this pod as the leader"))
+                .await;
+        }
+        hub.set_role(Role::Leading);
+        tracing::info!("caches synced: leading");
     });
     tokio::spawn(sweep_deleted_jobs(
         Arc::downgrade(&ctx),
@@ -845,24 +908,40 @@ pub async fn run_with(
                 tracing::debug!(error = %e, "controller");
             }
         });
-    match &elector {
+    let lost = match &elector {
         Some(e) => {
             tokio::select! {
-                _ = controller => Ok(()),
-                _ = e.keep() => Err(OperatorError::LostLease(e.identity().to_string())),
+                _ = controller => false,
+                _ = e.keep() => true,
             }
         }
         None => {
             controller.await;
+            false
+        }
+    };
+    // Stop being selected by the Service before the next leader can take over.
+    if let Some(label) = &label {
+        let cleared = tokio::time::timeout(Duration::from_secs(2), label.set(false)).await;
+        if !matches!(cleared, Ok(Ok(()))) {
+            tracing::warn!("cannot take the leader label off this pod");
+        }
+    }
+    match &elector {
+        Some(e) if lost => Err(OperatorError::LostLease(e.identity().to_string())),
+        Some(e) => {
+            e.release().await;
             Ok(())
         }
+        None => Ok(()),
     }
 }
 
 /// The status router (API, dashboard, control endpoint, metrics) on `options.listen`, not
-/// Ready until this replica leads with complete caches: the Service then sends trainers' posts
-/// and users to the replica that runs the jobs, not to a standby. Observers are whom the
-/// cluster says they are, and read what RBAC lets them `get` ([`access`]).
+/// Ready until it knows whether it leads. The Service selects the leader's pod by its label
+/// ([`lease::LeaderLabel`]), so trainers' posts and users reach the replica that runs the jobs.
+/// Observers are whom the cluster says they are, and read what RBAC lets them `get`
+/// ([`access`]).
 async fn serve_status(
     client: &Client,
     options: &OperatorOptions,
@@ -870,7 +949,7 @@ async fn serve_status(
     let mut hub = Hub::default();
     let metrics = Arc::new(OperatorMetrics::register(&mut hub.metrics.registry));
     let hub = Arc::new(hub);
-    hub.set_standby(true);
+    hub.set_role(Role::Starting);
     let listener = tokio::net::TcpListener::bind(&options.listen)
         .await
         .map_err(|source| OperatorError::Bind {
@@ -904,6 +983,7 @@ struct Writers {
     nodes: reflector::store::Writer<Node>,
     jobs: reflector::store::Writer<DecentralizedTrainingJob>,
     network_policies: Option<reflector::store::Writer<NetworkPolicy>>,
+    disruption_budgets: reflector::store::Writer<PodDisruptionBudget>,
 }
 
 struct AllStores {
@@ -920,6 +1000,7 @@ impl Writers {
         let (nodes, node_writer) = reflector::store();
         let (jobs, job_writer) = reflector::store();
         let (network_policies, network_policy_writer) = reflector::store();
+        let (disruption_budgets, disruption_budget_writer) = reflector::store();
         let stores = AllStores {
             stores: Stores {
                 pods,
@@ -928,6 +1009,7 @@ impl Writers {
                 secrets,
                 nodes,
                 network_policies: with_policies.then_some(network_policies),
+                disruption_budgets,
                 start_events: Default::default(),
             },
             jobs,
@@ -940,6 +1022,7 @@ impl Writers {
             nodes: node_writer,
             jobs: job_writer,
             network_policies: with_policies.then_some(network_policy_writer),
+            disruption_budgets: disruption_budget_writer,
         };
         (stores, writers)
     }
@@ -978,7 +1061,8 @@ fn controller(
         })
         .owns_stream(owned(client, &managed, w.services))
         .owns_stream(owned(client, &managed, w.config_maps))
-        .owns_stream(owned(client, &managed, w.secrets));
+        .owns_stream(owned(client, &managed, w.secrets))
+        .owns_stream(owned(client, &managed, w.disruption_budgets));
     if let Some(writer) = w.network_policies {
         controller = controller.owns_stream(owned(client, &managed, writer));
     }

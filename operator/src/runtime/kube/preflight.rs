@@ -39,6 +39,11 @@ pub const PERMISSIONS: &[(&str, &str, &str)] = &[
     ("patch", "", "secrets"),
     // The key Secret is immutable: an earlier job's of the same name is deleted, not edited.
     ("delete", "", "secrets"),
+    // A PodDisruptionBudget per job: a drain takes at most target − min members at once.
+    ("list", "policy", "poddisruptionbudgets"),
+    ("watch", "policy", "poddisruptionbudgets"),
+    ("create", "policy", "poddisruptionbudgets"),
+    ("patch", "policy", "poddisruptionbudgets"),
     ("list", "", "nodes"),
     ("watch", "", "nodes"),
     ("create", "events.k8s.io", "events"),

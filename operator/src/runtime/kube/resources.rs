@@ -1,5 +1,6 @@
 //! The objects a job owns, built from its spec (pure): a pod per member attempt, a headless
-//! Service for stable member DNS, the peer-key Secret, the topology ConfigMap.
+//! Service for stable member DNS, the peer-key Secret, the topology ConfigMap, the
+//! PodDisruptionBudget and (optionally) the NetworkPolicy.
 
 use std::collections::BTreeMap;
 
@@ -14,6 +15,7 @@ use k8s_openapi::api::networking::v1::{
     NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer,
     NetworkPolicyPort, NetworkPolicySpec,
 };
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -61,6 +63,9 @@ pub fn secret_name(job: &str) -> String {
 }
 pub fn network_policy_name(job: &str) -> String {
     format!("{job}-trainers")
+}
+pub fn disruption_budget_name(job: &str) -> String {
+    format!("{job}-members")
 }
 pub fn config_map_name(job: &str) -> String {
     format!("{job}-topology")
@@ -342,6 +347,45 @@ pub fn network_policy(job: &DecentralizedTrainingJob, n: &NetworkPolicySettings)
                 },
             ]),
         }),
+    }
+}
+
+/// How many of a job's members voluntary disruptions (a drain, an autoscaler's consolidation,
+/// an eviction) may take at once: the headroom between `replicas.target` and `replicas.min`, so
+/// a drain never takes the job below what it needs to train. At least one: a budget of zero
+/// would block every drain of a node that runs a member, and murmur replaces members anyway.
+pub fn disruption_headroom(job: &DecentralizedTrainingJob) -> u32 {
+    let replicas = &job.spec.replicas;
+    replicas.target.saturating_sub(replicas.min).max(1)
+}
+
+/// The job's PodDisruptionBudget. It says `minAvailable` (target − headroom), not
+/// `maxUnavailable`: the disruption controller can apply `maxUnavailable` only to pods whose
+/// owner has a scale subresource, and allows no disruption at all otherwise.
+pub fn disruption_budget(job: &DecentralizedTrainingJob) -> PodDisruptionBudget {
+    let available = job
+        .spec
+        .replicas
+        .target
+        .saturating_sub(disruption_headroom(job));
+    PodDisruptionBudget {
+        metadata: meta(job, disruption_budget_name(&name(job)), "disruption-budget"),
+        spec: Some(PodDisruptionBudgetSpec {
+            min_available: Some(IntOrString::Int(
+                i32::try_from(available).unwrap_or(i32::MAX),
+            )),
+            selector: Some(LabelSelector {
+                match_labels: Some(BTreeMap::from([
+                    (LABEL_JOB.into(), name(job)),
+                    (MANAGED_BY.into(), MANAGER.into()),
+                ])),
+                ..Default::default()
+            }),
+            // A member that is not Ready (still pulling, still joining) never holds up a drain.
+            unhealthy_pod_eviction_policy: Some("AlwaysAllow".into()),
+            ..Default::default()
+        }),
+        status: None,
     }
 }
 

@@ -6,7 +6,9 @@ use super::observe::tests::exited as terminated;
 use super::*;
 use http::{Request, Response};
 use k8s_openapi::api::core::v1::{NodeCondition, NodeStatus, PodCondition, PodStatus};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::client::Body;
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::watcher::Event;
@@ -82,6 +84,7 @@ struct Cluster {
     secrets: Writer<Secret>,
     nodes: Writer<Node>,
     network_policies: Writer<NetworkPolicy>,
+    disruption_budgets: Writer<PodDisruptionBudget>,
     pod_objects: BTreeMap<String, Pod>,
 }
 
@@ -171,6 +174,7 @@ impl Cluster {
         let (secrets, mut secret_writer) = reflector::store();
         let (nodes, mut node_writer) = reflector::store();
         let (network_policies, mut network_policy_writer) = reflector::store();
+        let (disruption_budgets, mut disruption_budget_writer) = reflector::store();
         // Every cache has listed (empty) before the first reconcile.
         synced(&mut pod_writer);
         synced(&mut service_writer);
@@ -178,6 +182,7 @@ impl Cluster {
         synced(&mut secret_writer);
         synced(&mut node_writer);
         synced(&mut network_policy_writer);
+        synced(&mut disruption_budget_writer);
         node_writer.apply_watcher_event(&Event::Apply(node("node-a", "True", at(0))));
         let stores = Stores {
             pods,
@@ -186,6 +191,7 @@ impl Cluster {
             secrets,
             nodes,
             network_policies: Some(network_policies),
+            disruption_budgets,
             start_events: Default::default(),
         };
         let mut hub = Hub::default();
@@ -197,6 +203,7 @@ impl Cluster {
             metrics,
             settings,
             "test".into(),
+            Arc::new(lease::Leadership::unelected()),
         );
         let now = Arc::new(Mutex::new(at(1)));
         let clock = now.clone();
@@ -208,6 +215,7 @@ impl Cluster {
             settings: ctx.settings.clone(),
             instance: ctx.instance.clone(),
             clock: Arc::new(move || *clock.lock()),
+            leadership: ctx.leadership.clone(),
             recorder: ctx.recorder.clone(),
             jobs: Mutex::default(),
             trigger: ctx.trigger.clone(),
@@ -225,6 +233,7 @@ impl Cluster {
             secrets: secret_writer,
             nodes: node_writer,
             network_policies: network_policy_writer,
+            disruption_budgets: disruption_budget_writer,
             pod_objects: BTreeMap::new(),
         }
     }
@@ -239,6 +248,7 @@ impl Cluster {
             settings: self.ctx.settings.clone(),
             instance: "restarted".into(),
             clock: self.ctx.clock.clone(),
+            leadership: self.ctx.leadership.clone(),
             recorder: self.ctx.recorder.clone(),
             jobs: Mutex::default(),
             trigger: self.ctx.trigger.clone(),
@@ -344,6 +354,11 @@ impl Cluster {
             ("PATCH", p) if p.contains("/networkpolicies/") => {
                 let n: NetworkPolicy = serde_json::from_value(call.body.clone()).unwrap();
                 self.network_policies.apply_watcher_event(&Event::Apply(n));
+            }
+            ("PATCH", p) if p.contains("/poddisruptionbudgets/") => {
+                let b: PodDisruptionBudget = serde_json::from_value(call.body.clone()).unwrap();
+                self.disruption_budgets
+                    .apply_watcher_event(&Event::Apply(b));
             }
             _ => {}
         }
@@ -553,7 +568,7 @@ async fn an_earlier_jobs_key_secret_of_the_same_name_is_replaced_not_inherited()
 }
 
 #[tokio::test]
-async fn a_new_job_gets_its_service_secret_config_map_and_one_pod_per_member() {
+async fn a_new_job_gets_its_service_secret_budget_config_map_and_one_pod_per_member() {
     let mut c = Cluster::new(MANIFEST);
     let (action, calls) = c.reconcile().await;
     let paths: Vec<String> = calls
@@ -565,6 +580,7 @@ async fn a_new_job_gets_its_service_secret_config_map_and_one_pod_per_member() {
         vec![
             "PATCH /api/v1/namespaces/ml/services/mnist-peers",
             "PATCH /api/v1/namespaces/ml/secrets/mnist-peer-key",
+            "PATCH /apis/policy/v1/namespaces/ml/poddisruptionbudgets/mnist-members",
             // Created, never applied: an attempt's pod is immutable (the real API server
             // refused an apply onto an existing one whose spec had been edited).
             "POST /api/v1/namespaces/ml/pods",
@@ -588,7 +604,7 @@ async fn a_new_job_gets_its_service_secret_config_map_and_one_pod_per_member() {
         }
     }
     // Every object is owned by the job.
-    for call in &calls[..7] {
+    for call in &calls[..8] {
         let owner = &call.body["metadata"]["ownerReferences"][0];
         assert_eq!(owner["uid"], "uid-1", "{}", call.path);
         assert_eq!(owner["controller"], true);
@@ -599,7 +615,7 @@ async fn a_new_job_gets_its_service_secret_config_map_and_one_pod_per_member() {
     assert_eq!(service["publishNotReadyAddresses"], true);
     assert!(calls[1].body["data"]["peer-key"].as_str().unwrap().len() > 40);
 
-    let pod: Pod = serde_json::from_value(calls[3].body.clone()).unwrap();
+    let pod: Pod = serde_json::from_value(calls[4].body.clone()).unwrap();
     let labels = pod.metadata.labels.as_ref().unwrap();
     assert_eq!(labels[resources::LABEL_JOB], "mnist");
     assert_eq!(labels[resources::LABEL_MEMBER], "1");
@@ -920,6 +936,70 @@ async fn members_outside_their_cliques_zone_are_moved_there_once_and_ask_for_its
             }
         }
     }
+}
+
+#[tokio::test]
+async fn each_job_has_a_disruption_budget_of_its_headroom_written_once() {
+    let mut c = Cluster::new(MANIFEST);
+    let (_, calls) = c.reconcile().await;
+    let applied: Vec<&Call> = calls
+        .iter()
+        .filter(|c| c.path.contains("/poddisruptionbudgets/"))
+        .collect();
+    assert_eq!(applied.len(), 1, "{calls:#?}");
+    assert_eq!(
+        applied[0].path,
+        "/apis/policy/v1/namespaces/ml/poddisruptionbudgets/mnist-members"
+    );
+    let budget: PodDisruptionBudget = serde_json::from_value(applied[0].body.clone()).unwrap();
+    assert_eq!(
+        budget.metadata.owner_references.as_ref().unwrap()[0].uid,
+        "uid-1"
+    );
+    let spec = budget.spec.unwrap();
+    let r = &c.job.spec.replicas;
+    assert!(r.target > r.min, "the manifest has headroom");
+    // With every member up, a drain may take target − min of them.
+    assert_eq!(spec.min_available, Some(IntOrString::Int(r.min as i32)));
+    assert_eq!(spec.max_unavailable, None, "needs a scale subresource");
+    assert_eq!(
+        spec.unhealthy_pod_eviction_policy.as_deref(),
+        Some("AlwaysAllow")
+    );
+    let selector = spec.selector.unwrap().match_labels.unwrap();
+    assert_eq!(selector[resources::LABEL_JOB], "mnist");
+    // Every member pod is selected by it.
+    for call in calls
+        .iter()
+        .filter(|c| c.method == "POST" && c.path.ends_with("/pods"))
+    {
+        let labels = &call.body["metadata"]["labels"];
+        for (k, v) in &selector {
+            assert_eq!(labels[k], json!(v), "{labels}");
+        }
+    }
+    // Written once: an unchanged budget is not applied again.
+    let (_, calls) = c.reconcile().await;
+    assert!(
+        !calls
+            .iter()
+            .any(|c| c.path.contains("/poddisruptionbudgets/"))
+    );
+}
+
+#[test]
+fn a_job_without_headroom_still_lets_drains_take_one_member_at_a_time() {
+    let mut job = job(MANIFEST);
+    job.spec.replicas.min = job.spec.replicas.target;
+    let spec = resources::disruption_budget(&job).spec.unwrap();
+    assert_eq!(
+        spec.min_available,
+        Some(IntOrString::Int(job.spec.replicas.target as i32 - 1))
+    );
+    job.spec.replicas.target = 1;
+    job.spec.replicas.min = 1;
+    let spec = resources::disruption_budget(&job).spec.unwrap();
+    assert_eq!(spec.min_available, Some(IntOrString::Int(0)));
 }
 
 /// A NetworkPolicy rule's peers and ports (ingress `from` or egress `to`).
@@ -1470,7 +1550,7 @@ async fn the_lease_is_taken_with_optimistic_concurrency() {
         Duration::from_secs(15),
     );
     let server = tokio::spawn(async move {
-        // GET: another replica's lease, renewed long ago.
+        // GET: a lease another replica released.
         let (request, send) = handle.next_request().await.unwrap();
         assert_eq!(request.method(), "GET");
         assert_eq!(
@@ -1480,7 +1560,7 @@ async fn the_lease_is_taken_with_optimistic_concurrency() {
         let stale = json!({
             "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
             "metadata": {"name": "murmur-operator", "namespace": "murmur-system", "resourceVersion": "41"},
-            "spec": {"holderIdentity": "replica-b", "leaseDurationSeconds": 15,
+            "spec": {"holderIdentity": "", "leaseDurationSeconds": 1,
                      "renewTime": "2020-01-01T00:00:00.000000Z", "leaseTransitions": 3}
         });
         send.send_response(
@@ -1902,8 +1982,9 @@ fn bare_api_server(
                 p.iter().filter(|(v, _, _)| v == "watch").count()
             };
             if needs.iter().any(|(v, _, _)| v == "watch") {
-                // Jobs, pods, services, config maps, secrets, nodes, network policies.
-                if watches == 7
+                // Jobs, pods, services, config maps, secrets, nodes, network policies,
+                // disruption budgets.
+                if watches == 8
                     && let Some(tx) = watched.take()
                 {
                     let _ = tx.send(());
@@ -1947,6 +2028,11 @@ fn bare_api_server(
                         json!({"authenticated": true, "user": {"username": "observer"}});
                     (201, review)
                 }
+                // The operator labels its own pod while it leads (a merge patch).
+                ("PATCH", Some((_, _, r))) if r == "pods" => (
+                    200,
+                    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "murmur-operator-a"}}),
+                ),
                 _ => (200, body.clone()),
             };
             send.send_response(
@@ -1994,15 +2080,22 @@ async fn the_operator_uses_exactly_the_permissions_it_declares() {
         }),
         instance: "replica-a".into(),
         crd_wait: WAIT,
+        pod: Some(PodName {
+            namespace: "murmur-system".into(),
+            name: "murmur-operator-a".into(),
+        }),
     };
-    // Once every watch is up and the caches have listed, the leader turns Ready.
+    // Once every watch is up and the caches have listed, the replica leads.
     let became_ready = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let ready = became_ready.clone();
     let shutdown = async move {
         let _ = watched_rx.await;
         for _ in 0..200 {
-            let answer = reqwest::get(format!("http://127.0.0.1:{port}/readyz")).await;
-            if answer.is_ok_and(|a| a.status() == 200) {
+            let answer = match reqwest::get(format!("http://127.0.0.1:{port}/readyz")).await {
+                Ok(a) => a.text().await.unwrap_or_default(),
+                Err(_) => String::new(),
+            };
+            if answer == "leading\n" {
                 ready.store(true, std::sync::atomic::Ordering::Relaxed);
                 // An observer's read: its token and its access reviewed by the API server.
                 let metrics = reqwest::Client::new()
@@ -2025,7 +2118,7 @@ async fn the_operator_uses_exactly_the_permissions_it_declares() {
     .expect("every watch started and the operator shut down")
     .expect("the operator ran");
     assert!(became_ready.load(std::sync::atomic::Ordering::Relaxed));
-    // Another replica takes the (expired) Lease over: an update.
+    // Another replica takes the Lease the first released on shutdown at once: an update.
     let other = lease::Elector::new(
         Api::namespaced(client, "murmur-system"),
         "murmur-operator",
