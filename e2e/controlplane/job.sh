@@ -21,7 +21,7 @@
 #   --delete-node          a spot node that runs a member dies (its container killed), its Node is
 #                          deleted as a cloud's node controller does, and a new spot node joins
 #                          its zone as an autoscaler would bring one
-#   --delete-operator-pod  kubectl delete the operator's pod (its Deployment makes another)
+#   --delete-operator-pod  kubectl delete the leading operator's pod (its Deployment makes another)
 #   --upgrade-operator     helm upgrade of the operator to 2 replicas with a new pod template (a
 #                          rolling update); must complete within 120 s, a replica leading after
 #   --zones, --nodes-per-zone  the spot nodes, default 2 zones of 2 (each a real node: this
@@ -416,8 +416,11 @@ EOF
         BACKGROUND+=($!)
         ;;
     delete-operator-pod)
-        operator_pod=$("$K" -n murmur-system get pods -l app.kubernetes.io/component=operator -o jsonpath='{.items[0].metadata.name}')
-        say "step $(step): deleting the operator's pod $operator_pod"
+        # The leader's (the one the Service reaches), when one is labelled.
+        operator_pod=$("$K" -n murmur-system get pods -l murmur.dev/operator-leader=true -o jsonpath='{.items[0].metadata.name}' 2>/dev/null || true)
+        [[ -n $operator_pod ]] ||
+            operator_pod=$("$K" -n murmur-system get pods -l app.kubernetes.io/component=operator -o jsonpath='{.items[0].metadata.name}')
+        say "step $(step): deleting the operator's pod $operator_pod (the leader)"
         record delete-operator-pod "$operator_pod" null "" "$(now)"
         "$K" -n murmur-system delete pod "$operator_pod" --wait=false >/dev/null
         ;;

@@ -279,8 +279,9 @@ wait_for kube-apiserver https_ok "$SERVER/readyz"
 # root CA ConfigMap, owner-reference garbage collection, node lifecycle (NotReady nodes get
 # tainted) and taint eviction, pod GC (pods of deleted nodes), PodDisruptionBudget status (the
 # Eviction API checks it), Deployments/ReplicaSets/StatefulSets/Jobs (the chart and the test
-# workloads), EndpointSlices for Services, the aggregated ClusterRoles (admin/edit/view), and
-# PersistentVolumeClaims bound to PersistentVolumes (checkpoint volumes on real nodes).
+# workloads), EndpointSlices for Services, the aggregated ClusterRoles (admin/edit/view),
+# PersistentVolumeClaims bound to PersistentVolumes (checkpoint volumes on real nodes), and
+# ResourceQuota usage (quota admission refuses pods until a quota's status is counted).
 # Each controller acts as its own ServiceAccount in kube-system (--use-service-account-credentials,
 # as kubeadm sets it): the API server's bootstrap RBAC policy grants the controllers' roles to
 # those accounts; the user system:kube-controller-manager alone may not, e.g., create the
@@ -304,6 +305,7 @@ CONTROLLERS=(
     endpointslice-controller
     clusterrole-aggregation-controller
     persistentvolume-binder-controller
+    resourcequota-controller
 )
 say "starting kube-controller-manager, kube-scheduler and kwok"
 KCM_KUBECONFIG=$DIR/kubeconfigs/controller-manager.kubeconfig

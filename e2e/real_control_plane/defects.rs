@@ -228,6 +228,122 @@ pub async fn pods_rejected_say_why(env: &Env) {
     s.finish().await;
 }
 
+/// A ResourceQuota admits only some of a job's pods: the admitted members train (the topology
+/// is built from them once `replicas.min` have joined), the job runs `Degraded` with a
+/// `PodsRejected` condition naming the quota, the refused pods are retried with backoff (not
+/// re-posted at every reconcile: the API server's audit log counts the tries), and once the
+/// quota is raised every member runs.
+pub async fn partly_admitted_jobs_run_with_what_they_got(env: &Env) {
+    let mut s = Scene::new(env, "partial", &["--resync", "2s"]).await;
+    nodes(&mut s, "partial").await;
+    env.cp.apply(&format!(
+        "apiVersion: v1\nkind: ResourceQuota\nmetadata: {{name: pods, namespace: {}}}\nspec: {{hard: {{pods: \"3\"}}}}\n",
+        s.ns
+    ));
+    // The quota controller has to have counted the namespace before it admits anything.
+    let deadline = Instant::now() + MINUTE;
+    while env
+        .cp
+        .kubectl_ok(&[
+            "get",
+            "resourcequota",
+            "pods",
+            "-n",
+            &s.ns,
+            "-o",
+            "jsonpath={.status.hard.pods}",
+        ])
+        .trim()
+        != "3"
+    {
+        assert!(Instant::now() < deadline, "the quota was never counted");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let began = Instant::now();
+    s.job(
+        "ring-cpu.yaml",
+        "quota",
+        json!({"spec": {"scheduling": {"capacity": "spot"}, "replicas": {"min": 3, "target": 5, "max": 5}}}),
+    );
+    let admitted = s.running("quota", 3).await;
+    assert_eq!(admitted.len(), 3, "{:?}", admitted.keys());
+    s.join("quota", admitted.keys().copied()).await;
+    let status = s
+        .until_status(
+            "quota",
+            "Degraded with the admitted members",
+            MINUTE,
+            |st| {
+                st["phase"] == "Degraded"
+                    && st["topologyVersion"].as_u64() >= Some(1)
+                    && st["conditions"].as_array().is_some_and(|c| {
+                        c.iter()
+                            .any(|c| c["type"] == "PodsRejected" && c["status"] == "True")
+                    })
+            },
+        )
+        .await;
+    let condition = status["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "PodsRejected")
+        .unwrap()
+        .clone();
+    let message = condition["message"].as_str().unwrap();
+    assert!(message.contains("exceeded quota"), "{condition}");
+    println!(
+        "  quota of 3 pods for 5 members: Degraded with 3 in the topology {:.1} s after the apply; {message}",
+        began.elapsed().as_secs_f64()
+    );
+    // Retried with backoff (5 s, doubling), not at every 2 s resync: over 20 s, a handful of
+    // refused creates rather than two per resync.
+    let refused = || {
+        std::fs::read_to_string(super::audit_log())
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| {
+                l.contains("\"verb\":\"create\"")
+                    && l.contains(&format!("/namespaces/{}/pods", s.ns))
+                    && l.contains("\"code\":403")
+            })
+            .count()
+    };
+    let before = refused();
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let tries = refused() - before;
+    assert!(
+        (1..=4).contains(&tries),
+        "{tries} refused pod creates in 20 s at --resync 2s"
+    );
+    println!("  refused creates in 20 s at --resync 2s: {tries} (backoff, slow start)");
+    // The admin raises the quota: the rest start, the condition clears, the job runs.
+    env.cp.kubectl_ok(&[
+        "patch",
+        "resourcequota",
+        "pods",
+        "-n",
+        &s.ns,
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"hard":{"pods":"10"}}}"#,
+    ]);
+    let all = s.running("quota", 5).await;
+    s.join("quota", all.keys().copied()).await;
+    s.until_status("quota", "Running with every member", 2 * MINUTE, |st| {
+        st["phase"] == "Running"
+            && st["conditions"].as_array().is_some_and(|c| {
+                c.iter()
+                    .any(|c| c["type"] == "PodsRejected" && c["status"] == "False")
+            })
+    })
+    .await;
+    let status = s.status("quota").await;
+    assert_eq!(status["restarts"], 0, "a refusal is not a crash");
+    assert_eq!(status["preemptions"], 0, "nor a preemption");
+    s.finish().await;
+}
+
 /// A force-deleted pod is replaced at once, not at the next resync (the pod watch keeps delete
 /// events).
 pub async fn deletes_are_seen(env: &Env) {

@@ -23,6 +23,9 @@ pub const ALL: &[(&str, Scenario)] = &[
     ("defect-pods-rejected", |env| {
         Box::pin(defects::pods_rejected_say_why(env))
     }),
+    ("defect-partly-admitted", |env| {
+        Box::pin(defects::partly_admitted_jobs_run_with_what_they_got(env))
+    }),
     ("defect-deletes", |env| {
         Box::pin(defects::deletes_are_seen(env))
     }),

@@ -305,30 +305,6 @@ impl JobDriver {
         self.hub.publish(&self.handle, plan.view.clone());
     }
 
-    /// The runtime could not create members' pods (`why`: the API server's word): the job
-    /// says so in a condition (and an event, returned for the runtime to write). The plan that
-    /// asked for them is not committed: they are planned again.
-    pub fn pods_rejected(&mut self, why: &str, now: Timestamp) -> Vec<Event> {
-        let (state, actions) = planner::pods_rejected(&self.memory.state, why, now);
-        self.memory.state = state;
-        let events: Vec<Event> = actions
-            .into_iter()
-            .filter_map(|a| match a {
-                Action::Event(e) => Some(e),
-                _ => None,
-            })
-            .collect();
-        for e in &events {
-            self.record(e.clone(), now);
-        }
-        events
-    }
-
-    /// Members' pods were created: a rejection said before is over.
-    pub fn pods_accepted(&mut self, now: Timestamp) {
-        self.memory.state = planner::pods_accepted(&self.memory.state, now);
-    }
-
     /// Keep an event for the status API (the runtime prints it or writes it to the cluster).
     pub fn record(&self, event: Event, now: Timestamp) {
         self.handle

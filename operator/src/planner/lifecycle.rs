@@ -9,7 +9,7 @@
 //!                        │  └──────── join report (no node: processes) ─┤
 //!                        │ fall back to on-demand                       │ job no longer needs it
 //!                        ▼                                              ▼
-//!               Ended(FellBack)     Pending/Scheduled/Joined ──► Retiring ──► Ended(Retired)
+//!     Ended(FellBack | Refused)     Pending/Scheduled/Joined ──► Retiring ──► Ended(Retired)
 //!                                   Pending/Scheduled/Joined ──► Ended(Completed | Preempted | Failed)
 //!   Ended(anything but Completed) ──── next attempt ────► Pending
 //! ```
@@ -30,6 +30,9 @@ pub enum End {
     Retired,
     /// Stopped while waiting for a spot node: the next attempt runs on-demand.
     FellBack,
+    /// The API server refused the attempt's pod (a quota, an admission policy): it never
+    /// existed, counts as nothing, and the same attempt is created again after a backoff.
+    Refused,
 }
 
 /// Where a member id's current attempt is.
@@ -58,7 +61,7 @@ impl Lifecycle {
     pub const PENDING: Lifecycle = Lifecycle::Pending { reported: false };
 
     /// Every state, for exhaustive checks.
-    pub const ALL: [Lifecycle; 11] = [
+    pub const ALL: [Lifecycle; 12] = [
         Lifecycle::New,
         Lifecycle::Pending { reported: false },
         Lifecycle::Pending { reported: true },
@@ -74,6 +77,7 @@ impl Lifecycle {
         Lifecycle::Ended { how: End::Failed },
         Lifecycle::Ended { how: End::Retired },
         Lifecycle::Ended { how: End::FellBack },
+        Lifecycle::Ended { how: End::Refused },
     ];
 
     /// The attempt was created and its end is not settled yet.
@@ -118,7 +122,12 @@ impl Lifecycle {
             (Pending { .. }, Scheduled | Joined) => true,
             (Scheduled, Joined) => true,
             (Pending { .. } | Scheduled | Joined, Retiring) => true,
-            (Pending { .. }, Ended { how: End::FellBack }) => true,
+            (
+                Pending { .. },
+                Ended {
+                    how: End::FellBack | End::Refused,
+                },
+            ) => true,
             (
                 Pending { .. } | Scheduled | Joined,
                 Ended {
@@ -163,7 +172,10 @@ pub struct MemberRecord {
     /// Crashes of this id (for the backoff).
     #[serde(skip_serializing_if = "is_zero")]
     pub crashes: u32,
-    /// No new attempt before this (crash backoff).
+    /// Refusals of this attempt's pod in a row (for the backoff).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub refusals: u32,
+    /// No new attempt before this (crash or refusal backoff).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub not_before: Option<k8s_openapi::jiff::Timestamp>,
     /// The clique it was in when it left the topology: its next attempt asks for that clique's

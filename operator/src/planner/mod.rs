@@ -344,35 +344,68 @@ pub fn reject(state: &JobState, problems: &str, now: Timestamp) -> (JobState, Ve
     (s, actions)
 }
 
-/// The API server refused to create members' pods (`why`: its message): the `PodsRejected`
-/// condition says so, and an event when the message is new. Nothing else changes: the refused
-/// members are planned again.
-pub fn pods_rejected(state: &JobState, why: &str, now: Timestamp) -> (JobState, Vec<Action>) {
+/// A refused pod's next try waits this long, doubling with each refusal in a row.
+pub const REFUSAL_BACKOFF_SECONDS: f64 = 5.0;
+/// ... up to this.
+pub const REFUSAL_BACKOFF_MAX_SECONDS: f64 = 300.0;
+
+/// The API server's answers to the pods one plan created. `refused` (member, attempt, its
+/// message) never existed: each ends `Refused` and is tried again after a backoff, while the
+/// members that were admitted run (the job is `Degraded` until every member is). The
+/// `PodsRejected` condition names the refusal, with an event when its message is new; once a
+/// plan's pods are all admitted it clears.
+pub fn creates_answered(
+    state: &JobState,
+    accepted: &[(MemberId, u32)],
+    refused: &[(MemberId, u32, String)],
+    now: Timestamp,
+) -> (JobState, Vec<Action>) {
     let mut s = state.clone();
     let mut actions = Vec::new();
-    if set_condition(
-        &mut s.conditions,
-        ConditionType::PodsRejected,
-        true,
-        "PodsRejected",
-        why,
-        None,
-        Time(now),
-    ) {
-        actions.push(event(
-            EventKind::Warning,
-            Reason::PodsRejected,
-            None,
-            format!("the API server refuses the members' pods; they are retried: {why}"),
-        ));
+    for &(id, attempt) in accepted {
+        if let Some(r) = s.members.get_mut(&id).filter(|r| r.attempt == attempt) {
+            r.refusals = 0;
+        }
     }
-    (s, actions)
-}
-
-/// Pods were created again: a `PodsRejected` condition, if any, clears.
-pub fn pods_accepted(state: &JobState, now: Timestamp) -> JobState {
-    let mut s = state.clone();
-    if condition_is_true(&s.conditions, ConditionType::PodsRejected) {
+    for (id, attempt, _) in refused {
+        let Some(r) = s.members.get_mut(id).filter(|r| r.attempt == *attempt) else {
+            continue;
+        };
+        if !r.lifecycle.is_live() {
+            continue;
+        }
+        r.become_(Lifecycle::Ended { how: End::Refused });
+        r.refusals = r.refusals.saturating_add(1);
+        let wait = (REFUSAL_BACKOFF_SECONDS * 2f64.powi(r.refusals.min(16) as i32 - 1))
+            .min(REFUSAL_BACKOFF_MAX_SECONDS);
+        r.not_before = Some(after(now, wait));
+    }
+    if let Some((_, _, why)) = refused.first() {
+        let message = if refused.len() == 1 {
+            why.clone()
+        } else {
+            format!("{} members' pods refused; the first: {why}", refused.len())
+        };
+        if set_condition(
+            &mut s.conditions,
+            ConditionType::PodsRejected,
+            true,
+            "PodsRejected",
+            &message,
+            None,
+            Time(now),
+        ) {
+            actions.push(event(
+                EventKind::Warning,
+                Reason::PodsRejected,
+                None,
+                format!(
+                    "the API server refuses members' pods; the others run, and these are retried with backoff: {message}"
+                ),
+            ));
+        }
+    } else if !accepted.is_empty() && condition_is_true(&s.conditions, ConditionType::PodsRejected)
+    {
         set_condition(
             &mut s.conditions,
             ConditionType::PodsRejected,
@@ -383,7 +416,7 @@ pub fn pods_accepted(state: &JobState, now: Timestamp) -> JobState {
             Time(now),
         );
     }
-    s
+    (s, actions)
 }
 
 /// The earliest moment after `now` at which planning again could change something without any
@@ -851,11 +884,17 @@ fn create_members(
         if record.not_before.is_some_and(|t| t > now) {
             continue;
         }
-        let replacing = record.lifecycle != Lifecycle::New;
+        // A refused attempt never existed: it is tried again as it was.
+        let again = record.lifecycle == (Lifecycle::Ended { how: End::Refused });
+        let replacing = record.lifecycle != Lifecycle::New && !again;
         if replacing {
             record.attempt += 1;
         }
-        let on_demand = record.lifecycle == (Lifecycle::Ended { how: End::FellBack });
+        let on_demand = match record.lifecycle {
+            Lifecycle::Ended { how: End::FellBack } => true,
+            Lifecycle::Ended { how: End::Refused } => record.on_demand,
+            _ => false,
+        };
         record.become_(Lifecycle::PENDING);
         record.on_demand = on_demand;
         record.not_before = None;

@@ -1046,3 +1046,85 @@ fn a_condition_reason_is_one_word() {
     assert_eq!(condition_reason(""), "NotStarting");
     assert_eq!(condition_reason("Odd:"), "NotStarting");
 }
+
+#[test]
+fn refused_pods_back_off_while_the_admitted_members_train_degraded() {
+    let mut w = World::new(spec());
+    w.plan();
+    // A quota admits members 0 and 1; the API server refuses 2, and 3 is not tried after it.
+    let refused = vec![
+        (2, 0, "plan-2-0: exceeded quota: pods=2".to_string()),
+        (
+            3,
+            0,
+            "plan-3-0: not tried after plan-2-0: exceeded quota".to_string(),
+        ),
+    ];
+    let (s, actions) = creates_answered(&w.state, &[(0, 0), (1, 0)], &refused, at(0.0));
+    w.state = s;
+    for id in [2, 3] {
+        w.observed.members.remove(&id);
+    }
+    assert_eq!(World::reasons(&actions), vec!["PodsRejected"]);
+    let r = &w.state.members[&2];
+    assert_eq!(r.lifecycle, Lifecycle::Ended { how: End::Refused });
+    assert_eq!((r.attempt, r.refusals, r.not_before), (0, 1, Some(at(5.0))));
+    let c = w
+        .state
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "PodsRejected")
+        .unwrap();
+    assert_eq!(c.status, "True");
+    assert!(
+        c.message.contains("2 members' pods refused"),
+        "{}",
+        c.message
+    );
+    // Inside the backoff, nothing is tried again; the admitted members join.
+    w.join(0);
+    w.join(1);
+    w.now = 4.0;
+    assert!(World::creates(&w.plan()).is_empty());
+    // After it, the same attempts again (they never existed): no Replaced event.
+    w.now = 5.0;
+    let again = w.plan();
+    assert_eq!(World::creates(&again), vec![(2, 0), (3, 0)]);
+    assert!(!World::reasons(&again).contains(&"Replaced"));
+    // Refused a second time: the backoff doubles, and the refusals count up to a cap.
+    let (s, actions) = creates_answered(&w.state, &[], &refused, at(5.0));
+    w.state = s;
+    for id in [2, 3] {
+        w.observed.members.remove(&id);
+    }
+    assert!(actions.is_empty(), "the same message is said once");
+    assert_eq!(w.state.members[&2].not_before, Some(at(15.0)));
+    let mut capped = w.state.clone();
+    capped.members.get_mut(&2).unwrap().refusals = 40;
+    capped.members.get_mut(&2).unwrap().lifecycle = Lifecycle::PENDING;
+    let (capped, _) = creates_answered(&capped, &[], &refused[..1], at(100.0));
+    assert_eq!(capped.members[&2].not_before, Some(at(400.0)));
+    // The job goes on with the members it got: after the join grace the topology is built
+    // from the two (replicas.min) and it runs Degraded, its refusal still said.
+    // The same plan tries the refused ones again (their backoff is over too).
+    w.now = 15.0;
+    let creates = World::creates(&w.plan());
+    assert!(w.state.topology.is_some());
+    assert_eq!(w.state.phase, JobPhase::Degraded);
+    assert_eq!(creates, vec![(2, 0), (3, 0)]);
+    // Admitted at last: they join, the condition clears, the job runs.
+    let (s, _) = creates_answered(&w.state, &creates, &[], at(15.0));
+    w.state = s;
+    assert_eq!(w.state.members[&2].refusals, 0);
+    assert!(
+        w.state
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "PodsRejected" && c.status == "False")
+    );
+    w.join(2);
+    w.join(3);
+    w.now = 16.0;
+    w.plan();
+    assert_eq!(w.state.phase, JobPhase::Running);
+}

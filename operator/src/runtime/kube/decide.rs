@@ -164,6 +164,54 @@ impl Decision {
             + usize::from(self.delete_job)
     }
 
+    /// The API server's answers to this decision's creates, before anything else is written:
+    /// refused pods end `Refused` and are retried after a backoff while the admitted members
+    /// run ([`planner::creates_answered`]); the ConfigMap and the status written next say so.
+    pub fn answered(
+        &mut self,
+        job: &DecentralizedTrainingJob,
+        accepted: &[(MemberId, u32)],
+        refused: &[(MemberId, u32, String)],
+        now: Timestamp,
+    ) {
+        let (state, actions) =
+            planner::creates_answered(&self.plan.memory.state, accepted, refused, now);
+        if state == self.plan.memory.state {
+            return;
+        }
+        self.plan.memory.state = state;
+        self.plan
+            .events
+            .extend(actions.into_iter().filter_map(|a| match a {
+                Action::Event(e) => Some(e),
+                _ => None,
+            }));
+        let data = self.plan.memory.data(self.plan.document.as_ref());
+        self.config_map = Some(resources::config_map(job, data));
+        let mut status = self
+            .status
+            .clone()
+            .unwrap_or_else(|| self.plan.view.status.clone());
+        status.conditions = crate::status::view::status_conditions(&self.plan.memory.state);
+        self.plan.view.status.conditions = status.conditions.clone();
+        self.status = Some(status);
+        if !refused.is_empty() {
+            // Back when the first refused pod may be tried again.
+            let wait = self
+                .plan
+                .memory
+                .state
+                .members
+                .values()
+                .filter_map(|r| r.not_before)
+                .map(|t| planner::seconds_since(now, t).max(1.0))
+                .fold(f64::INFINITY, f64::min);
+            if wait.is_finite() {
+                self.requeue = self.requeue.min(Duration::from_secs_f64(wait));
+            }
+        }
+    }
+
     /// The pod an event is about: its member's attempt.
     pub fn pod_of(job: &str, event: &planner::Event) -> Option<String> {
         Some(resources::pod_name(job, event.member?, event.attempt?))

@@ -46,7 +46,7 @@ pub use resources::Settings;
 
 use crate::driver::JobDriver;
 use crate::planner;
-use crate::status::{Hub, Inbound, Role, view};
+use crate::status::{Hub, Inbound, Role};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -471,7 +471,7 @@ async fn execute(
     job: &DecentralizedTrainingJob,
     ctx: &Arc<Context>,
     live: &Arc<Mutex<Live>>,
-    d: Decision,
+    mut d: Decision,
     now: Timestamp,
 ) -> Result<Action, Error> {
     if !ctx.leadership.may_write() {
@@ -508,9 +508,17 @@ async fn execute(
     if let Some(budget) = &d.disruption_budget {
         apply_object(ctx, &namespace, budget, "poddisruptionbudget").await?;
     }
-    let rejected = write_pods(ctx, &namespace, live, &d, now).await?;
-    if !rejected.is_empty() {
-        return pods_rejected(job, ctx, live, &d, &rejected.join("; "), now).await;
+    let (accepted, refused) = write_pods(ctx, &namespace, live, &d, now).await?;
+    if !d.create.is_empty() {
+        if !refused.is_empty() {
+            tracing::warn!(
+                refused = refused.len(),
+                admitted = accepted.len(),
+                reason = %refused[0].2,
+                "the API server refuses members' pods; the admitted ones run"
+            );
+        }
+        d.answered(job, &accepted, &refused, now);
     }
     if let Some(config_map) = &d.config_map {
         apply_object(ctx, &namespace, config_map, "configmap").await?;
@@ -526,9 +534,6 @@ async fn execute(
         l.created
             .retain(|_, t| planner::seconds_since(*t, now) < grace);
         l.driver.commit(&d.plan, now);
-        if !d.create.is_empty() {
-            l.driver.pods_accepted(now);
-        }
     }
     ctx.metrics.observe(&d.plan.view);
     for event in &d.plan.events {
@@ -548,15 +553,22 @@ async fn execute(
     Ok(Action::requeue(d.requeue))
 }
 
-/// The decision's pod writes: create, delete, relabel. Returns the API server's refusals of
-/// pods to create (each "pod: why"); any other error ends the reconcile.
+/// Pods created at once, at most: the batches double from one up to this.
+const CREATE_BATCH_MAX: usize = 64;
+
+/// The decision's pod writes: create, delete, relabel. Creates go in batches that double from
+/// one (as Kubernetes' Job controller starts pods), so a quota or an admission policy that
+/// refuses them costs one request, not one per member: after a batch with a refusal the rest
+/// are not tried, and count as refused with it. Returns the admitted and the refused
+/// (member, attempt[, why]); an error other than a refusal ends the reconcile (kube's client
+/// has already retried 429s and 503s with backoff).
 async fn write_pods(
     ctx: &Context,
     namespace: &str,
     live: &Mutex<Live>,
     d: &Decision,
     now: Timestamp,
-) -> Result<Vec<String>, Error> {
+) -> Result<(Vec<(MemberId, u32)>, Vec<(MemberId, u32, String)>), Error> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
     let m = &ctx.metrics;
     // Created, never applied: an attempt's pod is immutable, and an apply onto one that exists
@@ -566,22 +578,56 @@ async fn write_pods(
         field_manager: Some(ctx.settings.field_manager.clone()),
         ..Default::default()
     };
-    let mut rejected = Vec::new();
-    for pod in &d.create {
-        let object = pod.name_any();
-        if let Some((member, attempt)) = observe::member_of(pod) {
-            live.lock().created.insert((member, attempt), now);
+    let mut accepted = Vec::new();
+    let mut refused: Vec<(MemberId, u32, String)> = Vec::new();
+    let mut failed = None;
+    let mut queue = d
+        .create
+        .iter()
+        .filter_map(|p| Some((observe::member_of(p)?, p)));
+    let mut batch = 1;
+    while refused.is_empty() && failed.is_none() {
+        let chunk: Vec<((MemberId, u32), &Pod)> = queue.by_ref().take(batch).collect();
+        if chunk.is_empty() {
+            break;
         }
-        match pods.create(&create, pod).await {
-            Ok(_) => m.wrote("pod", 1),
-            Err(kube::Error::Api(e)) if e.code == 409 => {}
-            Err(kube::Error::Api(e)) if matches!(e.code, 400 | 403 | 422) => {
-                if let Some(key) = observe::member_of(pod) {
-                    live.lock().created.remove(&key);
-                }
-                rejected.push(format!("{object}: {}", e.message));
+        {
+            let mut l = live.lock();
+            for (key, _) in &chunk {
+                l.created.insert(*key, now);
             }
-            Err(e) => return Err(kube_err("create Pod", object)(e)),
+        }
+        let answers =
+            futures::future::join_all(chunk.iter().map(|(key, pod)| async {
+                (*key, pod.name_any(), pods.create(&create, pod).await)
+            }))
+            .await;
+        for ((member, attempt), object, answer) in answers {
+            match answer {
+                Ok(_) => {
+                    m.wrote("pod", 1);
+                    accepted.push((member, attempt));
+                }
+                Err(kube::Error::Api(e)) if e.code == 409 => accepted.push((member, attempt)),
+                Err(kube::Error::Api(e)) if matches!(e.code, 400 | 403 | 422) => {
+                    live.lock().created.remove(&(member, attempt));
+                    refused.push((member, attempt, format!("{object}: {}", e.message)));
+                }
+                Err(e) => failed = Some(kube_err("create Pod", object)(e)),
+            }
+        }
+        batch = (batch * 2).min(CREATE_BATCH_MAX);
+    }
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    if let Some((_, _, why)) = refused.first().cloned() {
+        for ((member, attempt), pod) in queue {
+            refused.push((
+                member,
+                attempt,
+                format!("{}: not tried after {why}", pod.name_any()),
+            ));
         }
     }
     for (object, at_once) in &d.delete {
@@ -611,35 +657,7 @@ async fn write_pods(
         }
         m.wrote("pod_label", 1);
     }
-    Ok(rejected)
-}
-
-/// The API server refused pods this reconcile created: the plan is not committed (the members
-/// are planned again at the next resync), the job's `PodsRejected` condition and an event say
-/// why, and the status says so.
-async fn pods_rejected(
-    job: &DecentralizedTrainingJob,
-    ctx: &Context,
-    live: &Mutex<Live>,
-    d: &Decision,
-    why: &str,
-    now: Timestamp,
-) -> Result<Action, Error> {
-    tracing::warn!(reason = why, "the API server refuses members' pods");
-    let (events, conditions) = {
-        let mut l = live.lock();
-        let events = l.driver.pods_rejected(why, now);
-        (events, view::status_conditions(l.driver.state()))
-    };
-    let mut status = d.plan.view.status.clone();
-    status.conditions = conditions;
-    if job.status.as_ref() != Some(&status) {
-        apply_status(ctx, job, &status).await?;
-    }
-    for event in &events {
-        record_event(ctx, job, event, None).await;
-    }
-    Ok(Action::requeue(ctx.settings.resync))
+    Ok((accepted, refused))
 }
 
 /// Server-side apply one of a job's objects (by its own name), counted as a write of `kind`.
