@@ -55,10 +55,8 @@ pub async fn ownership(env: &Env) {
     ])
     .await;
     s.job("dcliques-spot-cpu.yaml", "steady", json!({}));
+    s.until_running("steady", 10).await;
     let pods = s.running("steady", 10).await;
-    s.join("steady", 0..10).await;
-    s.until_status("steady", "running", MINUTE, |st| st["phase"] == "Running")
-        .await;
 
     // A user's label: left alone.
     let pod = pods[&0].metadata.name.clone().unwrap();

@@ -202,11 +202,16 @@ pub async fn preemption(env: &Env) {
     };
     let before = s.status(JOB).await;
     let version = s.topology_version(JOB).await.unwrap();
+    // The spot nodes cordoned for the burst: a replacement cannot become Ready and give the
+    // budget room again before the last eviction is answered (the operator replaces a member
+    // within milliseconds, and kwok starts it as fast).
+    for i in 0..6 {
+        env.cp.kubectl_ok(&["cordon", &format!("storm-spot-{i}")]);
+    }
     // kube's client retries a 429 until the budget has room again: this one takes it as the
     // answer.
     let api: Api<Pod> = Api::namespaced(env.cp.client_without_retries().await, &s.ns);
-    // All at once, as a drain of several nodes would: faster than any replacement can become
-    // Ready and give the budget room again.
+    // All at once, as a drain of several nodes would.
     let answers = futures::future::join_all(ready.iter().take(6).map(|victim| {
         let api = api.clone();
         async move {
@@ -233,6 +238,9 @@ pub async fn preemption(env: &Env) {
         "  six evictions at once: 4 taken (target − min), 2 refused: {}",
         refused[0]
     );
+    for i in 0..6 {
+        env.cp.kubectl_ok(&["uncordon", &format!("storm-spot-{i}")]);
+    }
     heals(&s, "eviction", &evicted, &before, version).await;
 
     // 2. kubectl drain of a spot node holding members.

@@ -257,6 +257,27 @@ impl<'a> Scene<'a> {
         }
     }
 
+    /// Until the job is `Running` with `n` members: each member's current attempt joins, again
+    /// whenever the operator replaced one meanwhile (a zone-aware job moves members whose pod
+    /// landed outside their clique's zone once the topology is built).
+    pub async fn until_running(&self, job: &str, n: usize) {
+        let deadline = std::time::Instant::now() + MINUTE;
+        loop {
+            let pods = self.running(job, n).await;
+            self.join(job, pods.keys().copied()).await;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let status = self.status(job).await;
+            if status["phase"] == "Running" {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "timed out: running; status {status:#}\noperator log:\n{}",
+                tail(&self.operator.logs())
+            );
+        }
+    }
+
     /// The Events regarding the job.
     pub async fn events(&self, job: &str) -> Vec<Event> {
         let api: Api<Event> = Api::namespaced(self.client.clone(), &self.ns);

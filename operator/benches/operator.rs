@@ -251,6 +251,7 @@ fn operator(s: &Steady, pods: &[Pod], settings: &Settings) -> Arc<Context> {
             network_policies: None,
             disruption_budgets,
             start_events: Default::default(),
+            listed: Default::default(),
         },
         Arc::new(hub),
         metrics,

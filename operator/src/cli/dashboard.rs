@@ -338,7 +338,8 @@ async fn forward(State(proxy): State<Arc<Proxy>>, request: Request) -> Response 
             let (parts, body) = answer.into_parts();
             let mut response = Response::new(Body::new(body));
             *response.status_mut() = parts.status;
-            for name in [header::CONTENT_TYPE, header::WWW_AUTHENTICATE] {
+            let next = http::HeaderName::from_static(crate::status::router::NEXT_HEADER);
+            for name in [header::CONTENT_TYPE, header::WWW_AUTHENTICATE, next] {
                 if let Some(value) = parts.headers.get(&name) {
                     response.headers_mut().insert(name, value.clone());
                 }

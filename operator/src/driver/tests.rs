@@ -110,7 +110,7 @@ fn joins_and_statuses_reach_the_planner_for_the_attempt_that_sent_them() {
         handle.topology().borrow().as_ref().map(|t| t.version),
         Some(1)
     );
-    assert_eq!(handle.events(0).len(), plan.events.len(), "{reasons:?}");
+    assert_eq!(handle.events(0).0.len(), plan.events.len(), "{reasons:?}");
 
     // Statuses: a sample each, a new plan only when the state changes.
     assert!(d.receive(Inbound::Status(status(0, TrainerState::Training, 5)), at(3)));
@@ -118,7 +118,7 @@ fn joins_and_statuses_reach_the_planner_for_the_attempt_that_sent_them() {
     assert!(d.receive(Inbound::Status(status(0, TrainerState::Done, 100)), at(5)));
     assert_eq!(d.last_state(0, 0), Some(TrainerState::Done));
     assert_eq!(d.last_state(0, 1), None, "another attempt said nothing");
-    assert_eq!(handle.series(0).len(), 3);
+    assert_eq!(handle.series(0).0.len(), 3);
     assert_eq!(d.bytes_exchanged(), 1000);
     let observed = d.observation(facts(&d));
     assert!(observed.members[&0].join.is_some());

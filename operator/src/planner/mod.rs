@@ -29,6 +29,8 @@ pub use lifecycle::{End, Lifecycle, MemberRecord};
 
 /// How long to wait for the last join reports before building the topology from those in.
 pub const JOIN_GRACE_SECONDS: f64 = 15.0;
+/// Preemptions a job remembers one by one (the newest); older ones are counted.
+pub const PREEMPTIONS_KEPT: usize = 100;
 /// Crash backoff doubles per crash of the same member up to this.
 pub const MAX_BACKOFF_SECONDS: f64 = 300.0;
 
@@ -122,6 +124,10 @@ pub struct Preemption {
     pub reason: String,
 }
 
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
 /// What the control plane remembers between two plans (the operator keeps it in the job's
 /// topology ConfigMap, so a restarted operator carries on where it stopped).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -136,7 +142,12 @@ pub struct JobState {
     /// The newest topology version ever published: versions only grow, even across a rebuild.
     pub last_version: u64,
     pub members: BTreeMap<MemberId, MemberRecord>,
+    /// The newest preemptions, at most [`PREEMPTIONS_KEPT`]: the job's memory (a ConfigMap)
+    /// stays bounded however long a spot job runs.
     pub preemptions: Vec<Preemption>,
+    /// Preemptions older than those kept, counted only.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub preemptions_dropped: u32,
     pub restarts: u32,
     /// Members moved to their clique's zone (zone-aware cliques).
     #[serde(default)]
@@ -155,9 +166,26 @@ impl JobState {
             last_version: 0,
             members: BTreeMap::new(),
             preemptions: Vec::new(),
+            preemptions_dropped: 0,
             restarts: 0,
             relocations: 0,
             conditions: Vec::new(),
+        }
+    }
+
+    /// Every preemption the job survived, kept or not.
+    pub fn preemption_count(&self) -> u32 {
+        self.preemptions_dropped
+            .saturating_add(u32::try_from(self.preemptions.len()).unwrap_or(u32::MAX))
+    }
+
+    /// Remember a preemption, dropping the oldest kept past [`PREEMPTIONS_KEPT`].
+    pub fn record_preemption(&mut self, p: Preemption) {
+        self.preemptions.push(p);
+        let over = self.preemptions.len().saturating_sub(PREEMPTIONS_KEPT);
+        if over > 0 {
+            self.preemptions.drain(..over);
+            self.preemptions_dropped = self.preemptions_dropped.saturating_add(over as u32);
         }
     }
 
@@ -494,7 +522,7 @@ fn settle_ended_members(
                 record.become_(Lifecycle::Ended {
                     how: End::Preempted,
                 });
-                s.preemptions.push(Preemption {
+                s.record_preemption(Preemption {
                     member: id,
                     attempt: m.attempt,
                     at: now,

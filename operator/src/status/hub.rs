@@ -28,6 +28,47 @@ pub enum Inbound {
     PeerEvent(PeerEvent),
 }
 
+/// Events a job's status API keeps (the newest; Kubernetes Events keep them all in a cluster).
+pub const EVENTS_KEPT: usize = 5_000;
+/// Progress samples a job's status API keeps (the newest): at most a few MB per job however
+/// many members post for however long.
+pub const SERIES_KEPT: usize = 20_000;
+
+/// An append-only log that keeps its newest `cap` entries. Indexes count every entry ever
+/// pushed, so a reader that asks `from` the index it was last given never sees one twice.
+#[derive(Debug)]
+pub struct Bounded<T> {
+    first: usize,
+    items: std::collections::VecDeque<T>,
+    cap: usize,
+}
+
+impl<T: Clone> Bounded<T> {
+    pub fn new(cap: usize) -> Self {
+        Self {
+            first: 0,
+            items: std::collections::VecDeque::new(),
+            cap: cap.max(1),
+        }
+    }
+
+    pub fn push(&mut self, item: T) {
+        if self.items.len() == self.cap {
+            self.items.pop_front();
+            self.first += 1;
+        }
+        self.items.push_back(item);
+    }
+
+    /// The entries kept from index `from` on (from the oldest kept, if `from` is older), and
+    /// the index after the last.
+    pub fn since(&self, from: usize) -> (Vec<T>, usize) {
+        let skip = from.saturating_sub(self.first);
+        let items: Vec<T> = self.items.iter().skip(skip).cloned().collect();
+        (items, self.first + self.items.len())
+    }
+}
+
 /// A member attempt's (step, accuracy), as last sampled.
 type Sample = (u64, Option<f64>);
 
@@ -42,8 +83,8 @@ pub struct JobHandle {
     key: Vec<u8>,
     view: watch::Sender<Option<Published>>,
     topology: watch::Sender<Option<TopologyDocument>>,
-    events: Mutex<Vec<JobEvent>>,
-    series: Mutex<Vec<SeriesPoint>>,
+    events: Mutex<Bounded<JobEvent>>,
+    series: Mutex<Bounded<SeriesPoint>>,
     /// The newest (step, accuracy) sampled per member attempt, so the series holds changes only.
     sampled: Mutex<BTreeMap<(u32, u32), Sample>>,
     /// The newest signed post accepted per member, so a replayed one is refused.
@@ -84,9 +125,9 @@ impl JobHandle {
         self.events.lock().push(event);
     }
 
-    /// Events from index `from` on.
-    pub fn events(&self, from: usize) -> Vec<JobEvent> {
-        self.events.lock().iter().skip(from).cloned().collect()
+    /// The events kept from index `from` on, and the index after them.
+    pub fn events(&self, from: usize) -> (Vec<JobEvent>, usize) {
+        self.events.lock().since(from)
     }
 
     pub fn record(&self, point: SeriesPoint) {
@@ -110,9 +151,9 @@ impl JobHandle {
         });
     }
 
-    /// Samples from index `from` on.
-    pub fn series(&self, from: usize) -> Vec<SeriesPoint> {
-        self.series.lock().iter().skip(from).cloned().collect()
+    /// The samples kept from index `from` on, and the index after them.
+    pub fn series(&self, from: usize) -> (Vec<SeriesPoint>, usize) {
+        self.series.lock().since(from)
     }
 
     /// Accept a correctly signed post from `member` now, once (see [`replay`](super::replay)).
@@ -289,8 +330,8 @@ impl Hub {
             key,
             view: watch::channel(None).0,
             topology: watch::channel(None).0,
-            events: Mutex::default(),
-            series: Mutex::default(),
+            events: Mutex::new(Bounded::new(EVENTS_KEPT)),
+            series: Mutex::new(Bounded::new(SERIES_KEPT)),
             sampled: Mutex::default(),
             heard: Mutex::default(),
             inbox,

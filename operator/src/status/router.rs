@@ -303,7 +303,7 @@ async fn get_events(
     Query(q): Query<From>,
 ) -> Response {
     match readable(&served, &caller, &namespace, &name).await {
-        Ok(job) => axum::Json(job.events(q.from.unwrap_or(0))).into_response(),
+        Ok(job) => with_next(job.events(q.from.unwrap_or(0))),
         Err(r) => r,
     }
 }
@@ -315,9 +315,17 @@ async fn get_series(
     Query(q): Query<From>,
 ) -> Response {
     match readable(&served, &caller, &namespace, &name).await {
-        Ok(job) => axum::Json(job.series(q.from.unwrap_or(0))).into_response(),
+        Ok(job) => with_next(job.series(q.from.unwrap_or(0))),
         Err(r) => r,
     }
+}
+
+/// Where a reader of a bounded log asks from next time (the log drops its oldest entries).
+pub const NEXT_HEADER: &str = "x-murmur-next";
+
+/// A page of a bounded log as JSON, with the index to ask `from` next.
+fn with_next<T: serde::Serialize>((items, next): (Vec<T>, usize)) -> Response {
+    ([(NEXT_HEADER, next.to_string())], axum::Json(items)).into_response()
 }
 
 /// A refused trainer request: the answer, and the metric outcome it counts as.

@@ -610,6 +610,7 @@ fn a_status_is_sampled_only_when_its_step_or_accuracy_changed() {
     job.sample(2.5, 1, &status(10, Some(0.9)));
     let steps: Vec<(f64, u32, Option<f64>)> = job
         .series(0)
+        .0
         .iter()
         .map(|p| (p.t, p.attempt, p.progress.accuracy))
         .collect();
@@ -866,4 +867,43 @@ fn cross_zone_bytes_count_what_a_member_sent_to_peers_in_other_zones() {
         None,
         "a member without a zone has no cross-zone figure"
     );
+}
+
+#[test]
+fn a_bounded_log_keeps_its_newest_entries_and_its_indexes() {
+    let mut log = super::hub::Bounded::new(3);
+    for i in 0..5 {
+        log.push(i);
+    }
+    // 0 and 1 dropped: a reader from 0 gets what is kept, and where to ask next.
+    assert_eq!(log.since(0), (vec![2, 3, 4], 5));
+    assert_eq!(log.since(3), (vec![3, 4], 5));
+    assert_eq!(log.since(5), (vec![], 5));
+    log.push(5);
+    assert_eq!(log.since(5), (vec![5], 6), "nothing twice, nothing missed");
+}
+
+#[tokio::test]
+async fn series_pages_say_where_to_read_next() {
+    let (hub, base) = serve().await;
+    let (job, _inbox) = hub.register("ml", "j", KEY.to_vec());
+    for step in 0..3u64 {
+        let status = murmur_core::contract::TrainerStatus {
+            progress: murmur_core::api::Progress {
+                step,
+                ..Default::default()
+            },
+            ..murmur_core::contract::TrainerStatus::new(
+                1,
+                murmur_core::contract::TrainerState::Training,
+            )
+        };
+        job.sample(step as f64, 0, &status);
+    }
+    let page = reqwest::get(format!("{base}/api/v1/namespaces/ml/jobs/j/series?from=1"))
+        .await
+        .unwrap();
+    assert_eq!(page.headers()[super::router::NEXT_HEADER], "3");
+    let points: Vec<serde_json::Value> = page.json().await.unwrap();
+    assert_eq!(points.len(), 2);
 }

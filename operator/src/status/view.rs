@@ -341,7 +341,7 @@ pub fn job_view(
         members_omitted,
         member_summary: Some(format!("{live}/{}", spec.replicas.target)),
         topology_version: state.last_version,
-        preemptions: state.preemptions.len() as u32,
+        preemptions: state.preemption_count(),
         restarts: state.restarts,
         relocations: state.relocations,
         progress: Some(progress),

@@ -101,12 +101,20 @@ pub struct Stores {
     /// What keeps pods from starting that only events say (never waited for: an empty index
     /// only means nothing is reported yet).
     pub start_events: start_events::StartEvents,
+    /// Set once every cache above has listed. One task waits on the stores for everyone: a
+    /// store wakes only the last task that polled its readiness, so a second waiter (a
+    /// reconcile beside the start-up task) left the other waiting forever.
+    pub listed: Arc<tokio::sync::OnceCell<()>>,
 }
 
 impl Stores {
     /// Wait until every cache holds a complete list: before that, a missing Secret would get a
     /// new key and every node would look gone.
     pub async fn ready(&self) {
+        self.listed.get_or_init(|| self.wait_for_lists()).await;
+    }
+
+    async fn wait_for_lists(&self) {
         async fn listed<K>(what: &str, store: &Store<K>)
         where
             K: kube::runtime::reflector::Lookup + Clone + 'static,
@@ -140,6 +148,9 @@ struct Live {
     created: BTreeMap<(MemberId, u32), Timestamp>,
     /// The spec's validation result for a generation (CEL evaluation is not free).
     validated: Option<(Option<i64>, Option<String>)>,
+    /// When the last reconcile of this job began (they are spaced by
+    /// [`Settings::min_reconcile_interval`]).
+    last_reconcile: Option<tokio::time::Instant>,
 }
 
 type JobKey = (String, String);
@@ -266,6 +277,7 @@ impl Context {
             key_hex,
             created: BTreeMap::new(),
             validated: None,
+            last_reconcile: None,
         }));
         self.jobs.lock().insert(key.clone(), live.clone());
         tokio::spawn(listen(
@@ -387,6 +399,22 @@ async fn reconcile_inner(
     let pod_refs: Vec<&Pod> = pods.iter().map(|p| p.as_ref()).collect();
     let leftovers: Vec<&Pod> = others.iter().map(|p| p.as_ref()).collect();
     let live = ctx.live(job, &pod_refs, &leftovers)?;
+    // Reconciles of one job start at most every `min_reconcile_interval`. Requests meanwhile
+    // wait as one (the controller keeps one pending per job), so a stream of triggers (a join
+    // wave, pod updates) batches up rather than delaying the reconcile forever, as a debounce
+    // that every new trigger restarts did.
+    let wait = {
+        let mut l = live.lock();
+        let now = tokio::time::Instant::now();
+        let earliest = l
+            .last_reconcile
+            .map_or(now, |t| t + ctx.settings.min_reconcile_interval);
+        l.last_reconcile = Some(earliest.max(now));
+        earliest.saturating_duration_since(now)
+    };
+    if !wait.is_zero() {
+        tokio::time::sleep(wait).await;
+    }
     let service = get(
         &ctx.stores.services,
         &namespace,
@@ -1029,6 +1057,7 @@ impl Writers {
                 network_policies: with_policies.then_some(network_policies),
                 disruption_budgets,
                 start_events: Default::default(),
+                listed: Default::default(),
             },
             jobs,
         };
@@ -1062,11 +1091,7 @@ fn controller(
         .applied_objects()
         .predicate_filter(predicates::generation, Default::default());
     let mut controller = Controller::for_stream(job_stream, jobs)
-        .with_config(
-            ControllerConfig::default()
-                .concurrency(concurrency)
-                .debounce(Duration::from_millis(500)),
-        )
+        .with_config(ControllerConfig::default().concurrency(concurrency))
         .owns_stream({
             // A pod the watch has shown is no longer an expectation, even if it is gone before
             // any reconcile saw it in the cache (a force deletion right after creation).
@@ -1084,10 +1109,14 @@ fn controller(
     if let Some(writer) = w.network_policies {
         controller = controller.owns_stream(owned(client, &managed, writer));
     }
+    // Nodes cached as what the operator reads of them, and only a change of that wakes the
+    // jobs on a node: a kubelet's heartbeat (every node, every few seconds) does not.
     let node_stream = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
         .default_backoff()
+        .modify(observe::keep_what_is_read)
         .reflect(w.nodes)
-        .touched_objects();
+        .touched_objects()
+        .predicate_filter(observe::node_news, Default::default());
     let pods = ctx.stores.pods.clone();
     // A pod's event of interest wakes the pod's job.
     let job_of_event = move |event: k8s_openapi::api::core::v1::Event| {
@@ -1258,6 +1287,7 @@ where
     // applied objects only, it waited for the next resync.
     watcher(Api::<K>::all(client.clone()), managed.clone())
         .default_backoff()
+        .modify(|o| o.meta_mut().managed_fields = None)
         .reflect(writer)
         .touched_objects()
 }

@@ -66,6 +66,52 @@ pub fn zone(node: Option<&Node>) -> Option<String> {
     node?.metadata.labels.as_ref()?.get(ZONE_LABEL).cloned()
 }
 
+/// What the operator reads of a Node (its readiness, labels and taints), the rest dropped before
+/// it is cached: at 10 000 nodes the images, addresses and capacities alone are most of the
+/// operator's memory.
+pub fn keep_what_is_read(node: &mut Node) {
+    node.metadata.managed_fields = None;
+    node.metadata.annotations = None;
+    if let Some(status) = &mut node.status {
+        let ready = status
+            .conditions
+            .take()
+            .into_iter()
+            .flatten()
+            .filter(|c| c.type_ == "Ready")
+            .map(|mut c| {
+                // Changes every heartbeat; nothing reads it.
+                c.last_heartbeat_time = None;
+                c
+            })
+            .collect();
+        *status = k8s_openapi::api::core::v1::NodeStatus {
+            conditions: Some(ready),
+            ..Default::default()
+        };
+    }
+}
+
+/// A hash of what, changed, can change a plan: readiness (and since when), labels (zone,
+/// capacity type), taints, being deleted. Node updates that leave it alone wake no job.
+pub fn node_news(node: &Node) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    match node_state(Some(node)) {
+        NodeState::Ready => 0u8.hash(&mut h),
+        NodeState::NotReady { since } => (1u8, since.as_millisecond()).hash(&mut h),
+        NodeState::Gone => 2u8.hash(&mut h),
+    }
+    node.metadata.labels.hash(&mut h);
+    node.metadata.deletion_timestamp.is_some().hash(&mut h);
+    if let Some(taints) = node.spec.as_ref().and_then(|s| s.taints.as_ref()) {
+        for t in taints {
+            (&t.key, &t.value, &t.effect).hash(&mut h);
+        }
+    }
+    Some(h.finish())
+}
+
 pub fn node_state(node: Option<&Node>) -> NodeState {
     let Some(node) = node else {
         return NodeState::Gone;
@@ -318,6 +364,88 @@ pub(super) mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     const LOST_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+
+    /// A node as a kubelet reports it: Ready since `since`, heartbeat at `beat`, with the bulk
+    /// a real status carries.
+    fn reported(since: i64, beat: i64) -> Node {
+        use k8s_openapi::api::core::v1::{ContainerImage, NodeCondition, NodeStatus};
+        let condition = |type_: &str, status: &str| NodeCondition {
+            type_: type_.into(),
+            status: status.into(),
+            last_transition_time: Some(Time(Timestamp::from_second(since).unwrap())),
+            last_heartbeat_time: Some(Time(Timestamp::from_second(beat).unwrap())),
+            ..Default::default()
+        };
+        let mut node = Node::default();
+        node.metadata.name = Some("spot-1".into());
+        node.metadata.labels = Some([(ZONE_LABEL.to_string(), "zone-a".to_string())].into());
+        node.status = Some(NodeStatus {
+            conditions: Some(vec![
+                condition("MemoryPressure", "False"),
+                condition("Ready", "True"),
+            ]),
+            images: Some(vec![
+                ContainerImage {
+                    names: Some(vec!["registry.example/a-large-image:1".into()]),
+                    size_bytes: Some(1 << 30),
+                };
+                50
+            ]),
+            ..Default::default()
+        });
+        node
+    }
+
+    #[test]
+    fn a_cached_node_keeps_only_what_the_operator_reads() {
+        let mut node = reported(100, 200);
+        let before = serde_json::to_vec(&node).unwrap().len();
+        keep_what_is_read(&mut node);
+        let after = serde_json::to_vec(&node).unwrap().len();
+        assert!(after * 10 < before, "{before} bytes cached as {after}");
+        assert_eq!(node_state(Some(&node)), NodeState::Ready);
+        assert_eq!(zone(Some(&node)).as_deref(), Some("zone-a"));
+        let conditions = node.status.unwrap().conditions.unwrap();
+        assert_eq!(conditions.len(), 1, "Ready only");
+    }
+
+    #[test]
+    fn a_heartbeat_is_no_news_and_a_readiness_change_is() {
+        let news = |mut n: Node| {
+            keep_what_is_read(&mut n);
+            node_news(&n)
+        };
+        let base = news(reported(100, 200));
+        assert_eq!(news(reported(100, 210)), base, "a heartbeat");
+        let mut not_ready = reported(100, 210);
+        not_ready
+            .status
+            .as_mut()
+            .unwrap()
+            .conditions
+            .as_mut()
+            .unwrap()[1]
+            .status = "False".into();
+        assert_ne!(news(not_ready), base);
+        let mut relabelled = reported(100, 210);
+        relabelled
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert("karpenter.sh/capacity-type".into(), "spot".into());
+        assert_ne!(news(relabelled), base);
+        let mut tainted = reported(100, 210);
+        tainted.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
+            taints: Some(vec![k8s_openapi::api::core::v1::Taint {
+                key: "example.com/reclaimed".into(),
+                effect: "NoExecute".into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        assert_ne!(news(tainted), base);
+    }
 
     #[test]
     fn a_nodes_zone_is_its_well_known_label() {

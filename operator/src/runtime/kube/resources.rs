@@ -94,6 +94,9 @@ pub struct Settings {
     pub creation_grace: std::time::Duration,
     /// Re-plan at least this often (progress in the status, node timeouts).
     pub resync: std::time::Duration,
+    /// Reconciles of one job start at least this far apart; what arrives meanwhile is handled
+    /// by the next one.
+    pub min_reconcile_interval: std::time::Duration,
     /// Images for jobs that name none, by backend.
     pub trainer_image: String,
     pub trainer_cuda_image: String,
@@ -121,6 +124,7 @@ impl Default for Settings {
             node_lost_after: std::time::Duration::from_secs(60),
             creation_grace: std::time::Duration::from_secs(30),
             resync: std::time::Duration::from_secs(30),
+            min_reconcile_interval: std::time::Duration::from_millis(500),
             trainer_image: DEFAULT_TRAINER_IMAGE.into(),
             trainer_cuda_image: DEFAULT_TRAINER_CUDA_IMAGE.into(),
             network_policies: None,

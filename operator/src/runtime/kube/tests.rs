@@ -162,6 +162,11 @@ impl Cluster {
     }
 
     fn with_settings(manifest: &str, settings: Settings) -> Self {
+        // Reconciles back to back, as each test drives them (spacing has a test of its own).
+        let settings = Settings {
+            min_reconcile_interval: Duration::ZERO,
+            ..settings
+        };
         let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let client = Client::new(service, "default");
         let log = Arc::new(Mutex::new(Vec::new()));
@@ -193,6 +198,7 @@ impl Cluster {
             network_policies: Some(network_policies),
             disruption_budgets,
             start_events: Default::default(),
+            listed: Default::default(),
         };
         let mut hub = Hub::default();
         let metrics = Arc::new(OperatorMetrics::register(&mut hub.metrics.registry));
@@ -936,6 +942,40 @@ async fn members_outside_their_cliques_zone_are_moved_there_once_and_ask_for_its
             }
         }
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn reconciles_of_a_job_are_spaced_and_never_starved() {
+    let mut c = Cluster::new(MANIFEST);
+    c.ctx = Arc::new(Context {
+        client: c.ctx.client.clone(),
+        stores: c.ctx.stores.clone(),
+        hub: c.ctx.hub.clone(),
+        metrics: c.ctx.metrics.clone(),
+        settings: Settings {
+            min_reconcile_interval: Duration::from_millis(500),
+            ..c.ctx.settings.clone()
+        },
+        instance: c.ctx.instance.clone(),
+        clock: c.ctx.clock.clone(),
+        leadership: c.ctx.leadership.clone(),
+        recorder: c.ctx.recorder.clone(),
+        jobs: Mutex::default(),
+        trigger: c.ctx.trigger.clone(),
+    });
+    let started = tokio::time::Instant::now();
+    c.reconcile().await;
+    assert_eq!(started.elapsed(), Duration::ZERO, "the first at once");
+    // Asked again at once, and again and again: each runs, 500 ms after the one before.
+    for n in 1..=3u32 {
+        c.reconcile().await;
+        assert_eq!(started.elapsed(), n * Duration::from_millis(500));
+    }
+    // After a quiet spell, at once again.
+    tokio::time::advance(Duration::from_secs(5)).await;
+    let quiet = tokio::time::Instant::now();
+    c.reconcile().await;
+    assert_eq!(quiet.elapsed(), Duration::ZERO);
 }
 
 #[tokio::test]

@@ -711,7 +711,7 @@ impl Local {
                 .unwrap_or(0),
             wall_seconds: view.elapsed_seconds,
             bytes_exchanged: self.driver.bytes_exchanged(),
-            preemptions_survived: state.preemptions.len(),
+            preemptions_survived: state.preemption_count() as usize,
             restarts: state.restarts,
             topology_version: state.last_version,
             status_url,

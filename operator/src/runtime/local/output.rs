@@ -31,11 +31,11 @@ pub fn write(
             .expect("plain data")
             .as_bytes(),
     )?;
-    let series = job.series(0);
+    let (series, _) = job.series(0);
     write("metrics.csv", metrics_csv(&series).as_bytes())?;
     write(
         "events.json",
-        serde_json::to_string_pretty(&job.events(0))
+        serde_json::to_string_pretty(&job.events(0).0)
             .expect("plain data")
             .as_bytes(),
     )?;
