@@ -131,4 +131,9 @@ pub struct DecentralizedTrainingJobStatus {
     pub completion_time: Option<Time>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// The image the job's trainer pods run: `spec.trainer.image`, or the operator's default
+    /// when the job started. Kept, so a replacement after an operator upgrade runs what its
+    /// peers run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trainer_image: Option<String>,
 }

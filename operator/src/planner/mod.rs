@@ -323,6 +323,7 @@ pub fn plan(
                 ));
             }
             fall_back(spec, &mut s, observed, now, &mut actions);
+            retire_beyond_target(spec, &mut s, observed, &mut actions);
             shape_topology(spec, &mut s, observed, now, &mut actions);
             create_members(spec, &mut s, now, &mut actions);
         }
@@ -941,6 +942,42 @@ fn create_members(
                 format!("member {id}: attempt {attempt} created"),
             ));
         }
+    }
+}
+
+/// `replicas.target` lowered on a running job: the members numbered from it on are stopped (the
+/// highest ids go, as a StatefulSet scales down), leave the topology, and count as nothing.
+/// Raised again, their ids get new attempts.
+fn retire_beyond_target(
+    spec: &DecentralizedTrainingJobSpec,
+    s: &mut JobState,
+    observed: &Observation,
+    actions: &mut Vec<Action>,
+) {
+    for (&id, record) in s.members.range_mut(spec.replicas.target..) {
+        if !record.lifecycle.is_active() {
+            continue;
+        }
+        let attempt = record.attempt;
+        record.become_(Lifecycle::Retiring);
+        if observed.live(id, attempt).is_some() {
+            actions.push(Action::Stop {
+                member: id,
+                attempt,
+            });
+        } else {
+            // Nothing runs to stop.
+            record.become_(Lifecycle::Ended { how: End::Retired });
+        }
+        actions.push(event(
+            EventKind::Normal,
+            Reason::MemberRetired,
+            Some((id, attempt)),
+            format!(
+                "member {id} (attempt {attempt}) is not needed: replicas.target is {}",
+                spec.replicas.target
+            ),
+        ));
     }
 }
 

@@ -1163,3 +1163,47 @@ fn a_long_spot_job_remembers_its_newest_preemptions_and_counts_them_all() {
     let old: JobState = serde_json::from_value(old).unwrap();
     assert_eq!(old.preemption_count(), 0);
 }
+
+#[test]
+fn lowering_the_target_retires_the_highest_members_and_raising_it_brings_them_back() {
+    let mut w = World::running();
+    assert_eq!(w.state.phase, JobPhase::Running);
+    w.spec.replicas.target = 2;
+    w.spec.replicas.min = 2;
+    w.now = 1.0;
+    let actions = w.plan();
+    let stops: Vec<(u32, u32)> = actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Stop { member, attempt } => Some((*member, *attempt)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(stops, vec![(2, 0), (3, 0)]);
+    // The topology closes over the two left at once.
+    assert_eq!(
+        World::reasons(&actions),
+        vec![
+            "MemberRetired",
+            "MemberRetired",
+            "Left",
+            "Left",
+            "TopologyChanged"
+        ]
+    );
+    // They stop, and count as nothing; the job runs at its new target.
+    w.now = 2.0;
+    w.plan();
+    assert_eq!(
+        w.state.members[&3].lifecycle,
+        Lifecycle::Ended { how: End::Retired }
+    );
+    let t = w.state.topology.as_ref().unwrap();
+    assert!(!t.graph.contains(2) && !t.graph.contains(3));
+    assert_eq!(w.state.phase, JobPhase::Running);
+    assert_eq!((w.state.restarts, w.state.preemption_count()), (0, 0));
+    // Raised again: the ids come back as new attempts.
+    w.spec.replicas.target = 4;
+    w.now = 3.0;
+    assert_eq!(World::creates(&w.plan()), vec![(2, 1), (3, 1)]);
+}

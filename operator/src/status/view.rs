@@ -348,6 +348,8 @@ pub fn job_view(
         start_time: Some(Time(whole_seconds(state.created_at))),
         completion_time: state.completed_at.map(|t| Time(whole_seconds(t))),
         observed_generation: None,
+        // The runtime that runs images says which (processes run none).
+        trainer_image: None,
     };
     JobView {
         namespace: namespace.to_string(),

@@ -395,6 +395,7 @@ fn status(i: &Inputs, d: &mut Decision) {
         m.pod = Some(resources::pod_name(&name, m.id, attempt));
     }
     d.plan.view.status.observed_generation = i.job.metadata.generation;
+    d.plan.view.status.trainer_image = Some(resources::trainer_image(i.job, i.settings));
     // An operator that just started has heard from no trainer yet: the progress it knows is
     // nothing, not step 0. Keep what the status said until a trainer reports.
     let heard_nothing = d.plan.view.status.progress.as_ref().is_none_or(|p| {

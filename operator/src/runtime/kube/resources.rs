@@ -393,6 +393,19 @@ pub fn disruption_budget(job: &DecentralizedTrainingJob) -> PodDisruptionBudget 
     }
 }
 
+/// The image a job's trainers run: the spec's, else the one the job started with (its status
+/// keeps it), else this operator's default for the backend.
+pub fn trainer_image(job: &DecentralizedTrainingJob, s: &Settings) -> String {
+    let spec = &job.spec;
+    let pinned = job.status.as_ref().and_then(|st| st.trainer_image.clone());
+    match (&spec.trainer.image, pinned, spec.trainer.backend) {
+        (Some(image), _, _) => image.clone(),
+        (None, Some(pinned), _) => pinned,
+        (None, None, Backend::Cpu) => s.trainer_image.clone(),
+        (None, None, Backend::Cuda) => s.trainer_cuda_image.clone(),
+    }
+}
+
 /// One attempt of one member.
 pub struct MemberPod<'a> {
     pub job: &'a DecentralizedTrainingJob,
@@ -619,7 +632,6 @@ fn volumes(job: &DecentralizedTrainingJob) -> (Vec<Volume>, Vec<VolumeMount>) {
 /// The one container: the trainer image for the job's backend, its ports, probes, resources
 /// and a restricted security context.
 fn trainer_container(p: &MemberPod, s: &Settings, mounts: Vec<VolumeMount>) -> Container {
-    let spec = &p.job.spec;
     let probe = |path: &str, period: i32, failures: i32| Probe {
         http_get: Some(HTTPGetAction {
             path: Some(path.into()),
@@ -638,11 +650,7 @@ fn trainer_container(p: &MemberPod, s: &Settings, mounts: Vec<VolumeMount>) -> C
     };
     Container {
         name: "trainer".into(),
-        image: Some(match (&spec.trainer.image, spec.trainer.backend) {
-            (Some(image), _) => image.clone(),
-            (None, Backend::Cpu) => s.trainer_image.clone(),
-            (None, Backend::Cuda) => s.trainer_cuda_image.clone(),
-        }),
+        image: Some(trainer_image(p.job, s)),
         args: Some(vec!["run".into()]),
         env: Some(trainer_env(p, s)),
         ports: Some(vec![port("peer", PEER_PORT), port("status", STATUS_PORT)]),

@@ -1273,6 +1273,58 @@ async fn a_preempted_pod_is_replaced_at_once_the_topology_repaired_and_nothing_c
 }
 
 #[tokio::test]
+async fn a_replacement_after_an_operator_upgrade_runs_the_image_its_job_started_with() {
+    let mut c = Cluster::running().await;
+    let started_with = Settings::default().trainer_cuda_image;
+    assert_eq!(
+        c.status().trainer_image.as_deref(),
+        Some(started_with.as_str()),
+        "the status says which image the job runs"
+    );
+    // The operator is upgraded: its default image changes.
+    c.restart_operator();
+    c.ctx = Arc::new(Context {
+        client: c.ctx.client.clone(),
+        stores: c.ctx.stores.clone(),
+        hub: c.ctx.hub.clone(),
+        metrics: c.ctx.metrics.clone(),
+        settings: Settings {
+            trainer_cuda_image: "registry.example/murmur-trainer:2.0-cuda".into(),
+            ..c.ctx.settings.clone()
+        },
+        instance: c.ctx.instance.clone(),
+        clock: c.ctx.clock.clone(),
+        leadership: c.ctx.leadership.clone(),
+        recorder: c.ctx.recorder.clone(),
+        jobs: Mutex::default(),
+        trigger: c.ctx.trigger.clone(),
+    });
+    c.advance(30);
+    let pod = c.pod_objects.remove("mnist-0-0").unwrap();
+    c.pods.apply_watcher_event(&Event::Delete(pod));
+    let (_, calls) = c.reconcile().await;
+    assert_eq!(pods_created(&calls), vec!["mnist-0-1"]);
+    let replacement: Pod = serde_json::from_value(
+        calls
+            .iter()
+            .find(|c| c.method == "POST")
+            .unwrap()
+            .body
+            .clone(),
+    )
+    .unwrap();
+    assert_eq!(
+        replacement.spec.unwrap().containers[0].image.as_deref(),
+        Some(started_with.as_str()),
+        "the replacement runs what its peers run"
+    );
+    assert_eq!(
+        c.status().trainer_image.as_deref(),
+        Some(started_with.as_str())
+    );
+}
+
+#[tokio::test]
 async fn a_deleted_pod_and_a_lost_node_are_preemptions_too() {
     let mut c = Cluster::running().await;
     c.advance(30);
