@@ -89,6 +89,8 @@ pub struct DecentralizedTrainingJobSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<CheckpointSpec>,
     /// Remove all members and keep the status; resuming restarts from peers or the checkpoint.
+    /// Honoured in every phase: a job suspended after a member reached the stopping target
+    /// ends when resumed.
     #[serde(default)]
     pub suspend: bool,
     /// Delete the job this long after it finished.

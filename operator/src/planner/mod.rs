@@ -308,7 +308,10 @@ pub fn plan(
     settle_ended_members(spec, &mut s, observed, now, &mut actions);
     note_lifecycle(spec, &mut s, observed, now, &mut actions);
     if !s.phase.is_finished() {
-        let suspended = spec.suspend && !s.finishing();
+        // Honoured in every phase. A job suspended once a member reached the stopping target
+        // stops the rest; resumed, it has reached its target and ends (the ones stopped are
+        // not restarted, as no lost member is once the job is finishing).
+        let suspended = spec.suspend;
         if suspended {
             suspend(&mut s, observed, &mut actions);
         } else if s.finishing() {

@@ -1207,3 +1207,37 @@ fn lowering_the_target_retires_the_highest_members_and_raising_it_brings_them_ba
     w.now = 3.0;
     assert_eq!(World::creates(&w.plan()), vec![(2, 1), (3, 1)]);
 }
+
+#[test]
+fn suspend_is_honoured_after_a_member_reached_the_target_and_resuming_ends_the_job() {
+    let mut w = World::running();
+    // Member 0 reaches the stopping target: the job is finishing; the others still train.
+    w.end(0, Exit::Completed);
+    w.now = 1.0;
+    w.plan();
+    assert!(w.state.finishing());
+    assert_eq!(w.state.phase, JobPhase::Running);
+    w.spec.suspend = true;
+    w.now = 2.0;
+    let actions = w.plan();
+    let stops: Vec<u32> = actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Stop { member, .. } => Some(*member),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(stops, vec![1, 2, 3], "every member still running stops");
+    assert!(World::reasons(&actions).contains(&"Suspended"));
+    assert_eq!(w.state.phase, JobPhase::Suspended);
+    w.now = 3.0;
+    w.plan();
+    assert_eq!(w.state.phase, JobPhase::Suspended);
+    // Resumed: the job had reached its target; nothing restarts and it succeeds.
+    w.spec.suspend = false;
+    w.now = 4.0;
+    let actions = w.plan();
+    assert!(World::creates(&actions).is_empty());
+    assert_eq!(w.state.phase, JobPhase::Succeeded);
+    assert_eq!((w.state.restarts, w.state.preemption_count()), (0, 0));
+}
