@@ -174,10 +174,14 @@ done
 
 # --- starting and waiting ----------------------------------------------------------------------
 # start NAME ARGS...: runs $BIN/NAME in its own session (no signal sent to the caller's terminal
-# or process group reaches it), with no stdin and its output in logs/NAME.log, and records its pid.
+# or process group reaches it), with no stdin and its output in logs/NAME.log, and records its pid
+# and its command line.
 start() {
     local name=$1
     shift
+    # Its command line, for restart.sh.
+    mkdir -p "$DIR/commands"
+    printf '%q ' "$BIN/$name" "$@" >"$DIR/commands/$name"
     setsid "$BIN/$name" "$@" </dev/null >"$DIR/logs/$name.log" 2>&1 9>&- &
     echo $! >"$DIR/pids/$name.pid"
 }

@@ -6,6 +6,7 @@ mod helm;
 mod ownership;
 mod placement;
 mod preemption;
+mod restart;
 mod scene;
 mod size;
 
@@ -42,6 +43,9 @@ pub const ALL: &[(&str, Scenario)] = &[
         Box::pin(defects::undecodable_costs_only_itself(env))
     }),
     ("defect-size", |env| Box::pin(size::size(env))),
+    ("control-plane-restart", |env| {
+        Box::pin(restart::control_plane_restart(env))
+    }),
     // Last: it deletes and re-creates the CRD, and with it every job.
     ("defect-crd-established", |env| {
         Box::pin(crd::crd_established(env))

@@ -322,6 +322,23 @@ impl ControlPlane {
         path
     }
 
+    /// `restart.sh`: SIGKILL `components` (etcd, kube-apiserver, ...), wait `down_for`, start
+    /// them again on the same data; what it printed.
+    pub fn restart(&self, components: &[&str], down_for: Duration) -> String {
+        let out = Command::new(scripts().join("restart.sh"))
+            .args(["--down-for", &down_for.as_secs().to_string()])
+            .args(components)
+            .env("MURMUR_CONTROLPLANE_DIR", &self.dir)
+            .output()
+            .expect("run restart.sh");
+        assert!(
+            out.status.success(),
+            "restart.sh {components:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    }
+
     /// A log of the API server's, as up.sh keeps it.
     pub fn log(&self, component: &str) -> String {
         std::fs::read_to_string(self.dir.join("logs").join(format!("{component}.log")))
