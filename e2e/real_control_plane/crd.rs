@@ -143,6 +143,23 @@ fn cases() -> Vec<Broken> {
             spec(json!({"recovery": {"maxRestarts": -1}})),
         ),
         broken(
+            "recovery.maxRestartsPerMember must be >= 0",
+            "spec.recovery.maxRestartsPerMember",
+            spec(json!({"recovery": {"maxRestartsPerMember": -1}})),
+        ),
+        broken(
+            "recovery.failurePolicy: a rule names onExitCodes or onPodConditions, one of them",
+            "spec.recovery.failurePolicy[0].onExitCodes",
+            spec(json!({"recovery": {"failurePolicy": [{"action": "Ignore"}]}})),
+        ),
+        broken(
+            "recovery.failurePolicy.onExitCodes: 0 is success and cannot be matched with In",
+            "spec.recovery.failurePolicy[0].onExitCodes.values",
+            spec(
+                json!({"recovery": {"failurePolicy": [{"action": "Count", "onExitCodes": {"operator": "In", "values": [0, 1]}}]}}),
+            ),
+        ),
+        broken(
             "replicas.min must be >= 1",
             "spec.replicas.min",
             spec(json!({"replicas": {"min": 0}})),

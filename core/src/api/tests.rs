@@ -49,7 +49,8 @@ fn the_valid_fixture_is_valid_and_defaults_are_filled() {
     assert_eq!(job.spec.training.batch_size, 32);
     assert_eq!(job.spec.trainer.image, None, "the operator picks it");
     assert_eq!(job.spec.scheduling.capacity, Capacity::PreferSpot);
-    assert_eq!(job.spec.recovery.max_restarts, 3);
+    assert_eq!(job.spec.recovery.max_restarts, None, "no job-wide limit");
+    assert_eq!(job.spec.recovery.max_restarts_per_member, 3);
     assert_eq!(job.spec.algorithm.round_timeout, Duration::from_secs(5));
 }
 
@@ -636,4 +637,74 @@ fn every_format_in_the_crd_is_one_the_api_server_knows() {
         ["progress"]["properties"]["step"];
     assert_eq!(step["format"], "int64", "{step}");
     assert_eq!(step["minimum"].as_f64(), Some(0.0), "{step}");
+}
+
+#[test]
+fn a_failure_policy_decides_how_a_crash_counts() {
+    let job = with(
+        "steps: 100",
+        "steps: 100\n  recovery:\n    failurePolicy:\n    - {action: FailJob, onExitCodes: {operator: In, values: [42]}}\n    - {action: Ignore, onExitCodes: {operator: In, values: [137]}}\n    - {action: Ignore, onPodConditions: [{type: ConfigIssue}]}",
+    )
+    .unwrap();
+    let r = &job.spec.recovery;
+    let none: &[(String, String)] = &[];
+    assert_eq!(r.action_for(Some(42), none), FailureAction::FailJob);
+    assert_eq!(r.action_for(Some(137), none), FailureAction::Ignore);
+    assert_eq!(
+        r.action_for(Some(1), none),
+        FailureAction::Count,
+        "no rule matches"
+    );
+    assert_eq!(
+        r.action_for(None, none),
+        FailureAction::Count,
+        "a signal has no code"
+    );
+    let config = [("ConfigIssue".to_string(), "True".to_string())];
+    assert_eq!(r.action_for(Some(1), &config), FailureAction::Ignore);
+    let not_now = [("ConfigIssue".to_string(), "False".to_string())];
+    assert_eq!(r.action_for(Some(1), &not_now), FailureAction::Count);
+    let not_in = FailureRule {
+        action: FailureAction::Count,
+        on_exit_codes: Some(ExitCodeMatch {
+            operator: ExitCodeOperator::NotIn,
+            values: vec![1, 2],
+        }),
+        on_pod_conditions: Vec::new(),
+    };
+    assert!(not_in.matches(Some(3), none) && !not_in.matches(Some(2), none));
+}
+
+#[test]
+fn a_failure_rule_names_one_thing_to_match_and_never_success() {
+    for (rule, says) in [
+        (
+            "{action: Ignore}",
+            "a rule names onExitCodes or onPodConditions",
+        ),
+        (
+            "{action: Ignore, onExitCodes: {operator: In, values: [1]}, onPodConditions: [{type: X}]}",
+            "a rule names onExitCodes or onPodConditions",
+        ),
+        (
+            "{action: Count, onExitCodes: {operator: In, values: [0, 1]}}",
+            "0 is success",
+        ),
+    ] {
+        let err = with(
+            "steps: 100",
+            &format!("steps: 100\n  recovery: {{failurePolicy: [{rule}]}}"),
+        )
+        .unwrap_err();
+        assert!(format!("{err:?}").contains(says), "{rule}: {err:?}");
+    }
+    let err = with(
+        "steps: 100",
+        "steps: 100\n  recovery: {maxRestartsPerMember: -1}",
+    )
+    .unwrap_err();
+    assert!(
+        format!("{err:?}").contains("maxRestartsPerMember"),
+        "{err:?}"
+    );
 }

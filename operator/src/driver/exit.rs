@@ -39,6 +39,8 @@ pub struct Ending {
     pub cause: Option<String>,
     /// The runtime's word for a crash (the container's `OOMKilled`, `Error`).
     pub detail: Option<String>,
+    /// The pod's conditions (type, status), where a pod ran it.
+    pub conditions: Vec<(String, String)>,
 }
 
 /// The outcome in a termination message (`{"outcome": "done", "step": 400}`), if it is one.
@@ -85,12 +87,16 @@ pub fn classify(e: &Ending) -> Exit {
         }
         Ended::Signal(s) => Exit::Failed {
             reason: format!("crashed with {}", signal_name(s)),
+            code: None,
+            conditions: e.conditions.clone(),
         },
         Ended::Code(code) => Exit::Failed {
             reason: match &e.detail {
                 Some(detail) => format!("exit code {code} ({detail})"),
                 None => format!("exited with code {code}"),
             },
+            code: Some(code),
+            conditions: e.conditions.clone(),
         },
     }
 }
@@ -155,18 +161,18 @@ mod tests {
         ));
         assert!(matches!(
             classify(&ended(Ended::Signal(SIGSEGV as i32), None, Some(TrainerState::Training))),
-            Exit::Failed { reason } if reason == "crashed with SIGSEGV"
+            Exit::Failed { reason, .. } if reason == "crashed with SIGSEGV"
         ));
         assert!(matches!(
             classify(&ended(Ended::Code(2), None, None)),
-            Exit::Failed { reason } if reason == "exited with code 2"
+            Exit::Failed { reason, .. } if reason == "exited with code 2"
         ));
         let oom = Ending {
             detail: Some("OOMKilled".into()),
             ..ended(Ended::Code(137), None, None)
         };
         assert!(
-            matches!(classify(&oom), Exit::Failed { reason } if reason == "exit code 137 (OOMKilled)")
+            matches!(classify(&oom), Exit::Failed { reason, .. } if reason == "exit code 137 (OOMKilled)")
         );
         // Exit code 0 after reporting done is success even if murmur had signalled it.
         assert_eq!(

@@ -172,6 +172,12 @@ pub struct MemberRecord {
     /// Crashes of this id (for the backoff).
     #[serde(skip_serializing_if = "is_zero")]
     pub crashes: u32,
+    /// Crashes `recovery.failurePolicy` said not to count (for the backoff only).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub ignored_crashes: u32,
+    /// Past `recovery.maxRestartsPerMember`: this id is not started again.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub given_up: bool,
     /// Refusals of this attempt's pod in a row (for the backoff).
     #[serde(skip_serializing_if = "is_zero")]
     pub refusals: u32,

@@ -14,7 +14,9 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use murmur_core::api::conditions::{ConditionType, condition_is_true, set_condition};
-use murmur_core::api::{AlgorithmKind, Capacity, DecentralizedTrainingJobSpec, JobPhase};
+use murmur_core::api::{
+    AlgorithmKind, Capacity, DecentralizedTrainingJobSpec, FailureAction, JobPhase,
+};
 use murmur_core::contract::{JoinReport, TrainerStatus};
 use murmur_core::topology::{self, BuildSpec, MemberId, MemberProfile, Topology};
 use serde::{Deserialize, Serialize};
@@ -41,8 +43,14 @@ pub enum Exit {
     Completed,
     /// Spot reclaim, eviction, node loss, or a spot notice it honoured. Never a failure.
     Preempted { reason: String },
-    /// It crashed: counts against `recovery.maxRestarts`.
-    Failed { reason: String },
+    /// It crashed: counted as `recovery.failurePolicy` says (by default against the member's
+    /// and the job's restart budgets). `code`: the trainer's exit code, if it exited with one;
+    /// `conditions`: its pod's conditions (type, status), where pods run it.
+    Failed {
+        reason: String,
+        code: Option<i32>,
+        conditions: Vec<(String, String)>,
+    },
 }
 
 /// Why a member's container has not started, in the kubelet's words: its reason
@@ -539,30 +547,77 @@ fn settle_ended_members(
                     format!("member {id} (attempt {}) preempted: {reason}", m.attempt),
                 ));
             }
-            Exit::Failed { reason } => {
+            Exit::Failed {
+                reason,
+                code,
+                conditions,
+            } => {
                 record.become_(Lifecycle::Ended { how: End::Failed });
-                record.crashes += 1;
-                s.restarts += 1;
+                let action = spec.recovery.action_for(*code, conditions);
+                let counted = action != FailureAction::Ignore;
+                if counted {
+                    record.crashes += 1;
+                    s.restarts += 1;
+                } else {
+                    record.ignored_crashes += 1;
+                }
                 let delay = (spec.recovery.backoff.as_std().as_secs_f64()
-                    * 2f64.powi(record.crashes as i32 - 1))
+                    * 2f64.powi((record.crashes + record.ignored_crashes) as i32 - 1))
                 .min(MAX_BACKOFF_SECONDS);
                 record.not_before = Some(after(now, delay));
+                let budget = spec.recovery.max_restarts_per_member;
+                let given_up = counted && i64::from(record.crashes) > i64::from(budget);
+                record.given_up |= given_up;
+                let what = match (action, given_up) {
+                    (FailureAction::Ignore, _) => {
+                        "not counted (recovery.failurePolicy)".to_string()
+                    }
+                    (FailureAction::FailJob, _) => {
+                        "it fails the job (recovery.failurePolicy)".into()
+                    }
+                    (_, true) => format!(
+                        "past its restart budget (recovery.maxRestartsPerMember {budget}): not started again"
+                    ),
+                    _ => format!("restart {} of {budget} for this member", record.crashes),
+                };
                 actions.push(event(
                     EventKind::Warning,
                     Reason::MemberFailed,
                     Some((id, m.attempt)),
                     format!(
-                        "member {id} (attempt {}) failed: {reason}; restart {} of {}",
-                        m.attempt, s.restarts, spec.recovery.max_restarts
+                        "member {id} (attempt {}) failed: {reason}; {what}",
+                        m.attempt
                     ),
                 ));
-                if i64::from(s.restarts) > i64::from(spec.recovery.max_restarts) {
+                let left = spec
+                    .replicas
+                    .target
+                    .saturating_sub(s.members.values().filter(|r| r.given_up).count() as u32);
+                let fail = match action {
+                    FailureAction::FailJob => Some(format!(
+                        "member {id} failed with {reason}, which recovery.failurePolicy says fails the job"
+                    )),
+                    _ if spec
+                        .recovery
+                        .max_restarts
+                        .is_some_and(|max| i64::from(s.restarts) > i64::from(max)) =>
+                    {
+                        Some(format!(
+                            "{} crash restarts exceed recovery.maxRestarts ({}); last: member {id}: {reason}",
+                            s.restarts,
+                            spec.recovery.max_restarts.unwrap_or_default()
+                        ))
+                    }
+                    _ if given_up && left < spec.replicas.min => Some(format!(
+                        "only {left} members may run, fewer than replicas.min ({}): the others are past recovery.maxRestartsPerMember ({budget}); last: member {id}: {reason}",
+                        spec.replicas.min
+                    )),
+                    _ => None,
+                };
+                if let Some(message) = fail {
                     s.phase = JobPhase::Failed;
                     s.completed_at = Some(now);
-                    s.message = Some(format!(
-                        "{} crash restarts exceed recovery.maxRestarts ({}); last: member {id}: {reason}",
-                        s.restarts, spec.recovery.max_restarts
-                    ));
+                    s.message = Some(message);
                 }
             }
         }
@@ -910,7 +965,7 @@ fn create_members(
     }
     for id in 0..spec.replicas.target {
         let record = s.members.entry(id).or_default();
-        if record.lifecycle.is_live() || record.lifecycle.is_completed() {
+        if record.lifecycle.is_live() || record.lifecycle.is_completed() || record.given_up {
             continue;
         }
         if record.not_before.is_some_and(|t| t > now) {

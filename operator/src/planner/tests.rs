@@ -169,8 +169,14 @@ fn preempted() -> Exit {
 }
 
 fn crashed() -> Exit {
+    crashed_with(101)
+}
+
+fn crashed_with(code: i32) -> Exit {
     Exit::Failed {
-        reason: "exit code 101".into(),
+        reason: format!("exit code {code}"),
+        code: Some(code),
+        conditions: Vec::new(),
     }
 }
 
@@ -1240,4 +1246,105 @@ fn suspend_is_honoured_after_a_member_reached_the_target_and_resuming_ends_the_j
     assert!(World::creates(&actions).is_empty());
     assert_eq!(w.state.phase, JobPhase::Succeeded);
     assert_eq!((w.state.restarts, w.state.preemption_count()), (0, 0));
+}
+
+#[test]
+fn a_member_past_its_restart_budget_is_left_out_and_the_job_fails_only_below_min() {
+    let mut spec = spec();
+    spec.recovery.max_restarts = None;
+    spec.recovery.max_restarts_per_member = 1;
+    let mut w = World::new(spec);
+    w.plan();
+    for id in 0..4 {
+        w.join(id);
+    }
+    w.plan();
+    // Member `id` crashes twice: its second crash is past its budget of one.
+    let crash_twice = |w: &mut World, id: u32| {
+        for _ in 0..2 {
+            w.now += 1000.0;
+            w.end(id, crashed());
+            w.plan();
+            w.now += 1000.0;
+            w.plan();
+        }
+    };
+    crash_twice(&mut w, 3);
+    assert!(w.state.members[&3].given_up);
+    let attempts = w.state.members[&3].attempt;
+    w.now += 1000.0;
+    assert!(World::creates(&w.plan()).is_empty(), "not started again");
+    assert_eq!(w.state.members[&3].attempt, attempts);
+    assert_eq!(w.state.phase, JobPhase::Degraded, "three of four run");
+    assert!(w.actions.iter().any(|a| matches!(a,
+        Action::Event(e) if e.message.contains("past its restart budget (recovery.maxRestartsPerMember 1)"))));
+    // Two left out: still replicas.min (2) that may run.
+    crash_twice(&mut w, 2);
+    assert_ne!(w.state.phase, JobPhase::Failed);
+    // A third: fewer than min may run, and the job fails, naming why.
+    for _ in 0..2 {
+        w.now += 1000.0;
+        w.end(1, crashed());
+        w.plan();
+        w.now += 1000.0;
+        w.plan();
+    }
+    assert_eq!(w.state.phase, JobPhase::Failed);
+    let message = w.state.message.clone().unwrap();
+    assert!(message.contains("only 1 members may run"), "{message}");
+    assert!(
+        message.contains("recovery.maxRestartsPerMember (1)"),
+        "{message}"
+    );
+}
+
+#[test]
+fn a_failure_policy_ignores_some_crashes_and_fails_the_job_on_others() {
+    let mut spec = spec();
+    spec.recovery.failure_policy = vec![
+        murmur_core::api::FailureRule {
+            action: FailureAction::Ignore,
+            on_exit_codes: Some(murmur_core::api::ExitCodeMatch {
+                operator: murmur_core::api::ExitCodeOperator::In,
+                values: vec![137],
+            }),
+            on_pod_conditions: Vec::new(),
+        },
+        murmur_core::api::FailureRule {
+            action: FailureAction::FailJob,
+            on_exit_codes: Some(murmur_core::api::ExitCodeMatch {
+                operator: murmur_core::api::ExitCodeOperator::In,
+                values: vec![42],
+            }),
+            on_pod_conditions: Vec::new(),
+        },
+    ];
+    let mut w = World::new(spec);
+    w.plan();
+    for id in 0..4 {
+        w.join(id);
+    }
+    w.plan();
+    // OOM kills, as often as they come: never counted, each member started again.
+    for _ in 0..5 {
+        w.now += 1000.0;
+        w.end(1, crashed_with(137));
+        w.plan();
+        w.now += 1000.0;
+        w.plan();
+    }
+    assert_eq!(w.state.restarts, 0);
+    assert_eq!(w.state.members[&1].attempt, 5);
+    assert!(!w.state.members[&1].given_up);
+    assert_ne!(w.state.phase, JobPhase::Failed);
+    // Exit code 42 fails the job at once.
+    w.now += 1000.0;
+    w.end(2, crashed_with(42));
+    w.plan();
+    assert_eq!(w.state.phase, JobPhase::Failed);
+    let message = w.state.message.clone().unwrap();
+    assert!(
+        message.contains("recovery.failurePolicy says fails the job"),
+        "{message}"
+    );
 }

@@ -300,6 +300,12 @@ fn exit(
                 t.reason.as_deref(),
                 t.message.as_deref().filter(|_| said.is_none()),
             )),
+            conditions: status
+                .and_then(|s| s.conditions.as_ref())
+                .into_iter()
+                .flatten()
+                .map(|c| (c.type_.clone(), c.status.clone()))
+                .collect(),
         }));
     }
     if phase == "Failed" || phase == "Succeeded" {
@@ -620,17 +626,15 @@ pub(super) mod tests {
 
     #[test]
     fn a_crash_is_a_failure_with_its_exit_code() {
-        assert_eq!(
-            exit(&terminated("Failed", 101, "Error", None)),
-            Some(Exit::Failed {
-                reason: "exit code 101 (Error)".into()
-            })
+        let e = exit(&terminated("Failed", 101, "Error", None));
+        assert!(
+            matches!(&e, Some(Exit::Failed { reason, code: Some(101), .. }) if reason == "exit code 101 (Error)"),
+            "{e:?}"
         );
-        assert_eq!(
-            exit(&terminated("Failed", 137, "OOMKilled", None)),
-            Some(Exit::Failed {
-                reason: "exit code 137 (OOMKilled)".into()
-            })
+        let e = exit(&terminated("Failed", 137, "OOMKilled", None));
+        assert!(
+            matches!(&e, Some(Exit::Failed { reason, code: Some(137), .. }) if reason == "exit code 137 (OOMKilled)"),
+            "{e:?}"
         );
     }
 

@@ -448,6 +448,8 @@ impl Local {
             last: self.driver.last_state(member, attempt),
             cause,
             detail: None,
+            // Processes have no pod conditions.
+            conditions: Vec::new(),
         }
     }
 
