@@ -13,6 +13,22 @@ use super::super::support::control_plane::{NodeShape, stdout_of};
 use super::crd::{example, merge};
 use super::scene::{MINUTE, Scene, attempt_of, member_of, tail};
 
+/// Whether a job's status has the condition `kind` with `status`.
+fn has_condition(st: &Value, kind: &str, status: &str) -> bool {
+    st["conditions"]
+        .as_array()
+        .is_some_and(|c| c.iter().any(|c| c["type"] == kind && c["status"] == status))
+}
+
+/// The condition `kind` of a job's status.
+fn condition_of(st: &Value, kind: &str) -> Value {
+    st["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == kind))
+        .cloned()
+        .unwrap_or_else(|| panic!("no {kind} condition: {st:#}"))
+}
+
 async fn nodes(s: &mut Scene<'_>, prefix: &str) {
     let shapes: Vec<NodeShape> = (0..4)
         .map(|i| NodeShape::spot(&format!("{prefix}-{i}"), ["zone-a", "zone-b"][i % 2], "eks"))
@@ -180,19 +196,10 @@ pub async fn pods_rejected_say_why(env: &Env) {
     );
     let status = s
         .until_status("unschedulable", "a PodsRejected condition", MINUTE, |st| {
-            st["conditions"].as_array().is_some_and(|c| {
-                c.iter()
-                    .any(|c| c["type"] == "PodsRejected" && c["status"] == "True")
-            })
+            has_condition(st, "PodsRejected", "True")
         })
         .await;
-    let condition = status["conditions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["type"] == "PodsRejected")
-        .unwrap()
-        .clone();
+    let condition = condition_of(&status, "PodsRejected");
     assert!(
         condition["message"]
             .as_str()
@@ -217,10 +224,7 @@ pub async fn pods_rejected_say_why(env: &Env) {
     );
     s.running("unschedulable", 4).await;
     s.until_status("unschedulable", "PodsRejected cleared", MINUTE, |st| {
-        st["conditions"].as_array().is_some_and(|c| {
-            c.iter()
-                .any(|c| c["type"] == "PodsRejected" && c["status"] == "False")
-        })
+        has_condition(st, "PodsRejected", "False")
     })
     .await;
     env.cp
@@ -276,20 +280,11 @@ pub async fn partly_admitted_jobs_run_with_what_they_got(env: &Env) {
             |st| {
                 st["phase"] == "Degraded"
                     && st["topologyVersion"].as_u64() >= Some(1)
-                    && st["conditions"].as_array().is_some_and(|c| {
-                        c.iter()
-                            .any(|c| c["type"] == "PodsRejected" && c["status"] == "True")
-                    })
+                    && has_condition(st, "PodsRejected", "True")
             },
         )
         .await;
-    let condition = status["conditions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["type"] == "PodsRejected")
-        .unwrap()
-        .clone();
+    let condition = condition_of(&status, "PodsRejected");
     let message = condition["message"].as_str().unwrap();
     assert!(message.contains("exceeded quota"), "{condition}");
     println!(
@@ -331,11 +326,7 @@ pub async fn partly_admitted_jobs_run_with_what_they_got(env: &Env) {
     let all = s.running("quota", 5).await;
     s.join("quota", all.keys().copied()).await;
     s.until_status("quota", "Running with every member", 2 * MINUTE, |st| {
-        st["phase"] == "Running"
-            && st["conditions"].as_array().is_some_and(|c| {
-                c.iter()
-                    .any(|c| c["type"] == "PodsRejected" && c["status"] == "False")
-            })
+        st["phase"] == "Running" && has_condition(st, "PodsRejected", "False")
     })
     .await;
     let status = s.status("quota").await;

@@ -1137,29 +1137,25 @@ fn refused_pods_back_off_while_the_admitted_members_train_degraded() {
 
 #[test]
 fn a_long_spot_job_remembers_its_newest_preemptions_and_counts_them_all() {
+    let preempt = |s: &mut JobState, attempts: std::ops::Range<u32>| {
+        for i in attempts {
+            s.record_preemption(Preemption {
+                member: i % 7,
+                attempt: i,
+                at: at(f64::from(i)),
+                reason: "spot reclaim".into(),
+            });
+        }
+    };
     let mut s = JobState::new(at(0.0));
-    for i in 0..250u32 {
-        s.record_preemption(Preemption {
-            member: i % 7,
-            attempt: i,
-            at: at(f64::from(i)),
-            reason: "spot reclaim".into(),
-        });
-    }
+    preempt(&mut s, 0..250);
     assert_eq!(s.preemption_count(), 250);
     assert_eq!(s.preemptions.len(), PREEMPTIONS_KEPT);
     assert_eq!(s.preemptions[0].attempt, 150, "the oldest kept");
     assert_eq!(s.preemptions.last().unwrap().attempt, 249);
     // What the memory ConfigMap holds stays the same size however many more come.
     let size = serde_json::to_vec(&s).unwrap().len();
-    for i in 250..10_250u32 {
-        s.record_preemption(Preemption {
-            member: i % 7,
-            attempt: i,
-            at: at(f64::from(i)),
-            reason: "spot reclaim".into(),
-        });
-    }
+    preempt(&mut s, 250..10_250);
     assert_eq!(s.preemption_count(), 10_250);
     let grown = serde_json::to_vec(&s).unwrap().len();
     assert!(grown <= size + 400, "{size} bytes, then {grown}");

@@ -148,9 +148,6 @@ struct Live {
     created: BTreeMap<(MemberId, u32), Timestamp>,
     /// The spec's validation result for a generation (CEL evaluation is not free).
     validated: Option<(Option<i64>, Option<String>)>,
-    /// When the last reconcile of this job began (they are spaced by
-    /// [`Settings::min_reconcile_interval`]).
-    last_reconcile: Option<tokio::time::Instant>,
 }
 
 type JobKey = (String, String);
@@ -277,7 +274,6 @@ impl Context {
             key_hex,
             created: BTreeMap::new(),
             validated: None,
-            last_reconcile: None,
         }));
         self.jobs.lock().insert(key.clone(), live.clone());
         tokio::spawn(listen(
@@ -381,6 +377,15 @@ async fn reconcile_inner(
         return Ok(Action::await_change());
     }
     ctx.stores.ready().await;
+    // A reconcile waits `min_reconcile_interval` after it was asked for, then reads the caches:
+    // what arrives together (a join wave, a node's pods) is handled together, and a job's
+    // reconciles are at least that far apart, since requests meanwhile wait as one (the
+    // controller keeps one pending per job). Unlike a debounce, which every new trigger
+    // restarted, a stream of triggers never holds it off.
+    let delay = ctx.settings.min_reconcile_interval;
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
     let uid = job.uid().unwrap_or_default();
     let owned = |meta: &ObjectMeta| {
         meta.namespace.as_deref() == Some(namespace.as_str())
@@ -399,22 +404,6 @@ async fn reconcile_inner(
     let pod_refs: Vec<&Pod> = pods.iter().map(|p| p.as_ref()).collect();
     let leftovers: Vec<&Pod> = others.iter().map(|p| p.as_ref()).collect();
     let live = ctx.live(job, &pod_refs, &leftovers)?;
-    // Reconciles of one job start at most every `min_reconcile_interval`. Requests meanwhile
-    // wait as one (the controller keeps one pending per job), so a stream of triggers (a join
-    // wave, pod updates) batches up rather than delaying the reconcile forever, as a debounce
-    // that every new trigger restarts did.
-    let wait = {
-        let mut l = live.lock();
-        let now = tokio::time::Instant::now();
-        let earliest = l
-            .last_reconcile
-            .map_or(now, |t| t + ctx.settings.min_reconcile_interval);
-        l.last_reconcile = Some(earliest.max(now));
-        earliest.saturating_duration_since(now)
-    };
-    if !wait.is_zero() {
-        tokio::time::sleep(wait).await;
-    }
     let service = get(
         &ctx.stores.services,
         &namespace,

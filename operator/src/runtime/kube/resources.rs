@@ -94,8 +94,8 @@ pub struct Settings {
     pub creation_grace: std::time::Duration,
     /// Re-plan at least this often (progress in the status, node timeouts).
     pub resync: std::time::Duration,
-    /// Reconciles of one job start at least this far apart; what arrives meanwhile is handled
-    /// by the next one.
+    /// A reconcile waits this long after it is asked for before it reads the caches, so what
+    /// arrives together is handled together; a job's reconciles are at least this far apart.
     pub min_reconcile_interval: std::time::Duration,
     /// Images for jobs that name none, by backend.
     pub trainer_image: String,

@@ -521,6 +521,23 @@ fn node(name: &str, ready: &str, since: Timestamp) -> Node {
     }
 }
 
+/// The one object of its kind that `calls` applied, at `path`, owned by the job.
+fn applied_once<K: serde::de::DeserializeOwned + Resource>(calls: &[Call], path: &str) -> K {
+    let kind = path.rsplit('/').nth(1).unwrap();
+    let applied: Vec<&Call> = calls
+        .iter()
+        .filter(|c| c.path.contains(&format!("/{kind}/")))
+        .collect();
+    assert_eq!(applied.len(), 1, "{calls:#?}");
+    assert_eq!(applied[0].path, path);
+    let object: K = serde_json::from_value(applied[0].body.clone()).unwrap();
+    assert_eq!(
+        object.meta().owner_references.as_ref().unwrap()[0].uid,
+        "uid-1"
+    );
+    object
+}
+
 fn pods_created(calls: &[Call]) -> Vec<String> {
     calls
         .iter()
@@ -946,7 +963,7 @@ async fn members_outside_their_cliques_zone_are_moved_there_once_and_ask_for_its
 
 #[tokio::test(start_paused = true)]
 async fn reconciles_of_a_job_are_spaced_and_never_starved() {
-    let mut c = Cluster::new(MANIFEST);
+    let mut c = Cluster::running().await;
     c.ctx = Arc::new(Context {
         client: c.ctx.client.clone(),
         stores: c.ctx.stores.clone(),
@@ -964,37 +981,45 @@ async fn reconciles_of_a_job_are_spaced_and_never_starved() {
         trigger: c.ctx.trigger.clone(),
     });
     let started = tokio::time::Instant::now();
-    c.reconcile().await;
-    assert_eq!(started.elapsed(), Duration::ZERO, "the first at once");
-    // Asked again at once, and again and again: each runs, 500 ms after the one before.
-    for n in 1..=3u32 {
+    // Asked for again and again, back to back: each runs 500 ms after it was asked, so they
+    // are spaced by that and none waits longer (a debounce restarted by each request would
+    // never have run).
+    for n in 1..=4u32 {
         c.reconcile().await;
         assert_eq!(started.elapsed(), n * Duration::from_millis(500));
     }
-    // After a quiet spell, at once again.
-    tokio::time::advance(Duration::from_secs(5)).await;
-    let quiet = tokio::time::Instant::now();
-    c.reconcile().await;
-    assert_eq!(quiet.elapsed(), Duration::ZERO);
+    // What changed while it waited is what it decides on: a pod deleted during the wait is
+    // replaced by that very reconcile.
+    let pod = c.pod_objects.remove("mnist-0-0").unwrap();
+    let deleted = pod.clone();
+    let pods = c.ctx.stores.pods.clone();
+    let reconcile = {
+        let job = Arc::new(c.job.clone());
+        let ctx = c.ctx.clone();
+        tokio::spawn(async move { reconcile(job, ctx).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    c.pods.apply_watcher_event(&Event::Delete(deleted));
+    assert!(
+        pods.get(&ObjectRef::new("mnist-0-0").within("ml"))
+            .is_none()
+    );
+    reconcile.await.unwrap().unwrap();
+    let created: Vec<String> = c.log.lock()[c.seen..]
+        .iter()
+        .filter(|call| call.method == "POST" && call.path.ends_with("/pods"))
+        .map(|call| call.body["metadata"]["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(created, vec!["mnist-0-1"], "{pod:?}");
 }
 
 #[tokio::test]
 async fn each_job_has_a_disruption_budget_of_its_headroom_written_once() {
     let mut c = Cluster::new(MANIFEST);
     let (_, calls) = c.reconcile().await;
-    let applied: Vec<&Call> = calls
-        .iter()
-        .filter(|c| c.path.contains("/poddisruptionbudgets/"))
-        .collect();
-    assert_eq!(applied.len(), 1, "{calls:#?}");
-    assert_eq!(
-        applied[0].path,
-        "/apis/policy/v1/namespaces/ml/poddisruptionbudgets/mnist-members"
-    );
-    let budget: PodDisruptionBudget = serde_json::from_value(applied[0].body.clone()).unwrap();
-    assert_eq!(
-        budget.metadata.owner_references.as_ref().unwrap()[0].uid,
-        "uid-1"
+    let budget: PodDisruptionBudget = applied_once(
+        &calls,
+        "/apis/policy/v1/namespaces/ml/poddisruptionbudgets/mnist-members",
     );
     let spec = budget.spec.unwrap();
     let r = &c.job.spec.replicas;
@@ -1060,19 +1085,9 @@ async fn with_network_policies_each_job_fences_its_trainers_in_once() {
     };
     let mut c = Cluster::with_settings(MANIFEST, settings);
     let (_, calls) = c.reconcile().await;
-    let applied: Vec<&Call> = calls
-        .iter()
-        .filter(|c| c.path.contains("/networkpolicies/"))
-        .collect();
-    assert_eq!(applied.len(), 1);
-    assert_eq!(
-        applied[0].path,
-        "/apis/networking.k8s.io/v1/namespaces/ml/networkpolicies/mnist-trainers"
-    );
-    let policy: NetworkPolicy = serde_json::from_value(applied[0].body.clone()).unwrap();
-    assert_eq!(
-        policy.metadata.owner_references.as_ref().unwrap()[0].uid,
-        "uid-1"
+    let policy: NetworkPolicy = applied_once(
+        &calls,
+        "/apis/networking.k8s.io/v1/namespaces/ml/networkpolicies/mnist-trainers",
     );
     let spec = policy.spec.unwrap();
     // It selects exactly the labels every member pod carries.
