@@ -124,6 +124,16 @@ impl World {
             .collect()
     }
 
+    fn stops(actions: &[Action]) -> Vec<(u32, u32)> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Stop { member, attempt } => Some((*member, *attempt)),
+                _ => None,
+            })
+            .collect()
+    }
+
     fn reasons(actions: &[Action]) -> Vec<&'static str> {
         actions
             .iter()
@@ -266,13 +276,7 @@ fn members_outside_their_cliques_zone_move_there_once_before_anyone_trains() {
     let mut w = World::zoned(None, zone_of);
     let actions = w.plan();
     let t = w.state.topology.clone().unwrap();
-    let stops: Vec<(u32, u32)> = actions
-        .iter()
-        .filter_map(|a| match a {
-            Action::Stop { member, attempt } => Some((*member, *attempt)),
-            _ => None,
-        })
-        .collect();
+    let stops = World::stops(&actions);
     assert_eq!(stops.len(), 2, "{actions:#?}");
     assert_eq!(w.state.relocations, 2);
     assert_eq!(
@@ -1174,13 +1178,7 @@ fn lowering_the_target_retires_the_highest_members_and_raising_it_brings_them_ba
     w.spec.replicas.min = 2;
     w.now = 1.0;
     let actions = w.plan();
-    let stops: Vec<(u32, u32)> = actions
-        .iter()
-        .filter_map(|a| match a {
-            Action::Stop { member, attempt } => Some((*member, *attempt)),
-            _ => None,
-        })
-        .collect();
+    let stops = World::stops(&actions);
     assert_eq!(stops, vec![(2, 0), (3, 0)]);
     // The topology closes over the two left at once.
     assert_eq!(

@@ -261,6 +261,26 @@ impl Cluster {
         });
     }
 
+    /// A new operator process (empty memory) with its settings edited, as after an upgrade.
+    fn with_settings_now(&mut self, edit: impl FnOnce(&mut Settings)) {
+        self.restart_operator();
+        let mut settings = self.ctx.settings.clone();
+        edit(&mut settings);
+        self.ctx = Arc::new(Context {
+            client: self.ctx.client.clone(),
+            stores: self.ctx.stores.clone(),
+            hub: self.ctx.hub.clone(),
+            metrics: self.ctx.metrics.clone(),
+            settings,
+            instance: self.ctx.instance.clone(),
+            clock: self.ctx.clock.clone(),
+            leadership: self.ctx.leadership.clone(),
+            recorder: self.ctx.recorder.clone(),
+            jobs: Mutex::default(),
+            trigger: self.ctx.trigger.clone(),
+        });
+    }
+
     fn advance(&self, secs: i64) {
         let mut now = self.now.lock();
         *now = Timestamp::from_second(now.as_second() + secs).unwrap();
@@ -964,22 +984,7 @@ async fn members_outside_their_cliques_zone_are_moved_there_once_and_ask_for_its
 #[tokio::test(start_paused = true)]
 async fn reconciles_of_a_job_are_spaced_and_never_starved() {
     let mut c = Cluster::running().await;
-    c.ctx = Arc::new(Context {
-        client: c.ctx.client.clone(),
-        stores: c.ctx.stores.clone(),
-        hub: c.ctx.hub.clone(),
-        metrics: c.ctx.metrics.clone(),
-        settings: Settings {
-            min_reconcile_interval: Duration::from_millis(500),
-            ..c.ctx.settings.clone()
-        },
-        instance: c.ctx.instance.clone(),
-        clock: c.ctx.clock.clone(),
-        leadership: c.ctx.leadership.clone(),
-        recorder: c.ctx.recorder.clone(),
-        jobs: Mutex::default(),
-        trigger: c.ctx.trigger.clone(),
-    });
+    c.with_settings_now(|s| s.min_reconcile_interval = Duration::from_millis(500));
     let started = tokio::time::Instant::now();
     // Asked for again and again, back to back: each runs 500 ms after it was asked, so they
     // are spaced by that and none waits longer (a debounce restarted by each request would
@@ -1297,22 +1302,8 @@ async fn a_replacement_after_an_operator_upgrade_runs_the_image_its_job_started_
         "the status says which image the job runs"
     );
     // The operator is upgraded: its default image changes.
-    c.restart_operator();
-    c.ctx = Arc::new(Context {
-        client: c.ctx.client.clone(),
-        stores: c.ctx.stores.clone(),
-        hub: c.ctx.hub.clone(),
-        metrics: c.ctx.metrics.clone(),
-        settings: Settings {
-            trainer_cuda_image: "registry.example/murmur-trainer:2.0-cuda".into(),
-            ..c.ctx.settings.clone()
-        },
-        instance: c.ctx.instance.clone(),
-        clock: c.ctx.clock.clone(),
-        leadership: c.ctx.leadership.clone(),
-        recorder: c.ctx.recorder.clone(),
-        jobs: Mutex::default(),
-        trigger: c.ctx.trigger.clone(),
+    c.with_settings_now(|s| {
+        s.trainer_cuda_image = "registry.example/murmur-trainer:2.0-cuda".into();
     });
     c.advance(30);
     let pod = c.pod_objects.remove("mnist-0-0").unwrap();
