@@ -515,7 +515,7 @@ pub fn scenario(cp: &ControlPlane, mitm: &Mitm) -> Value {
             (pods.len() == 2
                 && pods.iter().all(|pod| {
                     pod_logs(cp, "team-a", pod)
-                        .contains("refused a topology document without the job key's signature")
+                        .contains("refused a topology without the job key's signature")
                 }))
             .then_some(())
         },

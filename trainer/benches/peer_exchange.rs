@@ -113,8 +113,11 @@ fn pair(params: usize, codec: Compression) {
             .into_iter()
             .map(|(id, addr)| (id, addr.to_string()))
             .collect();
-        a.set_topology(1, addresses.clone());
-        b.set_topology(1, addresses);
+        a.set_topology(
+            murmur_trainer::transport::Agreements::all(1),
+            addresses.clone(),
+        );
+        b.set_topology(murmur_trainer::transport::Agreements::all(1), addresses);
         let xa: Vec<f32> = (0..params).map(|i| i as f32).collect();
         let xb: Vec<f32> = (0..params).map(|i| -(i as f32)).collect();
         // Wire only: encode, send, receive, decode.
@@ -196,7 +199,7 @@ fn ring_member(me: MemberId, ports: &[u16], params: usize, codec: Compression) {
             .enumerate()
             .map(|(i, p)| (i as MemberId, format!("127.0.0.1:{p}")))
             .collect();
-        t.set_topology(1, addresses);
+        t.set_topology(murmur_trainer::transport::Agreements::all(1), addresses);
         let peers = vec![(me + n - 1) % n, (me + 1) % n];
         let mut own: Vec<f32> = (0..params)
             .map(|i| (i as f32) * (me as f32 + 1.0))

@@ -15,7 +15,9 @@ use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use murmur_core::api::TopologyKind;
-use murmur_core::contract::{JoinReport, PeerEvent, TopologyDocument, TrainerStatus, control};
+use murmur_core::contract::{
+    JoinReport, MemberView, PeerEvent, TopologyDocument, TrainerStatus, control,
+};
 use murmur_core::topology::{self, BuildSpec, MemberProfile};
 use support::*;
 
@@ -58,18 +60,48 @@ struct After {
     after: u64,
 }
 
-/// `doc` as the control plane serves it: JSON signed with `key`.
-fn signed_document(key: &[u8], path: &str, doc: &TopologyDocument) -> Response {
-    let body = serde_json::to_vec(doc).unwrap();
+/// `doc`, or `member`'s view of it, as the control plane serves it: JSON signed with `key`.
+fn signed_document(
+    key: &[u8],
+    path: &str,
+    doc: &TopologyDocument,
+    member: Option<u32>,
+) -> Response {
+    let body = match member {
+        Some(id) => serde_json::to_vec(&MemberView::of(doc, id)).unwrap(),
+        None => serde_json::to_vec(doc).unwrap(),
+    };
     let signature = control::topology_signature(key, path, &body);
     ([(control::SIGNATURE_HEADER, signature)], body).into_response()
 }
 
-async fn topology_poll(
+async fn document_poll(
     State(stub): State<Arc<Stub>>,
     Query(q): Query<After>,
     uri: Uri,
     headers: HeaderMap,
+) -> Response {
+    topology_poll(stub, q, uri, headers, None).await
+}
+
+async fn view_poll(
+    State(stub): State<Arc<Stub>>,
+    Path((_, _, id)): Path<(String, String, u32)>,
+    Query(q): Query<After>,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Response {
+    topology_poll(stub, q, uri, headers, Some(id)).await
+}
+
+/// The whole document, or one member's view of it (each view changes with every document
+/// here: the stub keeps no views).
+async fn topology_poll(
+    stub: Arc<Stub>,
+    q: After,
+    uri: Uri,
+    headers: HeaderMap,
+    member: Option<u32>,
 ) -> Response {
     if stub.down.load(Ordering::Relaxed) {
         return StatusCode::SERVICE_UNAVAILABLE.into_response();
@@ -80,14 +112,14 @@ async fn topology_poll(
     if stub.forged.load(Ordering::Relaxed) {
         let mut doc = stub.doc.lock().unwrap().clone().unwrap();
         doc.version = q.after + 1;
-        return signed_document(b"not the job key", uri.path(), &doc);
+        return signed_document(b"not the job key", uri.path(), &doc, member);
     }
     for _ in 0..2 {
         let notified = stub.changed.notified();
         if let Some(doc) = stub.doc.lock().unwrap().clone()
             && doc.version > q.after
         {
-            return signed_document(KEY.as_bytes(), uri.path(), &doc);
+            return signed_document(KEY.as_bytes(), uri.path(), &doc, member);
         }
         let _ = tokio::time::timeout(Duration::from_millis(500), notified).await;
     }
@@ -199,7 +231,11 @@ fn serve(stub: Arc<Stub>) -> u16 {
             let app = axum::Router::new()
                 .route(
                     "/api/v1/namespaces/{ns}/jobs/{job}/topology",
-                    get(topology_poll),
+                    get(document_poll),
+                )
+                .route(
+                    "/api/v1/namespaces/{ns}/jobs/{job}/members/{id}/topology",
+                    get(view_poll),
                 )
                 .route(
                     "/api/v1/namespaces/{ns}/jobs/{job}/members/{id}/join",
@@ -258,7 +294,7 @@ fn trainers_follow_the_control_endpoint_from_a_ring_to_data_aware_cliques() {
             (0..4).all(|id| {
                 job.log(id, 0).iter().any(|l| {
                     l["fields"]["error"].as_str().is_some_and(|e| {
-                        e.contains("refused a topology document without the job key's signature")
+                        e.contains("refused a topology without the job key's signature")
                     })
                 })
             })

@@ -53,7 +53,7 @@ fn header(kind: Kind, job: u64, round: u64, len: usize) -> Header {
         job,
         sender: 9,
         payload_len: len as u32,
-        topology_version: 1,
+        agreement: 1,
         round,
         message_len: len as u64,
         offset: 0,

@@ -21,7 +21,7 @@
 //! the README.
 //!
 //! Header (little endian): magic `MRMR` · protocol version u8 · kind u8 · reserved u16 ·
-//! job id u64 · sender u32 · payload length u32 · topology version u64 · round u64 ·
+//! job id u64 · sender u32 · payload length u32 · agreement u64 · round u64 ·
 //! message length u64 · offset u64.
 
 use ring::aead::{AES_256_GCM, Aad, LessSafeKey, Nonce as GcmNonce, Tag, UnboundKey};
@@ -158,7 +158,7 @@ pub struct Header {
     pub job: u64,
     pub sender: u32,
     pub payload_len: u32,
-    pub topology_version: u64,
+    pub agreement: u64,
     pub round: u64,
     pub message_len: u64,
     pub offset: u64,
@@ -173,7 +173,7 @@ impl Header {
         b[8..16].copy_from_slice(&self.job.to_le_bytes());
         b[16..20].copy_from_slice(&self.sender.to_le_bytes());
         b[20..24].copy_from_slice(&self.payload_len.to_le_bytes());
-        b[24..32].copy_from_slice(&self.topology_version.to_le_bytes());
+        b[24..32].copy_from_slice(&self.agreement.to_le_bytes());
         b[32..40].copy_from_slice(&self.round.to_le_bytes());
         b[40..48].copy_from_slice(&self.message_len.to_le_bytes());
         b[48..56].copy_from_slice(&self.offset.to_le_bytes());
@@ -197,7 +197,7 @@ impl Header {
             job: u64_at(8),
             sender: u32_at(16),
             payload_len: u32_at(20),
-            topology_version: u64_at(24),
+            agreement: u64_at(24),
             round: u64_at(32),
             message_len: u64_at(40),
             offset: u64_at(48),
@@ -309,7 +309,7 @@ impl Hello {
 pub struct Message {
     pub kind: Kind,
     pub sender: u32,
-    pub topology_version: u64,
+    pub agreement: u64,
     pub round: u64,
     pub payload: Vec<u8>,
 }
@@ -372,7 +372,7 @@ impl Assembler {
         Some(Message {
             kind: first.kind,
             sender: first.sender,
-            topology_version: first.topology_version,
+            agreement: first.agreement,
             round: first.round,
             payload,
         })
@@ -412,7 +412,7 @@ mod tests {
             job: JOB,
             sender: 3,
             payload_len: 0,
-            topology_version: 2,
+            agreement: 2,
             round: 9,
             message_len: 0,
             offset: 0,

@@ -171,13 +171,13 @@ pub async fn read_challenge<S: AsyncRead + Unpin>(stream: &mut S) -> Result<Nonc
 }
 
 /// A header for a whole message (chunking fills in the lengths and offsets).
-pub fn template(kind: Kind, job: u64, sender: u32, topology_version: u64, round: u64) -> Header {
+pub fn template(kind: Kind, job: u64, sender: u32, agreement: u64, round: u64) -> Header {
     Header {
         kind,
         job,
         sender,
         payload_len: 0,
-        topology_version,
+        agreement,
         round,
         message_len: 0,
         offset: 0,

@@ -43,6 +43,12 @@ pub fn topology_path(namespace: &str, job: &str) -> String {
     format!("{}/topology", job_path(namespace, job))
 }
 
+/// Long-poll of one member's [`MemberView`](super::MemberView): `GET {view_path}?after=V`,
+/// answered as [`topology_path`] is; a change that does not touch the member does not wake it.
+pub fn view_path(namespace: &str, job: &str, member: u32) -> String {
+    format!("{}/members/{member}/topology", job_path(namespace, job))
+}
+
 /// `POST` a [`JoinReport`](super::JoinReport), once on start.
 pub fn join_path(namespace: &str, job: &str, member: u32) -> String {
     format!("{}/members/{member}/join", job_path(namespace, job))
@@ -80,7 +86,8 @@ pub enum DropReason {
     Disconnected,
     /// It announced it was leaving (spot notice, done).
     Left,
-    /// It follows another topology version this round.
+    /// It follows another topology this round: another weight for our shared edge, or
+    /// another version of the whole document.
     VersionMismatch,
     /// It did not count us among its peers this round (another version, another group).
     Skipped,

@@ -5,6 +5,7 @@ pub mod control;
 pub mod document;
 pub mod env;
 pub mod reports;
+pub mod view;
 
 pub use control::{DropReason, PeerEvent};
 pub use document::{DocumentEdge, DocumentError, DocumentMember, TopologyDocument};
@@ -13,3 +14,4 @@ pub use reports::{
     JoinReport, TERMINATION_LOG, TerminationMessage, TerminationOutcome, TrainerState,
     TrainerStatus,
 };
+pub use view::{MemberView, ViewBook, ViewNeighbour};

@@ -2,12 +2,14 @@
 //! topology document, events and progress samples here, and receives what the job's trainers
 //! post (already authenticated) through the job's inbox.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
 use axum::body::Bytes;
-use murmur_core::contract::{JoinReport, PeerEvent, TopologyDocument, TrainerStatus};
+use murmur_core::contract::{
+    JoinReport, MemberView, PeerEvent, TopologyDocument, TrainerStatus, ViewBook,
+};
 use parking_lot::{Mutex, RwLock};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -69,6 +71,37 @@ impl<T: Clone> Bounded<T> {
     }
 }
 
+/// Each member's view of the topology, and a channel per member whose trainer follows it.
+#[derive(Default)]
+struct ViewBoard {
+    book: ViewBook,
+    channels: HashMap<u32, watch::Sender<Option<Arc<MemberView>>>>,
+}
+
+impl ViewBoard {
+    fn follow(&mut self, doc: &TopologyDocument) {
+        let changes = self.book.follow(doc);
+        for view in changes.changed {
+            let id = view.member;
+            let view = Some(Arc::new(view));
+            match self.channels.get(&id) {
+                Some(channel) => {
+                    channel.send_replace(view);
+                }
+                None => {
+                    self.channels.insert(id, watch::Sender::new(view));
+                }
+            }
+        }
+        // Followers the topology leaves out hear so, to pause and report their join again.
+        for (&id, channel) in &self.channels {
+            if self.book.view(id).is_none() {
+                channel.send_replace(Some(Arc::new(MemberView::outside(doc, id))));
+            }
+        }
+    }
+}
+
 /// A member attempt's (step, accuracy), as last sampled.
 type Sample = (u64, Option<f64>);
 
@@ -83,6 +116,7 @@ pub struct JobHandle {
     key: Vec<u8>,
     view: watch::Sender<Option<Published>>,
     topology: watch::Sender<Option<TopologyDocument>>,
+    views: Mutex<ViewBoard>,
     events: Mutex<Bounded<JobEvent>>,
     series: Mutex<Bounded<SeriesPoint>>,
     /// The newest (step, accuracy) sampled per member attempt, so the series holds changes only.
@@ -110,15 +144,35 @@ impl JobHandle {
         self.topology.subscribe()
     }
 
-    /// Publish a topology document; older or equal versions are ignored.
+    /// Member `id`'s view of the topology, as it changes: `None` before the first document, an
+    /// `outside` view while the topology leaves the member out.
+    pub fn member_view(&self, id: u32) -> watch::Receiver<Option<Arc<MemberView>>> {
+        let mut board = self.views.lock();
+        let outside = match (&*self.topology.borrow(), board.book.view(id)) {
+            (Some(doc), None) => Some(Arc::new(MemberView::outside(doc, id))),
+            _ => None,
+        };
+        board
+            .channels
+            .entry(id)
+            .or_insert_with(|| watch::Sender::new(outside))
+            .subscribe()
+    }
+
+    /// Publish a topology document; older or equal versions are ignored. Only the members
+    /// whose view changed are woken.
     pub fn set_topology(&self, doc: TopologyDocument) {
-        self.topology.send_if_modified(|current| {
+        let mut board = self.views.lock();
+        let newer = self.topology.send_if_modified(|current| {
             if current.as_ref().is_some_and(|c| c.version >= doc.version) {
                 return false;
             }
-            *current = Some(doc);
+            *current = Some(doc.clone());
             true
         });
+        if newer {
+            board.follow(&doc);
+        }
     }
 
     pub fn push_event(&self, event: JobEvent) {
@@ -174,6 +228,14 @@ pub struct JobLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ServedLabels {
+    pub namespace: String,
+    pub job: String,
+    /// `view` (a member's own view) or `document` (the whole graph).
+    pub form: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
     pub endpoint: String,
     pub outcome: String,
@@ -190,6 +252,7 @@ pub struct Metrics {
     preemptions: Family<JobLabels, Gauge>,
     restarts: Family<JobLabels, Gauge>,
     pub requests: Family<RequestLabels, Counter>,
+    pub topology_bytes: Family<ServedLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -205,6 +268,7 @@ impl Default for Metrics {
             preemptions: Family::default(),
             restarts: Family::default(),
             requests: Family::default(),
+            topology_bytes: Family::default(),
         };
         registry.register(
             "job_members",
@@ -237,6 +301,11 @@ impl Default for Metrics {
             "control_requests",
             "Requests from trainers to the control endpoint, by outcome",
             m.requests.clone(),
+        );
+        registry.register(
+            "topology_served_bytes",
+            "Topology bytes served to trainers and observers, by form (view or document)",
+            m.topology_bytes.clone(),
         );
         Self { registry, ..m }
     }
@@ -271,6 +340,16 @@ impl Metrics {
         self.restarts
             .get_or_create(&labels)
             .set(i64::from(view.status.restarts));
+    }
+
+    pub fn served(&self, namespace: &str, job: &str, form: &str, bytes: usize) {
+        self.topology_bytes
+            .get_or_create(&ServedLabels {
+                namespace: namespace.to_string(),
+                job: job.to_string(),
+                form: form.to_string(),
+            })
+            .inc_by(bytes as u64);
     }
 
     pub fn request(&self, endpoint: &str, outcome: &str) {
@@ -330,6 +409,7 @@ impl Hub {
             key,
             view: watch::channel(None).0,
             topology: watch::channel(None).0,
+            views: Mutex::default(),
             events: Mutex::new(Bounded::new(EVENTS_KEPT)),
             series: Mutex::new(Bounded::new(SERIES_KEPT)),
             sampled: Mutex::default(),

@@ -1,7 +1,7 @@
 //! `GET /api/v1/openapi.json`: the status API described as OpenAPI 3.1, its schemas generated
 //! from the very types the handlers serialize, so the document cannot drift from the code.
 
-use murmur_core::contract::{JoinReport, PeerEvent, TopologyDocument, TrainerStatus};
+use murmur_core::contract::{JoinReport, MemberView, PeerEvent, TopologyDocument, TrainerStatus};
 use schemars::generate::SchemaSettings;
 use serde_json::{Value, json};
 
@@ -38,6 +38,7 @@ pub fn document() -> Value {
     let events = schema(|g| g.subschema_for::<Vec<JobEvent>>());
     let series = schema(|g| g.subschema_for::<Vec<SeriesPoint>>());
     let topology = schema(|g| g.subschema_for::<TopologyDocument>());
+    let view = schema(|g| g.subschema_for::<MemberView>());
     let join = schema(|g| g.subschema_for::<JoinReport>());
     let status = schema(|g| g.subschema_for::<TrainerStatus>());
     let peer = schema(|g| g.subschema_for::<PeerEvent>());
@@ -47,6 +48,22 @@ pub fn document() -> Value {
     let name =
         json!({"name": "name", "in": "path", "required": true, "schema": {"type": "string"}});
     let id = json!({"name": "id", "in": "path", "required": true, "schema": {"type": "integer"}});
+    let after =
+        json!({"name": "after", "in": "query", "required": false, "schema": {"type": "integer"}});
+    let topology_read = |schema: serde_json::Value, summary: &str| {
+        json!({"get": {
+            "summary": summary,
+            "security": [{"jobKey": []}, {"bearer": []}],
+            "parameters": [ns, name, after],
+            "responses": {"200": {"description": "signed",
+                    "headers": {"x-murmur-signature": {"schema": {"type": "string"},
+                        "description": "hex HMAC-SHA256 under the job key of `TOPOLOGY {path}\\n` and the body; trainers follow nothing without it"}},
+                    "content": {"application/json": {"schema": schema}}},
+                "204": {"description": "none yet, or none newer within the hold"},
+                "400": {"description": "a trainer's read signed too long ago, or a malformed envelope"},
+                "401": {"description": "wrongly signed, or no token the cluster accepts"},
+                "403": {"description": "the observer may not get this job"}}}})
+    };
     let from = json!({"name": "from", "in": "query", "required": false, "schema": {"type": "integer"},
         "description": "Skip this many entries (those already read)."});
     let header = |name: &str, kind: &str, description: &str| json!({"name": name, "in": "header", "required": true, "schema": {"type": kind}, "description": description});
@@ -96,18 +113,8 @@ pub fn document() -> Value {
                 "security": observer, "responses": ok(jobs, "one line per job")}},
             base: {"get": {"summary": "A job: phase, conditions, members, topology version, preemptions",
                 "security": observer, "parameters": [ns, name], "responses": ok(job, "the job")}},
-            format!("{base}/topology"): {"get": {
-                "summary": "The topology document; with `after`, a long-poll for a newer one. For the job's trainers (a request signed with the job key, as the posts are, but not sequenced) or an observer who may get the job",
-                "security": [{"jobKey": []}, {"bearer": []}],
-                "parameters": [ns, name, {"name": "after", "in": "query", "required": false, "schema": {"type": "integer"}}],
-                "responses": {"200": {"description": "a document, signed",
-                        "headers": {"x-murmur-signature": {"schema": {"type": "string"},
-                            "description": "hex HMAC-SHA256 under the job key of `TOPOLOGY {path}\\n` and the body; trainers follow no document without it"}},
-                        "content": {"application/json": {"schema": topology}}},
-                    "204": {"description": "none yet, or none newer within the hold"},
-                    "400": {"description": "a trainer's read signed too long ago, or a malformed envelope"},
-                    "401": {"description": "wrongly signed, or no token the cluster accepts"},
-                    "403": {"description": "the observer may not get this job"}}}},
+            format!("{base}/topology"): topology_read(topology, "The whole topology document; with `after`, a long-poll for a newer one. For the job's trainers (a request signed with the job key, as the posts are, but not sequenced) or an observer who may get the job"),
+            format!("{base}/members/{{id}}/topology"): topology_read(view, "Member `id`'s view of the topology: its neighbours, their addresses and weights. With `after`, a long-poll that only a change touching the member answers. Trainers follow this; read as the document is"),
             format!("{base}/events"): {"get": {"summary": "What happened to the job", "security": observer, "parameters": [ns, name, from],
                 "responses": ok(events, "events, oldest first")}},
             format!("{base}/series"): {"get": {"summary": "Progress samples per member", "security": observer, "parameters": [ns, name, from],

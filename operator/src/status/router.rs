@@ -12,6 +12,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::watch;
+
 use axum::body::Bytes;
 use axum::extract::{FromRef, Path, Query, State};
 use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
@@ -75,6 +77,8 @@ pub fn router(hub: Arc<Hub>, access: Arc<dyn Access>, reads_per_second: u32) -> 
         .route("/readyz", get(readyz))
         // Trainers long-poll their topology here (the dashboard reads it too).
         .route(&format!("{job}/topology"), get(get_topology))
+        // Each trainer long-polls its own view: a change wakes only the members it touches.
+        .route(&format!("{job}/members/{{id}}/topology"), get(get_view))
         .route(
             &format!("{job}/members/{{id}}/join"),
             post(post_from_trainer::<JoinReport>),
@@ -224,59 +228,115 @@ async fn get_topology(
     uri: Uri,
     headers: HeaderMap,
 ) -> Response {
-    let job = if headers.contains_key(control::SIGNATURE_HEADER) {
-        match find(&served.hub, &namespace, &name) {
-            Ok(job) => match trainer_read(&job, uri.path(), &headers) {
-                Ok(()) => job,
-                Err(r) => {
-                    served.hub.metrics.request("topology", r.outcome);
-                    return r.error.into_response();
-                }
-            },
-            Err(r) => return r.into_response(),
-        }
-    } else {
-        let caller = match served
-            .access
-            .authenticate(access::bearer_token(&headers))
-            .await
-        {
-            Ok(caller) => caller,
-            Err(denied) => return denied.into_response(),
-        };
-        match readable(&served, &caller, &namespace, &name).await {
-            Ok(job) => job,
-            Err(r) => return r,
-        }
+    let job = match topology_reader(&served, &namespace, &name, &uri, &headers).await {
+        Ok(job) => job,
+        Err(r) => return r,
     };
-    let path = uri.path();
-    let mut rx = job.topology();
+    let rx = job.topology();
+    let answer = long_poll(rx, q.after, |doc| doc.version).await;
+    signed_answer(
+        &served,
+        &job,
+        (&namespace, &name, "document"),
+        uri.path(),
+        answer,
+    )
+}
+
+/// Member `id`'s own view, long-polled and signed as [`get_topology`] serves the document.
+async fn get_view(
+    State(served): State<Served>,
+    Path((namespace, name, id)): Path<(String, String, u32)>,
+    Query(q): Query<After>,
+    uri: Uri,
+    headers: HeaderMap,
+) -> Response {
+    let job = match topology_reader(&served, &namespace, &name, &uri, &headers).await {
+        Ok(job) => job,
+        Err(r) => return r,
+    };
+    let rx = job.member_view(id);
+    let answer = long_poll(rx, q.after, |view| view.version)
+        .await
+        .map(|v| (*v).clone());
+    signed_answer(
+        &served,
+        &job,
+        (&namespace, &name, "view"),
+        uri.path(),
+        answer,
+    )
+}
+
+/// The job, if the request is a trainer's (signed with the job key, and fresh) or comes from
+/// an observer who may read it.
+async fn topology_reader(
+    served: &Served,
+    namespace: &str,
+    name: &str,
+    uri: &Uri,
+    headers: &HeaderMap,
+) -> Result<Arc<JobHandle>, Response> {
+    if headers.contains_key(control::SIGNATURE_HEADER) {
+        let job = find(&served.hub, namespace, name).map_err(IntoResponse::into_response)?;
+        return match trainer_read(&job, uri.path(), headers) {
+            Ok(()) => Ok(job),
+            Err(r) => {
+                served.hub.metrics.request("topology", r.outcome);
+                Err(r.error.into_response())
+            }
+        };
+    }
+    let caller = served
+        .access
+        .authenticate(access::bearer_token(headers))
+        .await
+        .map_err(IntoResponse::into_response)?;
+    readable(served, &caller, namespace, name).await
+}
+
+/// The current value (`after` absent), or the first whose version is above `after`, waiting at
+/// most [`control::LONG_POLL_HOLD_SECONDS`]; `None` when there is nothing to send.
+async fn long_poll<T: Clone>(
+    mut rx: watch::Receiver<Option<T>>,
+    after: Option<u64>,
+    version: impl Fn(&T) -> u64,
+) -> Option<T> {
     let hold = Duration::from_secs(control::LONG_POLL_HOLD_SECONDS);
     let deadline = tokio::time::Instant::now() + hold;
     loop {
         let current = rx.borrow_and_update().clone();
-        match (current, q.after) {
-            (Some(doc), None) => return signed_document(job.key(), path, &doc),
-            (Some(doc), Some(after)) if doc.version > after => {
-                return signed_document(job.key(), path, &doc);
-            }
-            (None, None) => return StatusCode::NO_CONTENT.into_response(),
+        match (current, after) {
+            (Some(value), None) => return Some(value),
+            (Some(value), Some(after)) if version(&value) > after => return Some(value),
+            (None, None) => return None,
             _ => {}
         }
         match tokio::time::timeout_at(deadline, rx.changed()).await {
             Ok(Ok(())) => continue,
-            _ => return StatusCode::NO_CONTENT.into_response(),
+            _ => return None,
         }
     }
 }
 
-/// A topology document as JSON, with its signature under the job key.
-fn signed_document(
-    key: &[u8],
+/// `value` as JSON signed with the job key (its bytes counted by form), or 204.
+fn signed_answer<T: serde::Serialize>(
+    served: &Served,
+    job: &JobHandle,
+    (namespace, name, form): (&str, &str, &str),
     path: &str,
-    doc: &murmur_core::contract::TopologyDocument,
+    value: Option<T>,
 ) -> Response {
-    let body = serde_json::to_vec(doc).expect("a topology document serializes");
+    let Some(value) = value else {
+        return StatusCode::NO_CONTENT.into_response();
+    };
+    let body = serde_json::to_vec(&value).expect("a topology serializes");
+    served.hub.metrics.served(namespace, name, form, body.len());
+    signed(job.key(), path, body)
+}
+
+/// A topology document or view as JSON, with its signature under the job key.
+fn signed(key: &[u8], path: &str, body: Vec<u8>) -> Response {
     let signature = control::topology_signature(key, path, &body);
     (
         [

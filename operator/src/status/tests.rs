@@ -6,7 +6,7 @@ use std::time::Duration;
 use k8s_openapi::jiff::Timestamp;
 use murmur_core::api::parse_manifest;
 use murmur_core::contract::control::Envelope;
-use murmur_core::contract::{JoinReport, TopologyDocument, control};
+use murmur_core::contract::{JoinReport, MemberView, TopologyDocument, control};
 use murmur_core::topology::MemberProfile;
 
 use super::*;
@@ -211,6 +211,70 @@ async fn the_topology_long_poll_answers_with_a_newer_document_or_no_content() {
     job.set_topology(doc(1));
     let got: TopologyDocument = reqwest::get(&url).await.unwrap().json().await.unwrap();
     assert_eq!(got.version, 2);
+}
+
+/// Each member long-polls its own view: a change that does not touch it does not wake it, and
+/// one that does brings only its neighbours, not the graph.
+#[tokio::test]
+async fn a_members_view_wakes_only_for_changes_that_touch_it() {
+    let (hub, base) = serve().await;
+    let (job, _inbox) = hub.register("ml", "j", KEY.to_vec());
+    let profiles: Vec<MemberProfile> = (0..6).map(MemberProfile::bare).collect();
+    let mut ring = murmur_core::topology::build(
+        &murmur_core::topology::BuildSpec::new(murmur_core::api::TopologyKind::Ring),
+        &profiles,
+    )
+    .unwrap();
+    let document = |t: &murmur_core::topology::Topology| {
+        t.to_document(|id| Some(format!("127.0.0.1:{}", 7000 + id)))
+    };
+    let url = |id: u32| format!("{base}{}", control::view_path("ml", "j", id));
+    assert_eq!(reqwest::get(url(0)).await.unwrap().status().as_u16(), 204);
+    job.set_topology(document(&ring));
+    let first: MemberView = reqwest::get(url(0)).await.unwrap().json().await.unwrap();
+    let ids: Vec<u32> = first.neighbours.iter().map(|n| n.id).collect();
+    assert_eq!(ids, vec![1, 5]);
+    assert_eq!(
+        first.neighbours[0].address.as_deref(),
+        Some("127.0.0.1:7001")
+    );
+    let poll = |id: u32, after: u64| {
+        let url = format!("{}?after={after}", url(id));
+        tokio::spawn(async move { reqwest::get(&url).await.unwrap() })
+    };
+    let waiting = poll(0, first.version);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    ring.remove_member(3).unwrap();
+    job.set_topology(document(&ring));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !waiting.is_finished(),
+        "member 3 leaving does not touch member 0's view"
+    );
+    // Member 3 itself hears that it is out.
+    let out: MemberView = reqwest::get(url(3)).await.unwrap().json().await.unwrap();
+    assert!(out.outside && out.neighbours.is_empty());
+    ring.remove_member(1).unwrap();
+    job.set_topology(document(&ring));
+    let r = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    let next: MemberView = r.json().await.unwrap();
+    assert_eq!(next.version, ring.version);
+    let ids: Vec<u32> = next.neighbours.iter().map(|n| n.id).collect();
+    assert_eq!(ids, vec![2, 5]);
+    let metrics = reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics
+            .contains(r#"murmur_topology_served_bytes_total{namespace="ml",job="j",form="view"}"#),
+        "{metrics}"
+    );
 }
 
 #[tokio::test]

@@ -1,6 +1,7 @@
-//! What one member needs to know about the topology, read from the topology document.
+//! What one member needs to know about the topology, read from its view (and, for job-wide
+//! schedules, from the whole document).
 
-use murmur_core::contract::TopologyDocument;
+use murmur_core::contract::{MemberView, TopologyDocument};
 use murmur_core::topology::{MemberId, MoshpitGrid, ONE_PEER_EXPONENTIAL, OnePeer, one_peer};
 
 #[derive(Clone, Debug, PartialEq)]
@@ -23,30 +24,28 @@ pub struct Neighbourhood {
 }
 
 impl Neighbourhood {
-    pub fn from_document(doc: &TopologyDocument, me: MemberId) -> Option<Self> {
-        let (self_weight, neighbours) = doc.mixing_row(me)?;
-        let mut neighbours = neighbours;
-        neighbours.sort_by_key(|(id, _)| *id);
-        let my_clique = doc.members.iter().find(|m| m.id == me)?.clique;
-        let clique_mates = match my_clique {
-            Some(c) => doc
-                .members
-                .iter()
-                .filter(|m| m.clique == Some(c) && m.id != me)
-                .map(|m| m.id)
-                .collect(),
-            None => Vec::new(),
-        };
+    /// The neighbourhood `view` describes (None when the topology leaves the member out).
+    /// `whole` supplies the job-wide schedule, every edge and member, where the algorithm
+    /// needs it.
+    pub fn from_view(view: &MemberView, whole: Option<&TopologyDocument>) -> Option<Self> {
+        if view.outside {
+            return None;
+        }
         Some(Self {
-            me,
-            version: doc.version,
-            self_weight,
-            neighbours,
-            clique_mates,
-            edges: doc.edges.iter().map(|e| (e.a, e.b)).collect(),
-            members: doc.members.iter().map(|m| m.id).collect(),
-            one_peer_schedule: doc.kind == ONE_PEER_EXPONENTIAL,
+            me: view.member,
+            version: view.version,
+            self_weight: view.self_weight,
+            neighbours: view.neighbours.iter().map(|n| (n.id, n.weight)).collect(),
+            clique_mates: view.clique_mates.clone(),
+            edges: whole.map_or_else(Vec::new, |d| d.edges.iter().map(|e| (e.a, e.b)).collect()),
+            members: whole.map_or_else(Vec::new, |d| d.members.iter().map(|m| m.id).collect()),
+            one_peer_schedule: view.kind == ONE_PEER_EXPONENTIAL,
         })
+    }
+
+    /// `me`'s neighbourhood in `doc`, with the whole schedule.
+    pub fn from_document(doc: &TopologyDocument, me: MemberId) -> Option<Self> {
+        Self::from_view(&MemberView::of(doc, me), Some(doc))
     }
 
     /// My one peer each way in `round` of a one-peer exponential topology (None otherwise, or

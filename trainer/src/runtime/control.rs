@@ -1,5 +1,6 @@
 //! The trainer's side of the control endpoint: join report, status and peer events, and the
-//! topology, from the long-poll endpoint or from a file. Every request is signed with the job
+//! topology (the member's own view, or the whole document), from the long-poll endpoint or from
+//! a file. Every request is signed with the job
 //! key over an [`Envelope`] whose sequence number increases, so a captured post is refused if
 //! replayed; posts go one at a time, so they arrive in the order they were numbered. A served
 //! topology is followed only if it carries the job key's signature.
@@ -14,7 +15,7 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 use murmur_core::contract::control::Envelope;
-use murmur_core::contract::{TopologyDocument, control};
+use murmur_core::contract::{DocumentError, MemberView, TopologyDocument, control};
 
 const FILE_POLL: Duration = Duration::from_millis(500);
 
@@ -145,20 +146,34 @@ impl ControlClient {
         control::peer_events_path(&self.namespace, &self.job, self.member)
     }
 
-    /// One long-poll: a document newer than `after`, or `None` when the server held the request
-    /// and nothing changed.
-    ///
-    /// A document whose signature does not verify under the job key is refused (an error):
-    /// whoever answered is not the job's control plane.
-    async fn topology_after(&self, after: u64) -> Result<Option<TopologyDocument>, String> {
+    /// One long-poll of the whole document: one newer than `after`, or `None` when the server
+    /// held the request and nothing changed.
+    pub async fn document_after(&self, after: u64) -> Result<Option<TopologyDocument>, String> {
         let path = control::topology_path(&self.namespace, &self.job);
+        self.signed_get(&path, after, TopologyDocument::parse).await
+    }
+
+    /// One long-poll of this member's own view: one newer than `after`, or `None`.
+    async fn view_after(&self, after: u64) -> Result<Option<MemberView>, String> {
+        let path = control::view_path(&self.namespace, &self.job, self.member);
+        self.signed_get(&path, after, MemberView::parse).await
+    }
+
+    /// A signed long-poll of `path`. An answer whose signature does not verify under the job
+    /// key is refused (an error): whoever answered is not the job's control plane.
+    async fn signed_get<T>(
+        &self,
+        path: &str,
+        after: u64,
+        parse: fn(&str) -> Result<T, DocumentError>,
+    ) -> Result<Option<T>, String> {
         let url = format!("{}{path}?after={after}", self.base);
         let request = self
             .http
             .get(&url)
             .timeout(Duration::from_secs(control::LONG_POLL_HOLD_SECONDS + 10));
         let response = self
-            .signed(request, "GET", &path, &[])
+            .signed(request, "GET", path, &[])
             .send()
             .await
             .map_err(|e| e.to_string())?;
@@ -172,17 +187,15 @@ impl ControlClient {
                     .map(str::to_string);
                 let body = response.bytes().await.map_err(|e| e.to_string())?;
                 if !signature
-                    .is_some_and(|sig| control::verify_topology(&self.key, &path, &body, &sig))
+                    .is_some_and(|sig| control::verify_topology(&self.key, path, &body, &sig))
                 {
                     return Err(format!(
-                        "{url}: refused a topology document without the job key's signature \
+                        "{url}: refused a topology without the job key's signature \
                          (forged, altered, or another job's)"
                     ));
                 }
                 let text = std::str::from_utf8(&body).map_err(|e| format!("{url}: {e}"))?;
-                TopologyDocument::parse(text)
-                    .map(Some)
-                    .map_err(|e| format!("{url}: {e}"))
+                parse(text).map(Some).map_err(|e| format!("{url}: {e}"))
             }
             code => Err(format!("{url}: HTTP {code}")),
         }
@@ -194,15 +207,40 @@ impl ControlClient {
 pub enum TopologySource {
     /// A document on disk, re-read when it changes (bare metal, tests).
     File(PathBuf),
-    /// The control endpoint's long-poll.
+    /// The control endpoint's long-polls.
     Control(ControlClient),
 }
 
-/// Publish every newer topology version into `tx`, forever. A source that is unreachable or
-/// serves something invalid is retried with backoff; the trainer keeps its last topology.
-pub async fn follow(source: TopologySource, tx: watch::Sender<Option<Arc<TopologyDocument>>>) {
+/// What a trainer follows: its own view, and the whole document where its algorithm's schedule
+/// needs it ([`follows_whole_document`](murmur_core::contract::view::follows_whole_document)).
+#[derive(Debug)]
+pub struct Followed {
+    pub view: MemberView,
+    pub document: Option<TopologyDocument>,
+}
+
+impl Followed {
+    /// `me`'s view of `doc`, with the document.
+    fn of(doc: TopologyDocument, me: u32) -> Self {
+        Self {
+            view: MemberView::of(&doc, me),
+            document: Some(doc),
+        }
+    }
+}
+
+/// Publish every newer topology into `tx`, forever: member `me`'s view from the control
+/// endpoint, or the whole document where `whole` (or where it comes from a file). A source
+/// that is unreachable or serves something invalid is retried with backoff; the trainer keeps
+/// its last topology.
+pub async fn follow(
+    source: TopologySource,
+    me: u32,
+    whole: bool,
+    tx: watch::Sender<Option<Arc<Followed>>>,
+) {
     loop {
-        let after = tx.borrow().as_ref().map_or(0, |d| d.version);
+        let after = tx.borrow().as_ref().map_or(0, |f| f.view.version);
         let mut last_error = String::new();
         let fetch = || async {
             match &source {
@@ -212,12 +250,22 @@ pub async fn follow(source: TopologySource, tx: watch::Sender<Option<Arc<Topolog
                         TopologyDocument::parse(&text)
                             .map_err(|e| format!("{}: {e}", path.display()))
                     })
-                    .map(|doc| (doc.version > after || after == 0).then_some(doc)),
-                TopologySource::Control(client) => client.topology_after(after).await,
+                    // A file is local: the document is kept whole, for members beyond the view.
+                    .map(|doc| (doc.version > after || after == 0).then(|| Followed::of(doc, me))),
+                TopologySource::Control(client) if whole => Ok(client
+                    .document_after(after)
+                    .await?
+                    .map(|doc| Followed::of(doc, me))),
+                TopologySource::Control(client) => {
+                    Ok(client.view_after(after).await?.map(|view| Followed {
+                        view,
+                        document: None,
+                    }))
+                }
             }
         };
         // Retried without end: the error arm cannot happen.
-        let Ok(doc) = fetch
+        let Ok(followed) = fetch
             .retry(backoff().without_max_times())
             .notify(|e: &String, _| {
                 // Said once per distinct error, not once per retry.
@@ -230,11 +278,15 @@ pub async fn follow(source: TopologySource, tx: watch::Sender<Option<Arc<Topolog
         else {
             continue;
         };
-        if let Some(doc) = doc
-            && tx.borrow().as_ref().is_none_or(|d| doc.version > d.version)
+        if let Some(followed) = followed
+            && tx
+                .borrow()
+                .as_ref()
+                .is_none_or(|f| followed.view.version > f.view.version)
         {
-            tracing::info!(version = doc.version, kind = %doc.kind, "new topology");
-            let _ = tx.send(Some(Arc::new(doc)));
+            let view = &followed.view;
+            tracing::info!(version = view.version, kind = %view.kind, "new topology");
+            let _ = tx.send(Some(Arc::new(followed)));
         }
         if matches!(source, TopologySource::File(_)) {
             tokio::time::sleep(FILE_POLL).await;

@@ -22,6 +22,7 @@ use tokio::sync::{Notify, watch};
 use murmur_core::api::{
     AlgorithmKind, DecentralizedTrainingJob, DecentralizedTrainingJobSpec, TopologyKind,
 };
+use murmur_core::contract::view::{edge_agreement, follows_whole_document};
 use murmur_core::contract::{
     JoinReport, PeerEvent, TopologyDocument, TrainerEnv, TrainerState, TrainerStatus,
 };
@@ -30,10 +31,10 @@ use murmur_core::topology::MemberId;
 use crate::algorithms::{Exchange, Member, MemberError, Neighbourhood, Payload, Purpose};
 use crate::data::{self, DataError, Dataset};
 use crate::model::{Layout, Model};
-use crate::transport::{StateReply, Transport, TransportConfig, frame};
+use crate::transport::{Agreements, StateReply, Transport, TransportConfig, frame};
 
 pub use checkpoint::{Checkpoint, CheckpointError, CheckpointMeta, newest_valid};
-pub use control::{ControlClient, TopologySource};
+pub use control::{ControlClient, Followed, TopologySource};
 pub use observe::Observed;
 pub use plan::MemberPlan;
 
@@ -266,8 +267,11 @@ struct Trainer<B: AutodiffBackend> {
     observed: Arc<Observed>,
     control: Option<ControlClient>,
     stop: Arc<StopSignal>,
-    topology: watch::Receiver<Option<Arc<TopologyDocument>>>,
-    doc: Option<Arc<TopologyDocument>>,
+    topology: watch::Receiver<Option<Arc<Followed>>>,
+    followed: Option<Arc<Followed>>,
+    /// The algorithm's schedule spans the job: members follow the whole document and agree on
+    /// its version, instead of following their views and agreeing on their edges' weights.
+    whole: bool,
     hood: Option<Neighbourhood>,
     step: u64,
     total_steps: u64,
@@ -306,30 +310,54 @@ impl<B: AutodiffBackend> Trainer<B> {
     /// Follow the newest topology, if it includes us. Called at round boundaries only.
     fn apply_topology(&mut self) -> bool {
         let latest = self.topology.borrow_and_update().clone();
-        let Some(doc) = latest else {
+        let Some(followed) = latest else {
             return self.hood.is_some();
         };
-        if self.doc.as_ref().is_some_and(|d| d.version == doc.version) {
+        if self
+            .followed
+            .as_ref()
+            .is_some_and(|f| f.view.version == followed.view.version)
+        {
             return self.hood.is_some();
         }
         let me = self.env.member_id;
-        let addresses: BTreeMap<MemberId, String> = doc
-            .members
+        let view = &followed.view;
+        let mut addresses: BTreeMap<MemberId, String> = view
+            .neighbours
             .iter()
-            .filter(|m| m.id != me)
-            .filter_map(|m| Some((m.id, m.address.clone()?)))
+            .filter_map(|n| Some((n.id, n.address.clone()?)))
             .collect();
-        self.transport.set_topology(doc.version, addresses);
-        self.hood = Neighbourhood::from_document(&doc, me);
+        let agreements = match &followed.document {
+            Some(doc) if self.whole => {
+                addresses.extend(
+                    doc.members
+                        .iter()
+                        .filter(|m| m.id != me)
+                        .filter_map(|m| Some((m.id, m.address.clone()?))),
+                );
+                Agreements::all(doc.version)
+            }
+            _ => Agreements {
+                by_peer: view
+                    .neighbours
+                    .iter()
+                    .map(|n| (n.id, edge_agreement(n.weight)))
+                    .collect(),
+                others: 0,
+            },
+        };
+        self.transport.set_topology(agreements, addresses);
+        let whole = followed.document.as_ref().filter(|_| self.whole);
+        self.hood = Neighbourhood::from_view(view, whole);
         match &self.hood {
             Some(hood) => {
                 let neighbours: Vec<MemberId> = hood.neighbours.iter().map(|(id, _)| *id).collect();
                 self.transport.connect(&neighbours);
-                tracing::info!(version = doc.version, ?neighbours, "following topology");
+                tracing::info!(version = view.version, ?neighbours, "following topology");
             }
             None => {
                 tracing::warn!(
-                    version = doc.version,
+                    version = view.version,
                     "this member is not in the topology; pausing"
                 );
                 if let (Some(c), Some(report)) = (self.control.clone(), self.join.clone()) {
@@ -337,10 +365,52 @@ impl<B: AutodiffBackend> Trainer<B> {
                 }
             }
         }
-        let version = doc.version;
+        let version = view.version;
         self.observed.update(|s| s.topology_version = version);
-        self.doc = Some(doc);
+        self.followed = Some(followed);
         self.hood.is_some()
+    }
+
+    /// The version of the topology followed (0 before the first).
+    fn topology_version(&self) -> u64 {
+        self.followed.as_ref().map_or(0, |f| f.view.version)
+    }
+
+    /// Whether the job has come further than this member: the step the topology carries is
+    /// ahead of ours.
+    fn job_ahead(&self) -> bool {
+        self.followed
+            .as_ref()
+            .is_some_and(|f| f.view.step > self.step)
+    }
+
+    /// The members beyond our neighbourhood, nearest last, for a joiner whose neighbours have
+    /// not trained: read from the whole document (fetched once for this, when only the view is
+    /// followed), their addresses handed to the transport.
+    async fn members_beyond(&self, neighbours: &[MemberId]) -> Vec<MemberId> {
+        let held = self.followed.as_ref().and_then(|f| f.document.clone());
+        let doc = match (held, &self.control) {
+            (Some(doc), _) => doc,
+            (None, Some(c)) => match c.document_after(0).await {
+                Ok(Some(doc)) => doc,
+                Ok(None) => return Vec::new(),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the whole topology to find members beyond the neighbourhood");
+                    return Vec::new();
+                }
+            },
+            (None, None) => return Vec::new(),
+        };
+        let me = self.env.member_id;
+        self.transport.learn_addresses(
+            doc.members
+                .iter()
+                .filter(|m| m.id != me)
+                .filter_map(|m| Some((m.id, m.address.clone()?))),
+        );
+        let mut beyond = beyond_neighbourhood(&doc, me, neighbours);
+        beyond.reverse(); // popped from the back: nearest first
+        beyond
     }
 
     async fn post_status(&self, attempts: u32) {
@@ -399,11 +469,8 @@ impl<B: AutodiffBackend> Trainer<B> {
             .as_ref()
             .map(|h| h.neighbours.iter().map(|(id, _)| *id).collect())
             .unwrap_or_default();
-        let under_way = self.doc.as_ref().is_some_and(|d| d.step > self.step);
-        let mut beyond = self.doc.as_ref().map_or_else(Vec::new, |d| {
-            beyond_neighbourhood(d, self.env.member_id, &neighbours)
-        });
-        beyond.reverse(); // popped from the back: nearest first
+        let under_way = self.job_ahead();
+        let mut beyond: Option<Vec<MemberId>> = None;
         for &n in &neighbours {
             self.transport.request_state(n);
         }
@@ -424,6 +491,10 @@ impl<B: AutodiffBackend> Trainer<B> {
                 break;
             }
             if everyone {
+                if beyond.is_none() {
+                    beyond = Some(self.members_beyond(&neighbours).await);
+                }
+                let beyond = beyond.as_mut().expect("just found");
                 if beyond.is_empty() {
                     tracing::warn!("the job is under way, but no member that answered has trained");
                     break;
@@ -525,7 +596,7 @@ impl<B: AutodiffBackend> Trainer<B> {
                     peer: d.peer,
                     round: d.round,
                     reason: d.reason,
-                    topology_version: self.transport.topology_version(),
+                    topology_version: self.topology_version(),
                 };
                 tokio::spawn(
                     async move { c.post_retrying(&c.peer_events_path(), &event, 3).await },
@@ -544,7 +615,7 @@ impl<B: AutodiffBackend> Trainer<B> {
                 job: self.job_key(),
                 member_id: self.env.member_id,
                 step: self.step,
-                topology_version: self.transport.topology_version(),
+                topology_version: self.topology_version(),
                 layout_fingerprint: self.member.layout().fingerprint(),
             },
             model,
@@ -596,14 +667,10 @@ impl<B: AutodiffBackend> Trainer<B> {
 
     /// The lowest member of the topology writes the final model.
     fn write_final_model(&mut self) -> Result<(), RunError> {
-        let lowest = self
-            .doc
-            .as_ref()
-            .and_then(|d| d.members.iter().map(|m| m.id).min());
         let Some(dir) = self.env.model_dir().map(Path::to_path_buf) else {
             return Ok(());
         };
-        if lowest != Some(self.env.member_id) {
+        if !self.followed.as_ref().is_some_and(|f| f.view.writes_model) {
             return Ok(());
         }
         let parameters = self.member.parameters();
@@ -657,7 +724,7 @@ impl<B: AutodiffBackend> Trainer<B> {
                     return self.leave().await;
                 }
                 // Back in a topology after a pause: the job may have moved on without us.
-                if self.doc.as_ref().is_some_and(|d| d.step > self.step) {
+                if self.job_ahead() {
                     self.fetch_state(self.startup_timeout).await?;
                 }
                 self.observed.set_ready(true);
@@ -899,8 +966,9 @@ pub async fn run<B: AutodiffBackend>(
         (None, Some(c)) => TopologySource::Control(c.clone()),
         (None, None) => return Err(RunError::NoTopologySource),
     };
+    let whole = follows_whole_document(plan.member.algorithm, plan.topology);
     let (topology_tx, topology_rx) = watch::channel(None);
-    tokio::spawn(control::follow(source, topology_tx));
+    tokio::spawn(control::follow(source, me, whole, topology_tx));
 
     let mut trainer = Trainer {
         env,
@@ -912,7 +980,8 @@ pub async fn run<B: AutodiffBackend>(
         control,
         stop,
         topology: topology_rx,
-        doc: None,
+        followed: None,
+        whole,
         hood: None,
         step: 0,
         total_steps,

@@ -4,7 +4,7 @@
 //!
 //! The rule that keeps rounds from stalling on a topology change: a member that receives a
 //! payload it will not use, and did not send its own to that peer for the same round, answers
-//! "skip". So a peer that still counts on us (it follows another topology version, or another
+//! "skip". So a peer that still counts on us (it holds another weight for our edge, or another
 //! Moshpit group) learns at once not to wait; only a silent, dead or partitioned peer costs a
 //! round timeout.
 
@@ -25,7 +25,8 @@ pub const STALE_ROUNDS: u64 = 16;
 type Key = (Purpose, u64, MemberId);
 
 struct Stored<R> {
-    version: u64,
+    /// What the sender stamped on it (see [`Agreements`](super::Agreements)).
+    agreement: u64,
     payload: Vec<u8>,
     /// Where to send "skip" if we do not use it.
     reply: R,
@@ -45,7 +46,7 @@ struct Peer {
 /// Where a peer stands for one round.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Standing {
-    /// Its payload is here, for our topology version.
+    /// Its payload is here, with the agreement we hold with it.
     Ready,
     /// It will not contribute to this round.
     Excluded(DropReason),
@@ -212,7 +213,7 @@ impl<R: Clone> RoundBook<R> {
         from: MemberId,
         purpose: Purpose,
         round: u64,
-        version: u64,
+        agreement: u64,
         payload: Vec<u8>,
         reply: R,
     ) -> Deposit<R> {
@@ -236,7 +237,7 @@ impl<R: Clone> RoundBook<R> {
         self.stored.insert(
             (purpose, round, from),
             Stored {
-                version,
+                agreement,
                 payload,
                 reply,
             },
@@ -244,10 +245,16 @@ impl<R: Clone> RoundBook<R> {
         Deposit::Stored
     }
 
-    /// Where `peer` stands in `(purpose, round)` for a member following topology `version`.
-    pub fn standing(&self, purpose: Purpose, round: u64, peer: MemberId, version: u64) -> Standing {
+    /// Where `peer` stands in `(purpose, round)` for a member holding `agreement` with it.
+    pub fn standing(
+        &self,
+        purpose: Purpose,
+        round: u64,
+        peer: MemberId,
+        agreement: u64,
+    ) -> Standing {
         if let Some(s) = self.stored.get(&(purpose, round, peer)) {
-            return if s.version == version {
+            return if s.agreement == agreement {
                 Standing::Ready
             } else {
                 Standing::Excluded(DropReason::VersionMismatch)
@@ -369,7 +376,7 @@ mod tests {
     }
 
     #[test]
-    fn payloads_of_another_topology_version_are_never_used() {
+    fn payloads_under_another_agreement_are_never_used() {
         let mut book = RoundBook::<u8>::default();
         book.record_sent(P, 3, 1);
         assert_eq!(book.deposit(1, P, 3, 8, vec![0; 4], 0), Deposit::Stored);

@@ -15,7 +15,6 @@ pub use murmur_wire::{Stats, frame, session};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 use std::time::Duration;
@@ -82,26 +81,26 @@ pub struct TransportConfig {
 struct Outgoing {
     kind: Kind,
     round: u64,
-    version: u64,
+    agreement: u64,
     payload: Payload,
     /// Told once the message is written (leave waits on it before the process exits).
     written: Option<oneshot::Sender<()>>,
 }
 
 impl Outgoing {
-    fn new(kind: Kind, round: u64, version: u64, payload: impl Into<Payload>) -> Self {
+    fn new(kind: Kind, round: u64, agreement: u64, payload: impl Into<Payload>) -> Self {
         Self {
             kind,
             round,
-            version,
+            agreement,
             payload: payload.into(),
             written: None,
         }
     }
 
     /// "Your payload for this round was not used: do not wait for mine."
-    fn skip(purpose: Purpose, round: u64, version: u64) -> Self {
-        Self::new(skip_kind(purpose), round, version, Vec::new())
+    fn skip(purpose: Purpose, round: u64, agreement: u64) -> Self {
+        Self::new(skip_kind(purpose), round, agreement, Vec::new())
     }
 }
 
@@ -148,12 +147,39 @@ pub struct StateRequest {
     reply: ReplyTx,
 }
 
+/// What each peer's payloads must carry for us to mix them, and what ours carry to it. Members
+/// that follow their views agree on the weight of their shared edge
+/// ([`edge_agreement`](murmur_core::contract::view::edge_agreement)), so W stays symmetric
+/// while views change one member at a time; members that follow the whole document agree on
+/// its version.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Agreements {
+    pub by_peer: BTreeMap<MemberId, u64>,
+    /// For every peer not in `by_peer`.
+    pub others: u64,
+}
+
+impl Agreements {
+    /// The same agreement with every peer (a whole document's version).
+    pub fn all(value: u64) -> Self {
+        Self {
+            by_peer: BTreeMap::new(),
+            others: value,
+        }
+    }
+
+    pub fn with(&self, peer: MemberId) -> u64 {
+        self.by_peer.get(&peer).copied().unwrap_or(self.others)
+    }
+}
+
 /// A neighbour's parameters and step, for a joining member.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StateReply {
     pub from: MemberId,
     pub step: u64,
-    pub topology_version: u64,
+    /// The agreement it stamped on the reply (see [`Agreements`]).
+    pub agreement: u64,
     pub parameters: Vec<f32>,
 }
 
@@ -176,7 +202,7 @@ struct Dialer {
 
 struct Shared {
     config: TransportConfig,
-    version: AtomicU64,
+    agreements: Mutex<Agreements>,
     book: Mutex<RoundBook<ReplyTx>>,
     /// Rung on every change a waiting round or the trainer loop may care about.
     changed: Notify,
@@ -197,6 +223,10 @@ struct Shared {
 }
 
 impl Shared {
+    fn agreement(&self, peer: MemberId) -> u64 {
+        self.agreements.lock().with(peer)
+    }
+
     fn deliver(&self, from: MemberId, letter: Letter) {
         let mut letters = self.letters.lock();
         letters.retain(|(peer, l)| !(*peer == from && l.kind == letter.kind));
@@ -227,7 +257,7 @@ impl Transport {
         let local_addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             config,
-            version: AtomicU64::new(0),
+            agreements: Mutex::default(),
             book: Mutex::new(RoundBook::default()),
             changed: Notify::new(),
             stats: Stats::default(),
@@ -273,14 +303,10 @@ impl Transport {
         self.shared.config.me
     }
 
-    pub fn topology_version(&self) -> u64 {
-        self.shared.version.load(Ordering::Relaxed)
-    }
-
-    /// Follow a topology version: stamp it on what we send, and re-dial members whose address
-    /// changed (a replacement on another node). Call at a round boundary only.
-    pub fn set_topology(&self, version: u64, addresses: BTreeMap<MemberId, String>) {
-        self.shared.version.store(version, Ordering::Relaxed);
+    /// Follow a topology: stamp each peer's agreement on what we send it, and re-dial members
+    /// whose address changed (a replacement on another node). Call at a round boundary only.
+    pub fn set_topology(&self, agreements: Agreements, addresses: BTreeMap<MemberId, String>) {
+        *self.shared.agreements.lock() = agreements;
         let mut dialers = self.shared.dialers.lock();
         dialers.retain(|id, d| {
             let keep = addresses.get(id) == Some(&d.address);
@@ -290,6 +316,15 @@ impl Transport {
             keep
         });
         *self.shared.addresses.lock() = addresses;
+    }
+
+    /// Learn the addresses of members outside the topology followed (to ask them for state);
+    /// the next [`set_topology`](Self::set_topology) forgets them.
+    pub fn learn_addresses(&self, more: impl IntoIterator<Item = (MemberId, String)>) {
+        let mut addresses = self.shared.addresses.lock();
+        for (id, address) in more {
+            addresses.entry(id).or_insert(address);
+        }
     }
 
     /// Dial `peers` now (rather than on the first message), so they hear our hello early.
@@ -334,7 +369,8 @@ impl Transport {
         let Some(queue) = self.queue(to) else {
             return false;
         };
-        let evicted = queue.push(Outgoing::new(kind, round, self.topology_version(), payload));
+        let agreement = self.shared.agreement(to);
+        let evicted = queue.push(Outgoing::new(kind, round, agreement, payload));
         if let Some(old) = evicted
             && let Some(purpose) = payload_purpose(old.kind)
         {
@@ -392,7 +428,7 @@ impl Transport {
         let _ = request.reply.try_send(Outgoing::new(
             Kind::StateReply,
             step,
-            self.topology_version(),
+            self.shared.agreement(request.from),
             payload,
         ));
     }
@@ -412,7 +448,7 @@ impl Transport {
             let (tx, rx) = oneshot::channel();
             q.push(Outgoing {
                 written: Some(tx),
-                ..Outgoing::new(Kind::Leave, 0, self.topology_version(), Vec::new())
+                ..Outgoing::new(Kind::Leave, 0, 0, Vec::new())
             });
             written.push(rx);
         }
@@ -454,7 +490,7 @@ impl Exchange for Transport {
         outgoing: Vec<(MemberId, Payload)>,
         from: &[MemberId],
     ) -> Vec<(MemberId, Payload)> {
-        let version = self.topology_version();
+        let agreements = self.shared.agreements.lock().clone();
         self.shared.book.lock().begin(purpose, round);
         // Readers held back by the window may have room now.
         self.shared.changed.notify_waiters();
@@ -477,7 +513,7 @@ impl Exchange for Transport {
                 let mut ready = Vec::new();
                 let mut waiting = Vec::new();
                 for &p in from {
-                    match book.standing(purpose, round, p, version) {
+                    match book.standing(purpose, round, p, agreements.with(p)) {
                         Standing::Ready => ready.push(p),
                         Standing::Excluded(reason) => {
                             excluded.insert(p, reason);
@@ -498,8 +534,8 @@ impl Exchange for Transport {
         let done = self.shared.book.lock().complete(purpose, round, &used);
         // Readers held back by the window may go on.
         self.shared.changed.notify_waiters();
-        for (_, reply) in done.skip_to {
-            let _ = reply.try_send(Outgoing::skip(purpose, round, version));
+        for (to, reply) in done.skip_to {
+            let _ = reply.try_send(Outgoing::skip(purpose, round, agreements.with(to)));
         }
         self.shared
             .drops
@@ -530,11 +566,10 @@ impl Mailbox for Transport {
             LetterKind::Reply => {
                 let reply = self.shared.reply_to.lock().get(&to).cloned();
                 if let Some(reply) = reply {
-                    let version = self.topology_version();
                     let _ = reply.try_send(Outgoing::new(
                         Kind::GossipReply,
                         letter.seq,
-                        version,
+                        self.shared.agreement(to),
                         letter.payload,
                     ));
                 }
@@ -629,7 +664,7 @@ async fn serve_incoming(shared: Arc<Shared>, stream: TcpStream) {
     let (job, me) = (config.job, config.me);
     let replier = tokio::spawn(async move {
         while let Some(m) = reply_rx.recv().await {
-            let t = template(m.kind, job, me, m.version, m.round);
+            let t = template(m.kind, job, me, m.agreement, m.round);
             if write_message(&mut writer, &mut sealer, t, &m.payload, &stats_owner.stats)
                 .await
                 .is_err()
@@ -675,15 +710,15 @@ async fn serve_incoming(shared: Arc<Shared>, stream: TcpStream) {
                     peer,
                     purpose,
                     message.round,
-                    message.topology_version,
+                    message.agreement,
                     message.payload,
                     reply_tx.clone(),
                 );
                 match deposit {
                     Deposit::Stored => shared.changed.notify_waiters(),
                     Deposit::Late { skip_to: Some(tx) } => {
-                        let version = shared.version.load(Ordering::Relaxed);
-                        let _ = tx.try_send(Outgoing::skip(purpose, message.round, version));
+                        let agreement = shared.agreement(peer);
+                        let _ = tx.try_send(Outgoing::skip(purpose, message.round, agreement));
                     }
                     Deposit::Late { skip_to: None } => {}
                     Deposit::Rejected(r) => shared.stats.reject(r),
@@ -797,7 +832,7 @@ async fn run_outgoing(shared: &Arc<Shared>, peer: MemberId, stream: TcpStream, q
         Kind::Hello,
         config.job,
         config.me,
-        shared.version.load(Ordering::Relaxed),
+        shared.agreement(peer),
         0,
     );
     if write_message(&mut writer, &mut sealer, t, &hello.encode(), &shared.stats)
@@ -830,7 +865,7 @@ async fn run_outgoing(shared: &Arc<Shared>, peer: MemberId, stream: TcpStream, q
                         shared.state_replies.lock().push(StateReply {
                             from: peer,
                             step: message.round,
-                            topology_version: message.topology_version,
+                            agreement: message.agreement,
                             parameters,
                         });
                     }
@@ -858,7 +893,7 @@ async fn run_outgoing(shared: &Arc<Shared>, peer: MemberId, stream: TcpStream, q
                 {
                     continue;
                 }
-                let t = template(m.kind, config.job, config.me, m.version, m.round);
+                let t = template(m.kind, config.job, config.me, m.agreement, m.round);
                 if write_message(&mut writer, &mut sealer, t, &m.payload, &shared.stats).await.is_err() {
                     answers.abort();
                     return;

@@ -30,7 +30,7 @@ async fn members(n: u32) -> Vec<Transport> {
         .map(|t| (t.me(), t.local_addr().to_string()))
         .collect();
     for t in &ts {
-        t.set_topology(1, addresses.clone());
+        t.set_topology(Agreements::all(1), addresses.clone());
     }
     ts
 }
@@ -119,7 +119,7 @@ async fn leaving_peers_and_non_neighbours_do_not_cost_a_timeout() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn payloads_of_another_topology_version_are_not_averaged() {
+async fn payloads_under_another_agreement_are_not_averaged() {
     let mut ts = members(2).await;
     let mut b = ts.pop().unwrap();
     let mut a = ts.pop().unwrap();
@@ -127,7 +127,7 @@ async fn payloads_of_another_topology_version_are_not_averaged() {
         .into_iter()
         .map(|(id, addr)| (id, addr.to_string()))
         .collect();
-    b.set_topology(2, addresses);
+    b.set_topology(Agreements::all(2), addresses);
     let (ra, rb) = tokio::join!(round(&mut a, 0, &[1]), round(&mut b, 0, &[0]));
     assert!(ra.is_empty() && rb.is_empty());
     assert_eq!(a.take_drops()[0].reason, DropReason::VersionMismatch);
@@ -157,7 +157,7 @@ async fn a_joining_member_fetches_state_from_a_neighbour() {
         assert!(Instant::now() < deadline, "no state reply arrived");
         b.changed(deadline).await;
     };
-    assert_eq!((reply.from, reply.step, reply.topology_version), (0, 42, 1));
+    assert_eq!((reply.from, reply.step, reply.agreement), (0, 42, 1));
     assert_eq!(reply.parameters, parameters);
 }
 
@@ -167,7 +167,10 @@ async fn members_with_another_model_shape_are_refused() {
     let mut odd = config(5);
     odd.layout_fingerprint = 78;
     let other = Transport::bind("127.0.0.1:0", odd).await.unwrap();
-    other.set_topology(1, [(0, ts[0].local_addr().to_string())].into());
+    other.set_topology(
+        Agreements::all(1),
+        [(0, ts[0].local_addr().to_string())].into(),
+    );
     other.connect(&[0]);
     let deadline = Instant::now() + TIMEOUT;
     while ts[0].stats().rejected_total() == 0 {
