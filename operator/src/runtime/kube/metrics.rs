@@ -54,8 +54,8 @@ impl OperatorMetrics {
             reconciles: Family::default(),
             errors: Family::default(),
             writes: Family::default(),
-            // 0.1 ms .. ~3 s.
-            duration: Histogram::new(exponential_buckets(0.0001, 2.5, 12)),
+            // 0.5 ms .. ~5.6 s, each bucket 1.5 times the last: fine enough for a p99.
+            duration: Histogram::new(exponential_buckets(0.0005, 1.5, 24)),
             members: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("operator");

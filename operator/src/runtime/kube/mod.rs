@@ -353,6 +353,19 @@ pub async fn reconcile(
         namespace = %resources::namespace(&job),
         job = %resources::name(&job)
     );
+    if job.metadata.deletion_timestamp.is_none() {
+        ctx.stores.ready().await;
+        // A reconcile waits `min_reconcile_interval` after it was asked for, then reads the
+        // caches: what arrives together (a join wave, a node's pods) is handled together, and a
+        // job's reconciles are at least that far apart, since requests meanwhile wait as one
+        // (the controller keeps one pending per job). Unlike a debounce, which every new
+        // trigger restarted, a stream of triggers never holds it off.
+        let delay = ctx.settings.min_reconcile_interval;
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+    }
+    // The work, not the wait before it.
     let started = Instant::now();
     tracing::debug!(parent: &span, "reconciling");
     let result = reconcile_inner(&job, &ctx).instrument(span).await;
@@ -375,16 +388,6 @@ async fn reconcile_inner(
         // Owner references take the pods, Service, Secret and ConfigMap with it.
         ctx.forget(&namespace, &name);
         return Ok(Action::await_change());
-    }
-    ctx.stores.ready().await;
-    // A reconcile waits `min_reconcile_interval` after it was asked for, then reads the caches:
-    // what arrives together (a join wave, a node's pods) is handled together, and a job's
-    // reconciles are at least that far apart, since requests meanwhile wait as one (the
-    // controller keeps one pending per job). Unlike a debounce, which every new trigger
-    // restarted, a stream of triggers never holds it off.
-    let delay = ctx.settings.min_reconcile_interval;
-    if !delay.is_zero() {
-        tokio::time::sleep(delay).await;
     }
     let uid = job.uid().unwrap_or_default();
     let owned = |meta: &ObjectMeta| {
