@@ -83,9 +83,15 @@ impl Memory {
             ),
         ]);
         if let Some(doc) = document {
+            // Without the job's step, which moves with every report: kept, it would rewrite
+            // the ConfigMap as training goes on. Joiners read it from the served topology.
+            let doc = TopologyDocument {
+                step: 0,
+                ..doc.clone()
+            };
             data.insert(
                 TOPOLOGY_KEY.to_string(),
-                serde_json::to_string(doc).expect("a document serializes"),
+                serde_json::to_string(&doc).expect("a document serializes"),
             );
         }
         data
