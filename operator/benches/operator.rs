@@ -91,6 +91,7 @@ fn steady(settings: &Settings) -> Steady {
         driver: &driver,
         created: &created,
         key_hex: "00",
+        status_written: None,
         settings,
         now,
     });
@@ -137,6 +138,7 @@ fn steady(settings: &Settings) -> Steady {
         driver: &driver,
         created: &created,
         key_hex: "00",
+        status_written: None,
         settings,
         now,
     });
@@ -326,6 +328,7 @@ fn benches(c: &mut Criterion) {
         driver: &s.driver,
         created: &created,
         key_hex: "00",
+        status_written: None,
         settings: &settings,
         now,
     };

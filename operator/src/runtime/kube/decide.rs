@@ -101,6 +101,8 @@ pub struct Inputs<'a> {
     /// The job's key, for a Secret that does not exist yet.
     pub key_hex: &'a str,
     pub settings: &'a Settings,
+    /// When this operator last wrote the job's status.
+    pub status_written: Option<Timestamp>,
     pub now: Timestamp,
 }
 
@@ -216,7 +218,56 @@ impl Decision {
     pub fn pod_of(job: &str, event: &planner::Event) -> Option<String> {
         Some(resources::pod_name(job, event.member?, event.attempt?))
     }
+
+    /// The events to record as Kubernetes Events. Of one reconcile's events of one type and
+    /// reason, the first [`SIMILAR_EVENTS`] are recorded one by one and the rest as one event
+    /// that names their members, as client-go's event aggregator combines similar events: a
+    /// thousand members joining cost a dozen writes, not a thousand. The status API keeps
+    /// every event.
+    pub fn kube_events(&self) -> Vec<planner::Event> {
+        let mut out = Vec::new();
+        let mut rest: Vec<(planner::EventKind, planner::Reason, Vec<&planner::Event>)> = Vec::new();
+        let mut seen: BTreeMap<(bool, &str), usize> = BTreeMap::new();
+        for e in &self.plan.events {
+            let key = (e.kind == planner::EventKind::Warning, e.reason.as_str());
+            let n = seen.entry(key).or_default();
+            *n += 1;
+            if *n <= SIMILAR_EVENTS {
+                out.push(e.clone());
+            } else if let Some((_, _, more)) = rest
+                .iter_mut()
+                .find(|(k, r, _)| *k == e.kind && *r == e.reason)
+            {
+                more.push(e);
+            } else {
+                rest.push((e.kind, e.reason, vec![e]));
+            }
+        }
+        for (kind, reason, more) in rest {
+            let members: Vec<String> = more
+                .iter()
+                .filter_map(|e| e.member)
+                .map(|m| m.to_string())
+                .collect();
+            out.push(planner::Event {
+                kind,
+                reason,
+                member: None,
+                attempt: None,
+                message: format!(
+                    "{} more {} events (the status API lists each); members {}",
+                    more.len(),
+                    reason.as_str(),
+                    members.join(", ")
+                ),
+            });
+        }
+        out
+    }
 }
+
+/// Similar events (one type, one reason) one reconcile records one by one; the rest as one.
+pub const SIMILAR_EVENTS: usize = 10;
 
 pub fn decide(i: &Inputs) -> Decision {
     let job = i.job;
@@ -405,14 +456,51 @@ fn status(i: &Inputs, d: &mut Decision) {
     {
         d.plan.view.status.progress = Some(previous);
     }
-    if i.job.status.as_ref() != Some(&d.plan.view.status) {
+    if status_due(
+        i.job.status.as_ref(),
+        &d.plan.view.status,
+        i.status_written,
+        i.now,
+    ) {
         d.status = Some(d.plan.view.status.clone());
     }
 }
 
+/// Whether to write `next` over `current`. Progress alone (steps, loss, accuracy, bytes) is
+/// written at most every [`PROGRESS_REFRESH`] after the last write: it moves with every report,
+/// and the status API shows it live. Anything else is written at once.
+pub fn status_due(
+    current: Option<&DecentralizedTrainingJobStatus>,
+    next: &DecentralizedTrainingJobStatus,
+    written: Option<Timestamp>,
+    now: Timestamp,
+) -> bool {
+    let Some(current) = current else {
+        return true;
+    };
+    if current == next {
+        return false;
+    }
+    let progress_only = without_progress(current) == without_progress(next);
+    let refreshed_lately =
+        written.is_some_and(|t| planner::seconds_since(t, now) < PROGRESS_REFRESH.as_secs_f64());
+    !(progress_only && refreshed_lately)
+}
+
+/// A status less what moves as training goes on.
+fn without_progress(status: &DecentralizedTrainingJobStatus) -> DecentralizedTrainingJobStatus {
+    let mut s = status.clone();
+    s.progress = None;
+    for m in &mut s.members {
+        m.step = 0;
+        m.cross_zone_bytes = None;
+    }
+    s
+}
+
 /// How often a running job's status (step, loss, accuracy: what `kubectl get dtj -w` shows) is
-/// refreshed from its trainers' reports, which arrive without waking the reconciler.
-pub const PROGRESS_REFRESH: Duration = Duration::from_secs(5);
+/// refreshed from its trainers' reports: about 4 writes a minute, whatever the job's size.
+pub const PROGRESS_REFRESH: Duration = Duration::from_secs(15);
 
 /// When to look again without news: a planner deadline, the finished job's TTL, or the next
 /// progress refresh of a running job.

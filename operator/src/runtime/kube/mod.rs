@@ -148,6 +148,8 @@ struct Live {
     created: BTreeMap<(MemberId, u32), Timestamp>,
     /// The spec's validation result for a generation (CEL evaluation is not free).
     validated: Option<(Option<i64>, Option<String>)>,
+    /// When the job's status was last written (progress alone is written now and then).
+    status_written: Option<Timestamp>,
 }
 
 type JobKey = (String, String);
@@ -274,6 +276,7 @@ impl Context {
             key_hex,
             created: BTreeMap::new(),
             validated: None,
+            status_written: None,
         }));
         self.jobs.lock().insert(key.clone(), live.clone());
         tokio::spawn(listen(
@@ -472,6 +475,7 @@ async fn reconcile_inner(
             created: &l.created,
             key_hex: &l.key_hex,
             settings: &ctx.settings,
+            status_written: l.status_written,
             now,
         })
     };
@@ -554,9 +558,12 @@ async fn execute(
         l.created
             .retain(|_, t| planner::seconds_since(*t, now) < grace);
         l.driver.commit(&d.plan, now);
+        if d.status.is_some() {
+            l.status_written = Some(now);
+        }
     }
     ctx.metrics.observe(&d.plan.view);
-    for event in &d.plan.events {
+    for event in &d.kube_events() {
         let pod = Decision::pod_of(&name, event);
         record_event(ctx, job, event, pod).await;
     }
@@ -650,34 +657,63 @@ async fn write_pods(
             ));
         }
     }
+    let mut deletes = Vec::new();
     for (object, at_once) in &d.delete {
         let params = DeleteParams {
             grace_period_seconds: at_once.then_some(0),
             propagation_policy: Some(PropagationPolicy::Background),
             ..Default::default()
         };
-        match pods.delete(object, &params).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(e)) if e.code == 404 => {}
-            Err(e) => return Err(kube_err("delete Pod", object.clone())(e)),
-        }
-        m.wrote("pod_delete", 1);
+        let (pods, object) = (pods.clone(), object.clone());
+        deletes.push(async move {
+            match pods.delete(&object, &params).await {
+                Ok(_) => Ok(true),
+                Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
+                Err(e) => Err(kube_err("delete Pod", object)(e)),
+            }
+        });
     }
+    m.wrote("pod_delete", at_most_at_once(deletes).await?);
+    let mut relabels = Vec::new();
     for (object, clique) in &d.relabel {
         let patch = serde_json::json!({
             "metadata": {"labels": {resources::LABEL_CLIQUE: clique.to_string()}}
         });
-        match pods
-            .patch(object, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => {}
-            Err(kube::Error::Api(e)) if e.code == 404 => {}
-            Err(e) => return Err(kube_err("label Pod", object.clone())(e)),
-        }
-        m.wrote("pod_label", 1);
+        let (pods, object) = (pods.clone(), object.clone());
+        relabels.push(async move {
+            match pods
+                .patch(&object, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => Ok(true),
+                Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
+                Err(e) => Err(kube_err("label Pod", object)(e)),
+            }
+        });
     }
+    m.wrote("pod_label", at_most_at_once(relabels).await?);
     Ok((accepted, refused))
+}
+
+/// Pod writes in flight at once when many are due (deletes, relabels).
+const WRITES_AT_ONCE: usize = 32;
+
+/// Run `writes`, [`WRITES_AT_ONCE`] at a time: how many wrote something (false: nothing to
+/// write, e.g. a 404), or the first error once all are done.
+async fn at_most_at_once<F>(writes: Vec<F>) -> Result<usize, Error>
+where
+    F: std::future::Future<Output = Result<bool, Error>>,
+{
+    use futures::StreamExt;
+    let results: Vec<Result<bool, Error>> = futures::stream::iter(writes)
+        .buffer_unordered(WRITES_AT_ONCE)
+        .collect()
+        .await;
+    let mut wrote = 0;
+    for r in results {
+        wrote += usize::from(r?);
+    }
+    Ok(wrote)
 }
 
 /// Server-side apply one of a job's objects (by its own name), counted as a write of `kind`.

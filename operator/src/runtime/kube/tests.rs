@@ -1287,7 +1287,8 @@ async fn a_preempted_pod_is_replaced_at_once_the_topology_repaired_and_nothing_c
         let (action, _) = c.reconcile().await;
         assert_eq!(c.topology_version(), 3);
         assert_eq!(c.status().phase, Some(murmur_core::api::JobPhase::Running));
-        // A running job's status follows its trainers' progress: looked at again within 5 s.
+        // A running job's status follows its trainers' progress: looked at again within
+        // PROGRESS_REFRESH.
         assert_eq!(action, Action::requeue(super::decide::PROGRESS_REFRESH));
     }
 }
@@ -2419,4 +2420,68 @@ fn a_large_memory_is_gzipped_into_its_config_map_and_reads_back_the_same() {
         .to_string();
     assert!(e.contains("ConfigMap ml/mnist-topology"), "{e}");
     assert!(e.contains("state.json.gz: not gzipped UTF-8"), "{e}");
+}
+
+/// Progress alone is written now and then, whatever the size of the job; a change of phase,
+/// condition or membership at once.
+#[test]
+fn progress_alone_is_written_at_most_every_refresh() {
+    use super::decide::{PROGRESS_REFRESH, status_due};
+    use murmur_core::api::{DecentralizedTrainingJobStatus, JobPhase, MemberStatus, Progress};
+    let at = |s: i64| Timestamp::from_second(1_800_000_000 + s).unwrap();
+    let current = DecentralizedTrainingJobStatus {
+        phase: Some(JobPhase::Running),
+        progress: Some(Progress {
+            step: 100,
+            ..Progress::default()
+        }),
+        members: vec![MemberStatus {
+            id: 0,
+            step: 100,
+            ..MemberStatus::default()
+        }],
+        ..DecentralizedTrainingJobStatus::default()
+    };
+    let mut moved = current.clone();
+    moved.progress.as_mut().unwrap().step = 150;
+    moved.members[0].step = 150;
+    let refresh = PROGRESS_REFRESH.as_secs() as i64;
+    assert!(!status_due(Some(&current), &current, None, at(0)));
+    assert!(status_due(None, &current, Some(at(0)), at(1)));
+    assert!(!status_due(
+        Some(&current),
+        &moved,
+        Some(at(0)),
+        at(refresh - 1)
+    ));
+    assert!(status_due(Some(&current), &moved, Some(at(0)), at(refresh)));
+    assert!(status_due(Some(&current), &moved, None, at(0)));
+    let mut failed = moved.clone();
+    failed.phase = Some(JobPhase::Failed);
+    assert!(status_due(Some(&current), &failed, Some(at(0)), at(1)));
+}
+
+/// A large wave of one kind of event costs a dozen Kubernetes Events: the first ten one by
+/// one, the rest as one naming their members.
+#[tokio::test]
+async fn similar_events_beyond_ten_are_recorded_as_one() {
+    let manifest = MANIFEST.replace(
+        "replicas: {min: 2, target: 4, max: 4}",
+        "replicas: {min: 20, target: 25, max: 25}",
+    );
+    let mut c = Cluster::new(&manifest);
+    c.reconcile().await;
+    c.schedule_all();
+    let (_, calls) = c.reconcile().await;
+    assert_eq!(events(&calls), vec!["Scheduled"; 11]);
+    let combined = calls
+        .iter()
+        .filter(|c| c.is("POST", "/events"))
+        .map(|c| c.body["note"].as_str().unwrap().to_string())
+        .next_back()
+        .unwrap();
+    assert!(
+        combined.starts_with("15 more Scheduled events (the status API lists each); members "),
+        "{combined}"
+    );
 }
