@@ -79,6 +79,14 @@ impl CliqueLayout {
         layout
     }
 
+    /// Every member's clique, for callers that ask for many ([`Self::clique_of`] scans).
+    pub fn owners(&self) -> std::collections::HashMap<MemberId, u32> {
+        self.cliques
+            .iter()
+            .flat_map(|(&c, members)| members.iter().map(move |&m| (m, c)))
+            .collect()
+    }
+
     pub fn clique_of(&self, id: MemberId) -> Option<u32> {
         self.cliques
             .iter()

@@ -274,6 +274,15 @@ impl Topology {
         }
     }
 
+    /// Every member's clique (none outside clique topologies), built once for callers that
+    /// ask about every member: [`Self::clique_of`] scans the cliques.
+    pub fn cliques_by_member(&self) -> std::collections::HashMap<MemberId, u32> {
+        match &self.shape {
+            Shape::Cliques(c) => c.owners(),
+            _ => std::collections::HashMap::new(),
+        }
+    }
+
     pub fn clump_of(&self, id: MemberId) -> Option<u32> {
         match &self.shape {
             Shape::Cliques(c) => c.clump_of(id),
@@ -284,6 +293,7 @@ impl Topology {
     /// The document trainers follow; `address` supplies each member's peer address when known.
     pub fn to_document(&self, address: impl Fn(MemberId) -> Option<String>) -> TopologyDocument {
         let weights = self.weights();
+        let cliques = self.cliques_by_member();
         TopologyDocument {
             version: self.version,
             kind: self.kind_name().to_string(),
@@ -293,7 +303,7 @@ impl Topology {
                 .map(|(id, row)| DocumentMember {
                     id,
                     address: address(id),
-                    clique: self.clique_of(id),
+                    clique: cliques.get(&id).copied(),
                     clump: self.clump_of(id),
                     self_weight: row.self_weight,
                 })

@@ -2,6 +2,8 @@ use super::*;
 use murmur_core::api::{Progress, parse_manifest};
 use murmur_core::contract::JoinReport;
 
+use crate::driver::memory::TOPOLOGY_KEY;
+
 const MANIFEST: &str = "\
 apiVersion: murmur.dev/v1alpha1
 kind: DecentralizedTrainingJob
@@ -192,4 +194,56 @@ fn an_invalid_spec_plans_no_member_and_says_why_once() {
         at(2),
     );
     assert!(again.events.is_empty(), "said once");
+}
+
+/// A 10 000-member D-Cliques job, every member joined and addressed: its memory fits a
+/// ConfigMap (1 MiB) with room to spare, whatever the members' label histograms.
+#[test]
+fn the_memory_of_ten_thousand_members_fits_a_config_map() {
+    let manifest = MANIFEST
+        .replace(
+            "{min: 2, target: 2, max: 2}",
+            "{min: 9000, target: 10000, max: 10000}",
+        )
+        .replace("{kind: ring}", "{kind: dCliques, cliqueSize: 10}");
+    let spec = parse_manifest(&manifest, "big.yaml").unwrap().spec;
+    let (mut d, _hub) = driver();
+    let address = |id: MemberId, attempt: u32| {
+        Some(format!(
+            "big-{id}-{attempt}.big-peers.scale.svc.cluster.local:7070"
+        ))
+    };
+    let plan = d.plan(&spec, None, facts(&d), &address, at(1));
+    d.commit(&plan, at(1));
+    for id in 0..10_000 {
+        let histogram = (0..10)
+            .map(|c| if c == id % 10 { 400 } else { 10 })
+            .collect();
+        let report = JoinReport {
+            member_id: id,
+            label_histogram: histogram,
+            proxy_vector: None,
+        };
+        d.receive(Inbound::Join(report), at(2));
+    }
+    let plan = d.plan(&spec, None, facts(&d), &address, at(20));
+    assert!(plan.document.is_some());
+    d.commit(&plan, at(20));
+    let data = d.memory().data(plan.document.as_ref());
+    assert!(
+        !data.contains_key(TOPOLOGY_KEY),
+        "derived from the state: left out of a large memory"
+    );
+    let mut job = murmur_core::api::DecentralizedTrainingJob::new("big", spec.clone());
+    job.metadata.namespace = Some("scale".into());
+    job.metadata.uid = Some("u".into());
+    let cm = crate::runtime::kube::resources::config_map(&job, data);
+    let packed: usize = cm
+        .binary_data
+        .iter()
+        .flatten()
+        .map(|(k, v)| k.len() + v.0.len())
+        .sum();
+    assert!(cm.data.is_none());
+    assert!(packed < 900 * 1024, "{packed} bytes");
 }

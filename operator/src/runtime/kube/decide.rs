@@ -400,6 +400,11 @@ fn delete_on_lost_nodes(i: &Inputs, exits: &BTreeMap<String, Option<Exit>>, d: &
 /// Clique labels follow the topology, so `kubectl get pods -l murmur.dev/clique=3` works.
 fn relabel(i: &Inputs, d: &mut Decision) {
     let state = &d.plan.memory.state;
+    let cliques = state
+        .topology
+        .as_ref()
+        .map(|t| t.cliques_by_member())
+        .unwrap_or_default();
     for pod in i.pods {
         let Some((member, attempt)) = observe::member_of(pod) else {
             continue;
@@ -419,7 +424,7 @@ fn relabel(i: &Inputs, d: &mut Decision) {
         }
         // Outside the topology (a replacement not joined yet) the label is the clique it was
         // created for: left as it is.
-        let Some(want) = state.topology.as_ref().and_then(|t| t.clique_of(member)) else {
+        let Some(want) = cliques.get(&member).copied() else {
             continue;
         };
         let have = pod

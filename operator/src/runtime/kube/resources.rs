@@ -228,11 +228,7 @@ pub fn secret(job: &DecentralizedTrainingJob, key_hex: &str) -> k8s_openapi::api
     }
 }
 
-/// Up to this many bytes the memory is kept as plain JSON (readable with `kubectl get cm`);
-/// beyond, each key is gzipped into `binaryData` as `<key>.gz`. The API server refuses a
-/// ConfigMap over 1 MiB: plain JSON passed it at about 1 500 members (measured, 3 000 was
-/// 2.2 MB); gzipped, 10 000 members (the CRD's most) fit.
-pub const CONFIG_MAP_PLAIN_BYTES: usize = 512 * 1024;
+pub use crate::driver::memory::PLAIN_BYTES as CONFIG_MAP_PLAIN_BYTES;
 
 /// Suffix of a gzipped key in `binaryData`.
 const GZIP_SUFFIX: &str = ".gz";
@@ -274,7 +270,7 @@ pub fn config_map_data(cm: &ConfigMap) -> Result<BTreeMap<String, String>, (Stri
 
 fn gzip(text: &str) -> Vec<u8> {
     use std::io::Write;
-    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
     encoder
         .write_all(text.as_bytes())
         .and_then(|()| encoder.finish())
