@@ -16,5 +16,34 @@ pub mod view;
 mod tests;
 
 pub use hub::{Hub, Inbound, JobHandle, Role};
+
+/// Connections the listen queue holds while the server accepts (the kernel caps it at
+/// `net.core.somaxconn`): every trainer of a large job long-polls here, and a job's members
+/// start together; with tokio's default of 1 024, 10 000 members starting at once were refused
+/// connections.
+pub const LISTEN_BACKLOG: u32 = 8192;
+
+/// Listen on `address` (`host:port`) for the status API and control endpoint.
+pub async fn listen(address: &str) -> std::io::Result<tokio::net::TcpListener> {
+    let mut last = None;
+    for addr in tokio::net::lookup_host(address).await? {
+        let socket = if addr.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()?
+        } else {
+            tokio::net::TcpSocket::new_v6()?
+        };
+        socket.set_reuseaddr(true)?;
+        match socket.bind(addr) {
+            Ok(()) => return socket.listen(LISTEN_BACKLOG),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::AddrNotAvailable,
+            "no address to listen on",
+        )
+    }))
+}
 pub use router::router;
 pub use view::{JobEvent, JobView, SeriesPoint};

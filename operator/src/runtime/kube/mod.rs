@@ -1024,7 +1024,7 @@ async fn serve_status(
     let metrics = Arc::new(OperatorMetrics::register(&mut hub.metrics.registry));
     let hub = Arc::new(hub);
     hub.set_role(Role::Starting);
-    let listener = tokio::net::TcpListener::bind(&options.listen)
+    let listener = crate::status::listen(&options.listen)
         .await
         .map_err(|source| OperatorError::Bind {
             address: options.listen.clone(),

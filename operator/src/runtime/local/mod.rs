@@ -301,10 +301,10 @@ pub async fn run(
 }
 
 async fn bind(address: &str) -> Result<tokio::net::TcpListener, LocalError> {
-    match tokio::net::TcpListener::bind(address).await {
+    match crate::status::listen(address).await {
         Ok(l) => Ok(l),
         // The default port is taken (another run?): any port will do, the URL is printed.
-        Err(_) if address == DEFAULT_STATUS_ADDRESS => tokio::net::TcpListener::bind("127.0.0.1:0")
+        Err(_) if address == DEFAULT_STATUS_ADDRESS => crate::status::listen("127.0.0.1:0")
             .await
             .map_err(|source| LocalError::Bind {
                 address: address.to_string(),
