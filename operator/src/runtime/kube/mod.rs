@@ -376,8 +376,9 @@ pub async fn reconcile(
         Ok(_) => "ok",
         Err(e) => e.kind(),
     };
-    ctx.metrics
-        .reconciled(started.elapsed().as_secs_f64(), outcome);
+    let seconds = started.elapsed().as_secs_f64();
+    ctx.metrics.reconciled(seconds, outcome);
+    tracing::debug!(seconds, outcome, "reconciled");
     result
 }
 
