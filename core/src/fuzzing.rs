@@ -1,7 +1,7 @@
 //! The checks the fuzz targets (`fuzz/`) run, shared with the regression tests that replay every
 //! input that ever failed (`fuzz/regressions/`). Each returns normally or panics.
 
-use crate::contract::TopologyDocument;
+use crate::contract::{MemberView, TopologyDocument};
 
 /// A manifest as `murmur run`, `murmur validate` and the operator read it: YAML, the CRD's
 /// types, unknown fields, every CEL rule. What passes must pass again (the operator re-validates
@@ -15,8 +15,9 @@ pub fn manifest(input: &[u8]) {
     }
 }
 
-/// A topology document as a trainer receives it: parsed, checked, and each member's mixing row
-/// taken; a checked row sums to 1.
+/// A topology document or a member's view as a trainer receives it: parsed, checked, and each
+/// member's mixing row taken; a checked row sums to 1, and every view of a checked document
+/// passes the view's own check.
 pub fn topology_document(input: &[u8]) {
     let Ok(text) = std::str::from_utf8(input) else {
         return;
@@ -30,6 +31,23 @@ pub fn topology_document(input: &[u8]) {
                 "a checked row sums to 1: {total}"
             );
         }
+        for view in crate::contract::view::views(&doc).values() {
+            let total: f64 =
+                view.self_weight + view.neighbours.iter().map(|n| n.weight).sum::<f64>();
+            assert!(
+                (total - 1.0).abs() <= 2.0 * crate::contract::document::ROW_SUM_TOLERANCE,
+                "a view of a checked document sums to 1: {total}"
+            );
+            assert!(view.neighbours.windows(2).all(|w| w[0].id < w[1].id));
+        }
+    }
+    if let Ok(view) = MemberView::parse(text) {
+        let total: f64 = view.self_weight + view.neighbours.iter().map(|n| n.weight).sum::<f64>();
+        assert!(
+            view.outside
+                || (total - 1.0).abs() <= 2.0 * crate::contract::document::ROW_SUM_TOLERANCE,
+            "a checked view's row sums to 1: {total}"
+        );
     }
 }
 

@@ -228,19 +228,11 @@ async fn get_topology(
     uri: Uri,
     headers: HeaderMap,
 ) -> Response {
-    let job = match topology_reader(&served, &namespace, &name, &uri, &headers).await {
-        Ok(job) => job,
-        Err(r) => return r,
-    };
-    let rx = job.topology();
-    let answer = long_poll(rx, q.after, |doc| doc.version).await;
-    signed_answer(
-        &served,
-        &job,
-        (&namespace, &name, "document"),
-        uri.path(),
-        answer,
-    )
+    let target = (namespace.as_str(), name.as_str(), "document");
+    serve_topology(&served, target, (&uri, &headers), q.after, |job| {
+        (job.topology(), |doc| doc.version)
+    })
+    .await
 }
 
 /// Member `id`'s own view, long-polled and signed as [`get_topology`] serves the document.
@@ -251,21 +243,33 @@ async fn get_view(
     uri: Uri,
     headers: HeaderMap,
 ) -> Response {
-    let job = match topology_reader(&served, &namespace, &name, &uri, &headers).await {
+    let target = (namespace.as_str(), name.as_str(), "view");
+    serve_topology(&served, target, (&uri, &headers), q.after, |job| {
+        (job.member_view(id), |view| view.version)
+    })
+    .await
+}
+
+/// Version-numbered values of a job's topology (`form`: the document, or a member's view),
+/// and how to tell their versions.
+type Followed<T> = (watch::Receiver<Option<T>>, fn(&T) -> u64);
+
+/// A topology read: the job for a trainer or observer, then what `follow` picks from it,
+/// long-polled past `after`, signed; its bytes counted by form.
+async fn serve_topology<T: Clone + serde::Serialize>(
+    served: &Served,
+    (namespace, name, form): (&str, &str, &str),
+    (uri, headers): (&Uri, &HeaderMap),
+    after: Option<u64>,
+    follow: impl FnOnce(&JobHandle) -> Followed<T>,
+) -> Response {
+    let job = match topology_reader(served, namespace, name, uri, headers).await {
         Ok(job) => job,
         Err(r) => return r,
     };
-    let rx = job.member_view(id);
-    let answer = long_poll(rx, q.after, |view| view.version)
-        .await
-        .map(|v| (*v).clone());
-    signed_answer(
-        &served,
-        &job,
-        (&namespace, &name, "view"),
-        uri.path(),
-        answer,
-    )
+    let (rx, version) = follow(&job);
+    let answer = long_poll(rx, after, version).await;
+    signed_answer(served, &job, (namespace, name, form), uri.path(), answer)
 }
 
 /// The job, if the request is a trainer's (signed with the job key, and fresh) or comes from

@@ -504,8 +504,8 @@ fn without_progress(status: &DecentralizedTrainingJobStatus) -> DecentralizedTra
 }
 
 /// How often a running job's status (step, loss, accuracy: what `kubectl get dtj -w` shows) is
-/// refreshed from its trainers' reports: about 4 writes a minute, whatever the job's size.
-pub const PROGRESS_REFRESH: Duration = Duration::from_secs(15);
+/// refreshed from its trainers' reports: about 6 writes a minute, whatever the job's size.
+pub const PROGRESS_REFRESH: Duration = Duration::from_secs(10);
 
 /// When to look again without news: a planner deadline, the finished job's TTL, or the next
 /// progress refresh of a running job.
