@@ -23,7 +23,7 @@ pub struct TopologyDocument {
     pub edges: Vec<DocumentEdge>,
 }
 
-fn is_zero(n: &u64) -> bool {
+pub(super) fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 

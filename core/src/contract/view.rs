@@ -12,7 +12,9 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
-use super::document::{DocumentError, DocumentMember, ROW_SUM_TOLERANCE, TopologyDocument};
+use super::document::{
+    DocumentError, DocumentMember, ROW_SUM_TOLERANCE, TopologyDocument, is_zero,
+};
 use crate::api::{AlgorithmKind, TopologyKind};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -55,10 +57,6 @@ pub struct ViewNeighbour {
     pub address: Option<String>,
     /// W_ij = W_ji.
     pub weight: f64,
-}
-
-fn is_zero(n: &u64) -> bool {
-    *n == 0
 }
 
 fn is_false(b: &bool) -> bool {
