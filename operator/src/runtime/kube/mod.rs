@@ -302,6 +302,16 @@ impl Context {
         }
     }
 
+    /// The pod cache was listed again, the list begun at `since`: a pod created before that
+    /// which the list lacks is gone (a pod created and deleted while the watch was down), so
+    /// its creation is no longer awaited either.
+    fn pods_listed(&self, since: Timestamp) {
+        let jobs: Vec<Arc<Mutex<Live>>> = self.jobs.lock().values().cloned().collect();
+        for live in jobs {
+            live.lock().created.retain(|_, t| *t >= since);
+        }
+    }
+
     fn forget(&self, namespace: &str, name: &str) {
         self.jobs
             .lock()
@@ -619,10 +629,13 @@ async fn write_pods(
         if chunk.is_empty() {
             break;
         }
+        // Awaited from before the request (the watch may show the pod before the answer
+        // comes), and stamped with the answer's time: only a re-list begun after the create
+        // was answered can prove the pod gone.
         {
             let mut l = live.lock();
             for (key, _) in &chunk {
-                l.created.insert(*key, now);
+                l.created.insert(*key, Timestamp::MAX);
             }
         }
         let answers =
@@ -630,6 +643,15 @@ async fn write_pods(
                 (*key, pod.name_any(), pods.create(&create, pod).await)
             }))
             .await;
+        {
+            let answered = (ctx.clock)().max(now);
+            let mut l = live.lock();
+            for (key, _) in &chunk {
+                if let Some(t) = l.created.get_mut(key) {
+                    *t = answered;
+                }
+            }
+        }
         for ((member, attempt), object, answer) in answers {
             match answer {
                 Ok(_) => {
@@ -1124,9 +1146,25 @@ fn controller(
         .owns_stream({
             // A pod the watch has shown is no longer an expectation, even if it is gone before
             // any reconcile saw it in the cache (a force deletion right after creation).
-            let ctx = Arc::downgrade(ctx);
-            owned(client, &managed, w.pods).inspect_ok(move |pod| {
-                if let Some(ctx) = ctx.upgrade() {
+            // A re-list (after the watch was down long enough to lose its place) settles the
+            // rest: what it lacks is gone.
+            let seen = Arc::downgrade(ctx);
+            let listed = Arc::downgrade(ctx);
+            let mut listing_since = None;
+            owned_with(client, &managed, w.pods, move |event| {
+                let Some(ctx) = listed.upgrade() else { return };
+                match event {
+                    watcher::Event::Init => listing_since = Some((ctx.clock)()),
+                    watcher::Event::InitDone => {
+                        if let Some(since) = listing_since.take() {
+                            ctx.pods_listed(since);
+                        }
+                    }
+                    _ => {}
+                }
+            })
+            .inspect_ok(move |pod| {
+                if let Some(ctx) = seen.upgrade() {
                     ctx.pod_seen(pod);
                 }
             })
@@ -1312,11 +1350,31 @@ where
         + Sync
         + 'static,
 {
+    owned_with(client, managed, writer, |_| {})
+}
+
+/// [`owned`], with `on_event` shown each watch event before the cache applies it.
+fn owned_with<K>(
+    client: &Client,
+    managed: &watcher::Config,
+    writer: reflector::store::Writer<K>,
+    mut on_event: impl FnMut(&watcher::Event<K>) + Send + 'static,
+) -> impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
     // Touched, not applied: a deleted (or force-deleted) child wakes its job at once; with
     // applied objects only, it waited for the next resync.
     watcher(Api::<K>::all(client.clone()), managed.clone())
         .default_backoff()
         .modify(|o| o.meta_mut().managed_fields = None)
+        .inspect_ok(move |event| on_event(event))
         .reflect(writer)
         .touched_objects()
 }

@@ -89,8 +89,11 @@ pub struct Settings {
     pub cluster_domain: String,
     /// A node NotReady this long counts as lost: its members are preempted and replaced.
     pub node_lost_after: std::time::Duration,
-    /// A pod the operator created may be missing from its cache this long before it counts as
-    /// deleted (the watch is behind the write).
+    /// A pod the operator created, missing from its cache, is awaited this long at most before
+    /// it counts as deleted. The wait ends sooner when the watch shows the pod or a re-list of
+    /// pods begun after the create lacks it, so this is only a backstop: a watch down after an
+    /// API server restart stays behind for tens of seconds (client-go's expectations wait 5
+    /// minutes too).
     pub creation_grace: std::time::Duration,
     /// Re-plan at least this often (progress in the status, node timeouts).
     pub resync: std::time::Duration,
@@ -122,7 +125,7 @@ impl Default for Settings {
             control_endpoint: "http://murmur-operator.murmur-system.svc:8470".into(),
             cluster_domain: "cluster.local".into(),
             node_lost_after: std::time::Duration::from_secs(60),
-            creation_grace: std::time::Duration::from_secs(30),
+            creation_grace: std::time::Duration::from_secs(300),
             resync: std::time::Duration::from_secs(30),
             min_reconcile_interval: std::time::Duration::from_millis(500),
             trainer_image: DEFAULT_TRAINER_IMAGE.into(),

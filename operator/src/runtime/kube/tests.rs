@@ -1366,6 +1366,39 @@ async fn a_deleted_pod_and_a_lost_node_are_preemptions_too() {
 }
 
 #[tokio::test]
+async fn a_created_pod_the_watch_has_not_shown_is_awaited_until_pods_are_listed_again() {
+    let mut c = Cluster::running().await;
+    c.advance(30);
+    let pod = c.pod_objects.remove("mnist-2-0").unwrap();
+    c.pods.apply_watcher_event(&Event::Delete(pod));
+    let (_, calls) = c.reconcile().await;
+    assert_eq!(pods_created(&calls), vec!["mnist-2-1"]);
+    // The pod watch is down (an API server restart): the cache never shows the replacement.
+    let replacement = c.pod_objects.remove("mnist-2-1").unwrap();
+    c.pods.apply_watcher_event(&Event::Delete(replacement));
+    let answered = c.now();
+    // Well past the watch's usual lag, the member is still awaited, not replaced again.
+    c.advance(45);
+    let (_, calls) = c.reconcile().await;
+    assert!(
+        pods_created(&calls).is_empty(),
+        "replaced while awaited: {:?}",
+        pods_created(&calls)
+    );
+    // A re-list begun before the create was answered proves nothing.
+    c.ctx
+        .pods_listed(Timestamp::from_second(answered.as_second() - 1).unwrap());
+    let (_, calls) = c.reconcile().await;
+    assert!(pods_created(&calls).is_empty(), "an older list settled it");
+    assert_eq!(c.status().preemptions, 1);
+    // One begun after it, lacking the pod: the pod is gone, and the member is replaced.
+    c.ctx.pods_listed(c.now());
+    let (_, calls) = c.reconcile().await;
+    assert_eq!(pods_created(&calls), vec!["mnist-2-2"]);
+    assert_eq!(c.status().preemptions, 2);
+}
+
+#[tokio::test]
 async fn a_crash_loop_backs_off_counts_restarts_and_fails_the_job_past_max_restarts() {
     let mut c = Cluster::running().await;
     let crash = |c: &mut Cluster, pod: &str| {
