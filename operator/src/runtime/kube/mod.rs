@@ -1151,18 +1151,24 @@ fn controller(
             let seen = Arc::downgrade(ctx);
             let listed = Arc::downgrade(ctx);
             let mut listing_since = None;
-            owned_with(client, &managed, w.pods, move |event| {
-                let Some(ctx) = listed.upgrade() else { return };
-                match event {
-                    watcher::Event::Init => listing_since = Some((ctx.clock)()),
-                    watcher::Event::InitDone => {
-                        if let Some(since) = listing_since.take() {
-                            ctx.pods_listed(since);
+            owned_with(
+                client,
+                &managed,
+                w.pods,
+                observe::keep_what_is_read_of_pod,
+                move |event| {
+                    let Some(ctx) = listed.upgrade() else { return };
+                    match event {
+                        watcher::Event::Init => listing_since = Some((ctx.clock)()),
+                        watcher::Event::InitDone => {
+                            if let Some(since) = listing_since.take() {
+                                ctx.pods_listed(since);
+                            }
                         }
+                        _ => {}
                     }
-                    _ => {}
-                }
-            })
+                },
+            )
             .inspect_ok(move |pod| {
                 if let Some(ctx) = seen.upgrade() {
                     ctx.pod_seen(pod);
@@ -1180,7 +1186,7 @@ fn controller(
     // jobs on a node: a kubelet's heartbeat (every node, every few seconds) does not.
     let node_stream = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
         .default_backoff()
-        .modify(observe::keep_what_is_read)
+        .modify(observe::keep_what_is_read_of_node)
         .reflect(w.nodes)
         .touched_objects()
         .predicate_filter(observe::node_news, Default::default());
@@ -1350,14 +1356,16 @@ where
         + Sync
         + 'static,
 {
-    owned_with(client, managed, writer, |_| {})
+    owned_with(client, managed, writer, |_| {}, |_| {})
 }
 
-/// [`owned`], with `on_event` shown each watch event before the cache applies it.
+/// [`owned`], with each object trimmed to what is read (managed fields are always dropped),
+/// and `on_event` shown each watch event before the cache applies it.
 fn owned_with<K>(
     client: &Client,
     managed: &watcher::Config,
     writer: reflector::store::Writer<K>,
+    mut trim: impl FnMut(&mut K) + Send + 'static,
     mut on_event: impl FnMut(&watcher::Event<K>) + Send + 'static,
 ) -> impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static
 where
@@ -1373,7 +1381,10 @@ where
     // applied objects only, it waited for the next resync.
     watcher(Api::<K>::all(client.clone()), managed.clone())
         .default_backoff()
-        .modify(|o| o.meta_mut().managed_fields = None)
+        .modify(move |o| {
+            o.meta_mut().managed_fields = None;
+            trim(o);
+        })
         .inspect_ok(move |event| on_event(event))
         .reflect(writer)
         .touched_objects()

@@ -390,8 +390,11 @@ impl Cluster {
         }
     }
 
+    /// The pod as the API server holds it; the cache gets what the operator's watch keeps.
     fn put_pod(&mut self, pod: Pod) {
-        self.pods.apply_watcher_event(&Event::Apply(pod.clone()));
+        let mut cached = pod.clone();
+        super::observe::keep_what_is_read_of_pod(&mut cached);
+        self.pods.apply_watcher_event(&Event::Apply(cached));
         self.pod_objects
             .insert(pod.metadata.name.clone().unwrap(), pod);
     }
@@ -1363,6 +1366,32 @@ async fn a_deleted_pod_and_a_lost_node_are_preemptions_too() {
     }
     assert_eq!(c.status().preemptions, 5);
     assert_eq!(c.status().restarts, 0);
+}
+
+#[tokio::test]
+async fn a_cached_pod_is_a_small_part_of_the_pod() {
+    let c = Cluster::running().await;
+    let pod = &c.pod_objects["mnist-0-0"];
+    let cached = c
+        .ctx
+        .stores
+        .pods
+        .get(&ObjectRef::new("mnist-0-0").within("ml"))
+        .unwrap();
+    let (whole, kept) = (
+        serde_json::to_vec(pod).unwrap().len(),
+        serde_json::to_vec(cached.as_ref()).unwrap().len(),
+    );
+    assert!(kept * 4 < whole, "{whole} bytes cached as {kept}");
+    assert_eq!(cached.metadata.labels, pod.metadata.labels);
+    assert_eq!(
+        cached.metadata.owner_references,
+        pod.metadata.owner_references
+    );
+    assert_eq!(
+        cached.spec.as_ref().unwrap().containers[0].image,
+        pod.spec.as_ref().unwrap().containers[0].image
+    );
 }
 
 #[tokio::test]
