@@ -45,5 +45,13 @@ pub async fn listen(address: &str) -> std::io::Result<tokio::net::TcpListener> {
         )
     }))
 }
+/// Serve `router` on `listener`, each connection sharing the one routing table: axum's `serve`
+/// of a plain router converts the whole table again for every connection (6 KiB each), and
+/// every trainer holds a connection open here.
+pub async fn serve(listener: tokio::net::TcpListener, router: axum::Router) -> std::io::Result<()> {
+    let routes: axum::Router = router.with_state(());
+    axum::serve(listener, routes.into_make_service()).await
+}
+
 pub use router::router;
 pub use view::{JobEvent, JobView, SeriesPoint};

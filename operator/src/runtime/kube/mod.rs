@@ -1054,20 +1054,17 @@ async fn serve_status(
             source,
         })?;
     tracing::info!(address = %options.listen, "status API, dashboard and control endpoint listening");
-    tokio::spawn(
-        axum::serve(
-            listener,
-            crate::status::router(
-                hub.clone(),
-                Arc::new(access::ClusterAccess::new(
-                    client.clone(),
-                    options.token_audiences.clone(),
-                )),
-                options.reads_per_second,
-            ),
-        )
-        .into_future(),
-    );
+    tokio::spawn(crate::status::serve(
+        listener,
+        crate::status::router(
+            hub.clone(),
+            Arc::new(access::ClusterAccess::new(
+                client.clone(),
+                options.token_audiences.clone(),
+            )),
+            options.reads_per_second,
+        ),
+    ));
     Ok((hub, metrics))
 }
 

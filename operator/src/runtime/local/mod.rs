@@ -232,17 +232,14 @@ pub async fn run(
         source,
     })?;
     let status_url = format!("http://{address}");
-    tokio::spawn(
-        axum::serve(
-            listener,
-            status::router(
-                hub.clone(),
-                Arc::new(status::access::LocalUser),
-                options.reads_per_second,
-            ),
-        )
-        .into_future(),
-    );
+    tokio::spawn(status::serve(
+        listener,
+        status::router(
+            hub.clone(),
+            Arc::new(status::access::LocalUser),
+            options.reads_per_second,
+        ),
+    ));
     let (driver, inbox) = JobDriver::start(
         hub,
         &namespace,
