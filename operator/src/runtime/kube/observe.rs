@@ -95,8 +95,8 @@ pub fn keep_what_is_read_of_node(node: &mut Node) {
 /// What the operator reads of a member's Pod, the rest dropped before it is cached: the trainer's
 /// environment, volumes, affinity and the kubelet's bookkeeping were 37 KiB a pod, most of the
 /// operator's memory at 1 000 members. Kept: identity, labels, annotations, owners, timestamps;
-/// the node and each container's name and image; the phase, reason, message, conditions and
-/// each container's state.
+/// the node; the phase, reason, message, conditions and each container's state and image (the
+/// spec's, where the kubelet has not said it yet).
 pub fn keep_what_is_read_of_pod(pod: &mut Pod) {
     use k8s_openapi::api::core::v1::{
         Container, ContainerStatus, PodCondition, PodSpec, PodStatus,
@@ -105,21 +105,14 @@ pub fn keep_what_is_read_of_pod(pod: &mut Pod) {
     m.managed_fields = None;
     m.generate_name = None;
     m.finalizers = None;
-    if let Some(spec) = pod.spec.take() {
-        pod.spec = Some(PodSpec {
-            node_name: spec.node_name,
-            containers: spec
-                .containers
-                .into_iter()
-                .map(|c| Container {
-                    name: c.name,
-                    image: c.image,
-                    ..Default::default()
-                })
-                .collect(),
-            ..Default::default()
-        });
-    }
+    let spec = pod.spec.take().unwrap_or_default();
+    let image_of = |name: &str| {
+        spec.containers
+            .iter()
+            .find(|c| c.name == name)
+            .and_then(|c| c.image.clone())
+            .unwrap_or_default()
+    };
     if let Some(status) = pod.status.take() {
         pod.status = Some(PodStatus {
             phase: status.phase,
@@ -141,6 +134,11 @@ pub fn keep_what_is_read_of_pod(pod: &mut Pod) {
                 statuses
                     .into_iter()
                     .map(|c| ContainerStatus {
+                        image: if c.image.is_empty() {
+                            image_of(&c.name)
+                        } else {
+                            c.image
+                        },
                         name: c.name,
                         state: c.state,
                         ..Default::default()
@@ -150,6 +148,11 @@ pub fn keep_what_is_read_of_pod(pod: &mut Pod) {
             ..Default::default()
         });
     }
+    // Containers are 2 KiB each as types, even empty.
+    pod.spec = Some(PodSpec {
+        node_name: spec.node_name,
+        ..Default::default()
+    });
 }
 
 /// A hash of what, changed, can change a plan: readiness (and since when), labels (zone,
@@ -270,11 +273,9 @@ fn waiting_problem(pod: &Pod) -> Option<NotStarting> {
         return None;
     }
     let mut message = waiting.message.clone().unwrap_or_default();
-    let image = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.containers.iter().find(|c| c.name == container.name))
-        .and_then(|c| c.image.as_deref());
+    let image = Some(container.image.as_str())
+        .filter(|i| !i.is_empty())
+        .or_else(|| spec_image(pod, &container.name));
     if let Some(image) = image
         && IMAGE_REASONS.contains(&reason.as_str())
         && !message.contains(image)
@@ -284,6 +285,17 @@ fn waiting_problem(pod: &Pod) -> Option<NotStarting> {
             .to_string();
     }
     Some(NotStarting { reason, message })
+}
+
+/// The image the pod's spec names for container `name`.
+fn spec_image<'a>(pod: &'a Pod, name: &str) -> Option<&'a str> {
+    pod.spec
+        .as_ref()?
+        .containers
+        .iter()
+        .find(|c| c.name == name)?
+        .image
+        .as_deref()
 }
 
 /// Read a pod. `node` is what the cache says of the node it is bound to; `last` is the state
