@@ -315,7 +315,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let pods: Api<Pod> = Api::namespaced(client, &args.namespace);
     let selector = format!("{LABEL_JOB}={}", args.job);
     let shared = Arc::new(Shared {
-        http: reqwest::Client::new(),
+        // Idle connections dropped as a trainer's client drops them.
+        http: reqwest::Client::builder()
+            .pool_idle_timeout(Duration::from_secs(
+                murmur_core::contract::control::CONNECTION_IDLE_SECONDS - 1,
+            ))
+            .build()?,
         key,
         figures: Mutex::default(),
         args,

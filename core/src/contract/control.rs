@@ -32,6 +32,11 @@ pub const MAX_CLOCK_SKEW_MS: u64 = 300_000;
 /// How long the server may hold a topology long-poll before answering "no change" (204).
 pub const LONG_POLL_HOLD_SECONDS: u64 = 25;
 
+/// The control endpoint closes a connection that waits this long for a request (every trainer
+/// holds one long-poll open, and an idle connection costs the server as much). Clients drop
+/// their idle connections sooner, so no request meets a connection being closed.
+pub const CONNECTION_IDLE_SECONDS: u64 = 5;
+
 /// `/api/v1/namespaces/{ns}/jobs/{name}`
 pub fn job_path(namespace: &str, job: &str) -> String {
     format!("/api/v1/namespaces/{namespace}/jobs/{job}")

@@ -45,12 +45,54 @@ pub async fn listen(address: &str) -> std::io::Result<tokio::net::TcpListener> {
         )
     }))
 }
-/// Serve `router` on `listener`, each connection sharing the one routing table: axum's `serve`
-/// of a plain router converts the whole table again for every connection (6 KiB each), and
-/// every trainer holds a connection open here.
+/// How long a connection may wait for a request's head (idle between requests, or sending one
+/// slowly) before it is closed. Every trainer holds its topology long-poll open here, and its
+/// client kept a second connection for posts; hyper holds 16 to 24 KiB for each connection, so
+/// 10 000 members' idle post connections were 170 MB of the operator's memory. A trainer's next
+/// long-poll follows its answer at once, and a post after an idle spell opens a new connection.
+pub const IDLE_TIMEOUT: std::time::Duration =
+    std::time::Duration::from_secs(murmur_core::contract::control::CONNECTION_IDLE_SECONDS);
+
+/// Serve `router` on `listener` until the listener fails, closing connections idle for
+/// [`IDLE_TIMEOUT`]. Every connection shares the one routing table (axum's `serve` of a plain
+/// router converts the whole table again for each, 6 KiB).
 pub async fn serve(listener: tokio::net::TcpListener, router: axum::Router) -> std::io::Result<()> {
+    serve_closing_idle(listener, router, IDLE_TIMEOUT).await
+}
+
+async fn serve_closing_idle(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    idle: std::time::Duration,
+) -> std::io::Result<()> {
+    use hyper_util::rt::{TokioIo, TokioTimer};
     let routes: axum::Router = router.with_state(());
-    axum::serve(listener, routes.into_make_service()).await
+    let mut connections = hyper::server::conn::http1::Builder::new();
+    connections
+        .timer(TokioTimer::new())
+        .header_read_timeout(idle);
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            // A connection that failed before it was accepted, or out of file descriptors
+            // for a moment: the listener itself is fine.
+            Err(e) => {
+                tracing::debug!(error = %e, "accepting a connection failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let service = hyper_util::service::TowerToHyperService::new(routes.clone());
+        let connections = connections.clone();
+        tokio::spawn(async move {
+            // A client gone or timed out ends only its own connection.
+            let _ = connections
+                .serve_connection(TokioIo::new(stream), service)
+                .with_upgrades()
+                .await;
+        });
+    }
 }
 
 pub use router::router;

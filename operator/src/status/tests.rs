@@ -23,8 +23,65 @@ async fn serve_paced(reads_per_second: u32) -> (Arc<Hub>, String) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let app = router(hub.clone(), Arc::new(access::LocalUser), reads_per_second);
-    tokio::spawn(axum::serve(listener, app).into_future());
+    tokio::spawn(super::serve(listener, app));
     (hub, base)
+}
+
+#[tokio::test]
+async fn a_connection_idle_past_the_timeout_is_closed_and_a_long_poll_is_not() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let app = router(Arc::new(Hub::default()), Arc::new(access::LocalUser), 0).route(
+        "/slow",
+        axum::routing::get(|| async {
+            tokio::time::sleep(Duration::from_millis(600)).await;
+            "late"
+        }),
+    );
+    tokio::spawn(serve_closing_idle(
+        listener,
+        app,
+        Duration::from_millis(200),
+    ));
+    // Read until `until` is in what came, or the connection closes; the bytes read.
+    async fn read(stream: &mut tokio::net::TcpStream, until: &str) -> String {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 1024];
+        loop {
+            let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf))
+                .await
+                .unwrap_or_else(|_| {
+                    panic!(
+                        "the server neither sent {until:?} nor closed: {:?}",
+                        String::from_utf8_lossy(&got)
+                    )
+                })
+                .unwrap_or(0);
+            got.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&got).to_string();
+            if n == 0 || text.contains(until) {
+                return text;
+            }
+        }
+    }
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    stream
+        .write_all(b"GET /slow HTTP/1.1\r\nhost: murmur\r\n\r\n")
+        .await
+        .unwrap();
+    // Held three times the timeout, the answer still comes.
+    let answer = read(&mut stream, "late").await;
+    assert!(answer.ends_with("late"), "{answer}");
+    // Then idle: closed.
+    assert_eq!(
+        read(&mut stream, "never").await,
+        "",
+        "an idle connection stays open"
+    );
+    // A connection that never sends a request is closed too.
+    let mut silent = tokio::net::TcpStream::connect(address).await.unwrap();
+    assert_eq!(read(&mut silent, "never").await, "");
 }
 
 fn now_ms() -> u64 {
@@ -483,7 +540,7 @@ async fn serve_with(access: Arc<dyn access::Access>) -> (Arc<Hub>, String) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let app = router(hub.clone(), access, pacer::DEFAULT_READS_PER_SECOND);
-    tokio::spawn(axum::serve(listener, app).into_future());
+    tokio::spawn(super::serve(listener, app));
     (hub, base)
 }
 

@@ -60,6 +60,8 @@ impl ControlClient {
         Self {
             http: reqwest::Client::builder()
                 .connect_timeout(Duration::from_secs(3))
+                // Before the endpoint closes them.
+                .pool_idle_timeout(Duration::from_secs(control::CONNECTION_IDLE_SECONDS - 1))
                 .build()
                 .expect("a plain HTTP client"),
             base: base.trim_end_matches('/').to_string(),

@@ -98,9 +98,7 @@ pub fn keep_what_is_read_of_node(node: &mut Node) {
 /// the node; the phase, reason, message, conditions and each container's state and image (the
 /// spec's, where the kubelet has not said it yet).
 pub fn keep_what_is_read_of_pod(pod: &mut Pod) {
-    use k8s_openapi::api::core::v1::{
-        Container, ContainerStatus, PodCondition, PodSpec, PodStatus,
-    };
+    use k8s_openapi::api::core::v1::{ContainerStatus, PodCondition, PodSpec, PodStatus};
     let m = &mut pod.metadata;
     m.managed_fields = None;
     m.generate_name = None;
