@@ -229,7 +229,7 @@ async fn get_topology(
     headers: HeaderMap,
 ) -> Response {
     let target = (namespace.as_str(), name.as_str(), "document");
-    serve_topology(&served, target, (&uri, &headers), q.after, |job| {
+    serve_topology(&served, target, (uri, headers), q.after, |job| {
         (job.topology(), |doc| doc.version)
     })
     .await
@@ -244,7 +244,7 @@ async fn get_view(
     headers: HeaderMap,
 ) -> Response {
     let target = (namespace.as_str(), name.as_str(), "view");
-    serve_topology(&served, target, (&uri, &headers), q.after, |job| {
+    serve_topology(&served, target, (uri, headers), q.after, |job| {
         (job.member_view(id), |view| view.version)
     })
     .await
@@ -259,17 +259,21 @@ type Followed<T> = (watch::Receiver<Option<T>>, fn(&T) -> u64);
 async fn serve_topology<T: Clone + serde::Serialize>(
     served: &Served,
     (namespace, name, form): (&str, &str, &str),
-    (uri, headers): (&Uri, &HeaderMap),
+    (uri, headers): (Uri, HeaderMap),
     after: Option<u64>,
     follow: impl FnOnce(&JobHandle) -> Followed<T>,
 ) -> Response {
-    let job = match topology_reader(served, namespace, name, uri, headers).await {
+    let job = match topology_reader(served, namespace, name, &uri, &headers).await {
         Ok(job) => job,
         Err(r) => return r,
     };
+    // The request's URI and headers share the connection's read buffer: dropped before the
+    // long wait, that buffer is free while every member's poll is held (8 KiB a member).
+    let path = uri.path().to_string();
+    drop((uri, headers));
     let (rx, version) = follow(&job);
     let answer = long_poll(rx, after, version).await;
-    signed_answer(served, &job, (namespace, name, form), uri.path(), answer)
+    signed_answer(served, &job, (namespace, name, form), &path, answer)
 }
 
 /// The job, if the request is a trainer's (signed with the job key, and fresh) or comes from
