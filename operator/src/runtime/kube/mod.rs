@@ -1338,42 +1338,47 @@ fn report_undecodable(
     });
 }
 
-/// The watch of one kind of object the operator owns, filling its cache.
-fn owned<K>(
-    client: &Client,
-    managed: &watcher::Config,
-    writer: reflector::store::Writer<K>,
-) -> impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static
-where
+/// A kind of object the operator owns and watches.
+trait OwnedKind:
+    Resource<DynamicType = ()>
+    + Clone
+    + std::fmt::Debug
+    + serde::de::DeserializeOwned
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<K> OwnedKind for K where
     K: Resource<DynamicType = ()>
         + Clone
         + std::fmt::Debug
         + serde::de::DeserializeOwned
         + Send
         + Sync
-        + 'static,
+        + 'static
 {
+}
+
+/// The watch of one kind of object the operator owns, filling its cache.
+fn owned<K: OwnedKind>(
+    client: &Client,
+    managed: &watcher::Config,
+    writer: reflector::store::Writer<K>,
+) -> impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static {
     owned_with(client, managed, writer, |_| {}, |_| {})
 }
 
 /// [`owned`], with each object trimmed to what is read (managed fields are always dropped),
 /// and `on_event` shown each watch event before the cache applies it.
-fn owned_with<K>(
+fn owned_with<K: OwnedKind>(
     client: &Client,
     managed: &watcher::Config,
     writer: reflector::store::Writer<K>,
     mut trim: impl FnMut(&mut K) + Send + 'static,
     mut on_event: impl FnMut(&watcher::Event<K>) + Send + 'static,
-) -> impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static
-where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-{
+) -> impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static {
     // Touched, not applied: a deleted (or force-deleted) child wakes its job at once; with
     // applied objects only, it waited for the next resync.
     watcher(Api::<K>::all(client.clone()), managed.clone())
