@@ -45,6 +45,7 @@ pub async fn listen(address: &str) -> std::io::Result<tokio::net::TcpListener> {
         )
     }))
 }
+
 /// How long a connection may wait for a request's head (idle between requests, or sending one
 /// slowly) before it is closed. Every trainer holds its topology long-poll open here, and its
 /// client kept a second connection for posts; hyper holds 16 to 24 KiB for each connection, so
@@ -53,10 +54,10 @@ pub async fn listen(address: &str) -> std::io::Result<tokio::net::TcpListener> {
 pub const IDLE_TIMEOUT: std::time::Duration =
     std::time::Duration::from_secs(murmur_core::contract::control::CONNECTION_IDLE_SECONDS);
 
-/// Serve `router` on `listener` until the listener fails, closing connections idle for
+/// Serve `router` on `listener` for as long as the task runs, closing connections idle for
 /// [`IDLE_TIMEOUT`]. Every connection shares the one routing table (axum's `serve` of a plain
 /// router converts the whole table again for each, 6 KiB).
-pub async fn serve(listener: tokio::net::TcpListener, router: axum::Router) -> std::io::Result<()> {
+pub async fn serve(listener: tokio::net::TcpListener, router: axum::Router) {
     serve_closing_idle(listener, router, IDLE_TIMEOUT).await
 }
 
@@ -64,7 +65,7 @@ async fn serve_closing_idle(
     listener: tokio::net::TcpListener,
     router: axum::Router,
     idle: std::time::Duration,
-) -> std::io::Result<()> {
+) {
     use hyper_util::rt::{TokioIo, TokioTimer};
     let routes: axum::Router = router.with_state(());
     let mut connections = hyper::server::conn::http1::Builder::new();
