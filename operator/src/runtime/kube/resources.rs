@@ -91,9 +91,9 @@ pub struct Settings {
     pub node_lost_after: std::time::Duration,
     /// A pod the operator created, missing from its cache, is awaited this long at most before
     /// it counts as deleted. The wait ends sooner when the watch shows the pod or a re-list of
-    /// pods begun after the create lacks it, so this is only a backstop: a watch down after an
-    /// API server restart stays behind for tens of seconds (client-go's expectations wait 5
-    /// minutes too).
+    /// pods begun after the create was answered lacks it, so this is only a backstop: a watch
+    /// down after an API server restart stays behind for tens of seconds (client-go's
+    /// expectations wait 5 minutes too).
     pub creation_grace: std::time::Duration,
     /// Re-plan at least this often (progress in the status, node timeouts).
     pub resync: std::time::Duration,
