@@ -12,6 +12,8 @@
 #                 command in package main, so it cannot join the multi-call binary)
 #   coredns       the real nodes' cluster DNS, from coredns/: a module of its own, so that
 #                 CoreDNS's newer grpc and prometheus never move the Kubernetes pins
+#   kueue         Kueue's controller manager (sigs.k8s.io/kueue/cmd/kueue), from kueue/: a module
+#                 of its own for the same reason; kueue.sh runs it against a control plane
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -21,8 +23,8 @@ COMMANDS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-pro
 command -v go >/dev/null || { echo "build.sh: go is not on PATH" >&2; exit 1; }
 
 # The stamp says what the binaries were built from; a change to any of these rebuilds them.
-stamp=$(cd "$HERE" && { cat go.mod go.sum ./*.go coredns/go.mod coredns/go.sum coredns/*.go build.sh; go env GOVERSION GOOS GOARCH; } | sha256sum | cut -d' ' -f1)
-if [[ -x $BIN/controlplane && -x $BIN/helm && -x $BIN/coredns && -f $BIN/.stamp && $(cat "$BIN/.stamp") == "$stamp" ]]; then
+stamp=$(cd "$HERE" && { cat go.mod go.sum ./*.go coredns/go.mod coredns/go.sum coredns/*.go kueue/go.mod kueue/go.sum build.sh; go env GOVERSION GOOS GOARCH; } | sha256sum | cut -d' ' -f1)
+if [[ -x $BIN/controlplane && -x $BIN/helm && -x $BIN/coredns && -x $BIN/kueue && -f $BIN/.stamp && $(cat "$BIN/.stamp") == "$stamp" ]]; then
     exit 0
 fi
 
@@ -30,6 +32,7 @@ fi
 modver() { awk -v m="$1" '$1 == m && $2 ~ /^v/ { print $2; exit }' "$HERE/go.mod"; }
 kube=$(modver k8s.io/kubernetes)     # v1.37.2
 helm=$(modver helm.sh/helm/v3)       # v3.22.0
+kueue=$(awk '$1 == "sigs.k8s.io/kueue" { print $2; exit }' "$HERE/kueue/go.mod")
 kube_minor=$(cut -d. -f2 <<<"$kube") # 37
 
 # A module build leaves the Kubernetes version at "v0.0.0-master", which kubectl version, helm's
@@ -55,6 +58,7 @@ export GOSUMDB=off GOFLAGS="-mod=readonly -buildvcs=false" GOTOOLCHAIN=local
 (cd "$HERE" && go build -trimpath -ldflags="$ldflags" -o "$BIN/" . tool)
 # Static: it runs in a FROM-scratch image on the nodes.
 (cd "$HERE/coredns" && CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$BIN/coredns" .)
+(cd "$HERE/kueue" && go build -trimpath -ldflags="-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$kueue" -o "$BIN/" tool)
 # go build names the multi-call binary after the last element of the module path, controlplane.
 for c in "${COMMANDS[@]}"; do
     ln -sfn controlplane "$BIN/$c"

@@ -115,14 +115,19 @@ func runKwok() int {
 // (a new node becomes Ready), node-heartbeat-with-lease (its conditions are refreshed; liveness is
 // the node Lease, which kwok renews when --node-lease-duration-seconds is set), pod-ready (a
 // scheduled pod becomes Running and Ready), pod-complete (a pod of a Job-like owner succeeds) and
-// pod-delete (a pod being deleted is removed, as a kubelet would).
+// pod-delete (a pod being deleted is removed, as a kubelet would). Two differ from the defaults,
+// for pods that carry finalizers (Kueue's on the pods it manages): pod-delete waits until they
+// are gone, and pod-stop ends the pod first, as a kubelet stops the containers of a pod being
+// deleted and reports it Failed while the finalizers keep the object. With the default
+// pod-delete alone such a pod stayed Running forever, and Kueue counted it as live.
 func printKwokStages() int {
 	for i, stage := range []string{
 		kwoknodefast.DefaultNodeInit,
 		kwokheartbeat.DefaultNodeHeartbeatWithLease,
 		kwokpodfast.DefaultPodReady,
 		kwokpodfast.DefaultPodComplete,
-		kwokpodfast.DefaultPodDelete,
+		podDeleteWithoutFinalizers,
+		podStop,
 	} {
 		if i > 0 {
 			fmt.Println("---")
@@ -154,3 +159,65 @@ func main() {
 	os.Args = append([]string{name}, args...)
 	os.Exit(run())
 }
+
+// podDeleteWithoutFinalizers is kwok's default pod-delete, for pods with no finalizer left.
+const podDeleteWithoutFinalizers = `
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: pod-delete
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchExpressions:
+    - key: '.metadata.deletionTimestamp'
+      operator: 'Exists'
+    - key: '.metadata.finalizers'
+      operator: 'DoesNotExist'
+  next:
+    delete: true
+`
+
+// podStop ends a pod being deleted that finalizers keep: its containers terminated by SIGTERM
+// (exit code 143) and the pod Failed.
+const podStop = `
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: pod-stop
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchExpressions:
+    - key: '.metadata.deletionTimestamp'
+      operator: 'Exists'
+    - key: '.metadata.finalizers'
+      operator: 'Exists'
+    - key: '.status.phase'
+      operator: 'In'
+      values:
+      - 'Pending'
+      - 'Running'
+  next:
+    statusTemplate: |
+      {{ $now := Now }}
+      containerStatuses:
+      {{ range $index, $item := .spec.containers }}
+      - image: {{ $item.image | Quote }}
+        name: {{ $item.name | Quote }}
+        ready: false
+        restartCount: 0
+        started: false
+        state:
+          terminated:
+            exitCode: 143
+            finishedAt: {{ $now | Quote }}
+            reason: Error
+            startedAt: {{ $now | Quote }}
+      {{ end }}
+      phase: Failed
+`

@@ -81,30 +81,7 @@ on_exit() {
 trap on_exit EXIT
 
 # --- ports -----------------------------------------------------------------------------------
-# Free ports below the kernel's ephemeral range (32768+ by default), so that an outgoing
-# connection cannot take one between the pick and the bind. A port is free when no TCP socket
-# of this machine (any state, v4 or v6) uses it. Two instances starting in the same instant
-# could still pick the same port; the loser fails its readiness wait and reports it.
-declare -A taken=()
-while read -r _ addr _; do # sl local_address(hex ip:port) rem_address ...
-    [[ $addr == *:* ]] && taken[$((16#${addr##*:}))]=1
-done < <(tail -q -n +2 /proc/net/tcp /proc/net/tcp6 2>/dev/null)
-# pick_port NAME_PORT: sets $NAME_PORT to $MURMUR_CONTROLPLANE_NAME_PORT, or to a free port.
-pick_port() {
-    local -n chosen=$1
-    local fixed=MURMUR_CONTROLPLANE_$1 p
-    if [[ -n ${!fixed:-} ]]; then
-        p=${!fixed}
-    else
-        for _ in {1..1000}; do
-            p=$((20000 + RANDOM % 12000))
-            [[ -z ${taken[$p]:-} ]] && break
-        done
-    fi
-    taken[$p]=1
-    # shellcheck disable=SC2034 # a nameref: sets the caller's variable
-    chosen=$p
-}
+# Each component's port (pick_port, lib.sh).
 for name in APISERVER ETCD ETCD_PEER CONTROLLER_MANAGER SCHEDULER KWOK; do
     pick_port "${name}_PORT"
 done
@@ -172,39 +149,7 @@ for user in kwok controller-manager scheduler; do
     kubeconfig "$DIR/kubeconfigs/$user.kubeconfig" "$user" "$SERVER"
 done
 
-# --- starting and waiting ----------------------------------------------------------------------
-# start NAME ARGS...: runs $BIN/NAME in its own session (no signal sent to the caller's terminal
-# or process group reaches it), with no stdin and its output in logs/NAME.log, and records its pid
-# and its command line.
-start() {
-    local name=$1
-    shift
-    # Its command line, for restart.sh.
-    mkdir -p "$DIR/commands"
-    printf '%q ' "$BIN/$name" "$@" >"$DIR/commands/$name"
-    setsid "$BIN/$name" "$@" </dev/null >"$DIR/logs/$name.log" 2>&1 9>&- &
-    echo $! >"$DIR/pids/$name.pid"
-}
-# wait_for NAME CHECK...: runs CHECK until it succeeds; fails if NAME exits or TIMEOUT passes.
-wait_for() {
-    local name=$1 deadline=$((SECONDS + TIMEOUT))
-    shift
-    until "$@" >/dev/null 2>&1; do
-        if ! our_pid "$name" >/dev/null; then
-            tail -n 30 "$DIR/logs/$name.log" >&2 || true
-            die "$name exited; its log is $DIR/logs/$name.log"
-        fi
-        if ((SECONDS >= deadline)); then
-            tail -n 30 "$DIR/logs/$name.log" >&2 || true
-            die "$name not ready after ${TIMEOUT}s; its log is $DIR/logs/$name.log"
-        fi
-        sleep 0.2
-    done
-}
-# https_ok URL: GET through TLS, trusting the CA; the admin certificate authenticates. The
-# controller manager and scheduler serve a self-signed certificate of their own (-k there).
-https_ok() { curl -sf --max-time 5 --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" "$@"; }
-
+# --- the components (start and wait_for: lib.sh) ------------------------------------------------
 # Extra flags from the environment, word-split on purpose.
 extra() { local var=MURMUR_CONTROLPLANE_$1_ARGS; echo "${!var:-}"; }
 
