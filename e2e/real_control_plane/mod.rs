@@ -3,6 +3,7 @@
 mod crd;
 mod defects;
 mod helm;
+mod kueue;
 mod ownership;
 mod placement;
 mod preemption;
@@ -43,6 +44,7 @@ pub const ALL: &[(&str, Scenario)] = &[
         Box::pin(defects::undecodable_costs_only_itself(env))
     }),
     ("defect-size", |env| Box::pin(size::size(env))),
+    ("kueue", |env| Box::pin(kueue::kueue(env))),
     ("control-plane-restart", |env| {
         Box::pin(restart::control_plane_restart(env))
     }),

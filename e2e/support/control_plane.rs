@@ -339,6 +339,24 @@ impl ControlPlane {
         String::from_utf8_lossy(&out.stderr).into_owned()
     }
 
+    /// `kueue.sh`: Kueue's controller and webhooks running against this control plane (the
+    /// pod integration, for pods labelled with a queue).
+    pub fn start_kueue(&self) {
+        let started = Instant::now();
+        let out = Command::new(scripts().join("kueue.sh"))
+            .env("MURMUR_CONTROLPLANE_DIR", &self.dir)
+            .env("MURMUR_CONTROLPLANE_BIN", bin_dir())
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("run e2e/controlplane/kueue.sh");
+        assert!(
+            out.status.success(),
+            "kueue.sh failed (its log: {})",
+            self.dir.join("logs/kueue.log").display()
+        );
+        eprintln!("Kueue up in {:.1} s", started.elapsed().as_secs_f64());
+    }
+
     /// A log of the API server's, as up.sh keeps it.
     pub fn log(&self, component: &str) -> String {
         std::fs::read_to_string(self.dir.join("logs").join(format!("{component}.log")))

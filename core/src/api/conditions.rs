@@ -20,6 +20,9 @@ pub enum ConditionType {
     /// be mounted, a container the runtime cannot create): the reason and message are the
     /// kubelet's.
     MembersNotStarting,
+    /// Members' pods wait for admission: scheduling gates hold them (Kueue's
+    /// `kueue.x-k8s.io/admission`, until its queue admits the job's pod group).
+    Queued,
 }
 
 impl ConditionType {
@@ -34,6 +37,7 @@ impl ConditionType {
             ConditionType::InvalidSpec => "InvalidSpec",
             ConditionType::PodsRejected => "PodsRejected",
             ConditionType::MembersNotStarting => "MembersNotStarting",
+            ConditionType::Queued => "Queued",
         }
     }
 }

@@ -44,6 +44,8 @@ pub struct MemberFacts {
     pub exit: Option<Exit>,
     /// Why its container cannot start, while it cannot (pods only).
     pub not_starting: Option<NotStarting>,
+    /// The scheduling gates that hold its pod back, while they do (pods only).
+    pub gated_by: Option<String>,
 }
 
 /// One planning step, decided but not yet carried out.
@@ -220,6 +222,7 @@ impl JobDriver {
                     zone: f.zone,
                     pending_since: f.pending_since,
                     not_starting: f.not_starting,
+                    gated_by: f.gated_by,
                 };
                 (id, m)
             })

@@ -102,6 +102,9 @@ pub struct ObservedMember {
     pub pending_since: Option<Timestamp>,
     /// Why its container cannot start, while it cannot (pods only).
     pub not_starting: Option<NotStarting>,
+    /// The scheduling gates that hold its pod back from scheduling, while they do (a queue's
+    /// admission, such as Kueue's). A gated member waits for admission, not for a node.
+    pub gated_by: Option<String>,
 }
 
 impl ObservedMember {
@@ -1163,8 +1166,38 @@ fn update_conditions(
             format!("member {id} (attempt {attempt}): {first}{more}"),
         )
     });
+    // Members held back by scheduling gates: the job waits in a queue for admission.
+    let gated: Vec<&str> = s
+        .members
+        .iter()
+        .filter_map(|(&id, r)| observed.live(id, r.attempt)?.gated_by.as_deref())
+        .collect();
     let t = Time(now);
     let c = &mut s.conditions;
+    if let Some(gates) = gated.first() {
+        set_condition(
+            c,
+            ConditionType::Queued,
+            true,
+            "WaitingForAdmission",
+            &format!(
+                "{} members wait for admission: held by scheduling gate {gates}",
+                gated.len()
+            ),
+            None,
+            t.clone(),
+        );
+    } else if condition_is_true(c, ConditionType::Queued) {
+        set_condition(
+            c,
+            ConditionType::Queued,
+            false,
+            "Admitted",
+            "no member's pod is held by a scheduling gate",
+            None,
+            t.clone(),
+        );
+    }
     match &not_starting {
         Some((reason, message)) => {
             set_condition(

@@ -666,6 +666,51 @@ fn lifecycle_events_name_the_node_and_the_join() {
 }
 
 #[test]
+fn members_held_for_admission_are_queued_not_pending_and_never_fall_back() {
+    let mut w = spot_world(", fallbackToOnDemandAfter: 120s");
+    w.plan();
+    // Kueue's webhook gated every pod: they wait for the gang's admission, not for a node.
+    for m in w.observed.members.values_mut() {
+        m.pending_since = None;
+        m.gated_by = Some("kueue.x-k8s.io/admission".into());
+    }
+    let queued = |w: &World| {
+        w.state
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Queued")
+            .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+    };
+    w.now = 1000.0;
+    let actions = w.plan();
+    assert!(
+        !World::reasons(&actions)
+            .iter()
+            .any(|r| ["PendingTooLong", "FellBackToOnDemand"].contains(r)),
+        "{actions:?}"
+    );
+    assert!(World::creates(&actions).is_empty());
+    assert_eq!(
+        queued(&w),
+        Some((
+            "True".into(),
+            "WaitingForAdmission".into(),
+            "4 members wait for admission: held by scheduling gate kueue.x-k8s.io/admission".into()
+        ))
+    );
+    // Admitted: the gates go, the members are placed, the condition flips.
+    for id in 0..4 {
+        w.observed.members.get_mut(&id).unwrap().gated_by = None;
+        w.schedule(id, "spot-1");
+    }
+    w.plan();
+    assert_eq!(
+        queued(&w).map(|q| (q.0, q.1)),
+        Some(("False".into(), "Admitted".into()))
+    );
+}
+
+#[test]
 fn a_member_pending_too_long_is_reported_once_and_falls_back_to_on_demand() {
     let mut w = spot_world(", fallbackToOnDemandAfter: 120s");
     w.plan();

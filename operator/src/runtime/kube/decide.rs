@@ -582,6 +582,7 @@ fn observe(
                 f.zone = pod_facts.node.as_deref().and_then(i.zone);
                 f.node = pod_facts.node;
                 f.pending_since = pod_facts.pending_since;
+                f.gated_by = pod_facts.gated_by;
                 f.exit = pod_facts.exit;
                 f.not_starting = pod_facts.not_starting.or_else(|| {
                     observe::creating(pod)

@@ -6,6 +6,7 @@
 
 pub mod access;
 pub mod decide;
+pub mod kueue;
 pub mod lease;
 mod metrics;
 pub mod observe;

@@ -21,6 +21,14 @@ pub const DISRUPTION_REASONS: &[&str] = &[
     "TerminationByKubelet",
 ];
 
+/// Pod conditions that say the pod is going away from outside: Kubernetes' `DisruptionTarget`,
+/// and Kueue's `TerminationTarget` on the pods of a workload it evicts (preempted by a workload
+/// of higher priority, or its queue stopped).
+const DISRUPTION_CONDITIONS: &[&str] = &["DisruptionTarget", "TerminationTarget"];
+
+/// Exit codes of a container killed by SIGTERM or SIGKILL.
+const KILLED_EXIT_CODES: &[i32] = &[128 + 15, 128 + 9];
+
 /// Pod-level `status.reason`s for pods the node gave up on (node shutdown, kubelet eviction,
 /// admission after a node change).
 const NODE_REASONS: &[&str] = &[
@@ -149,6 +157,7 @@ pub fn keep_what_is_read_of_pod(pod: &mut Pod) {
     // Containers are 2 KiB each as types, even empty.
     pod.spec = Some(PodSpec {
         node_name: spec.node_name,
+        scheduling_gates: spec.scheduling_gates,
         ..Default::default()
     });
 }
@@ -209,6 +218,10 @@ pub struct PodFacts {
     pub exit: Option<Exit>,
     /// Why its container cannot start (image pull errors, bad config), in the kubelet's words.
     pub not_starting: Option<NotStarting>,
+    /// The scheduling gates that hold it back (Kueue's admission gate until its queue admits
+    /// the pod group), comma-separated. A gated pod waits for admission, not for a node: it has
+    /// no `pending_since`.
+    pub gated_by: Option<String>,
 }
 
 /// Waiting reasons of a container that is starting as it should.
@@ -296,6 +309,18 @@ fn spec_image<'a>(pod: &'a Pod, name: &str) -> Option<&'a str> {
         .as_deref()
 }
 
+/// The names of the scheduling gates on the pod, comma-separated, if it has any.
+fn scheduling_gates(pod: &Pod) -> Option<String> {
+    let gates = pod.spec.as_ref()?.scheduling_gates.as_ref()?;
+    (!gates.is_empty()).then(|| {
+        gates
+            .iter()
+            .map(|g| g.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    })
+}
+
 /// Read a pod. `node` is what the cache says of the node it is bound to; `last` is the state
 /// the trainer last reported (used when no termination message was written).
 pub fn pod_facts(
@@ -306,9 +331,10 @@ pub fn pod_facts(
     node_lost_after: std::time::Duration,
 ) -> PodFacts {
     let node_name = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+    let gated_by = scheduling_gates(pod);
     let mut facts = PodFacts {
         node: node_name.clone(),
-        pending_since: node_name.is_none().then(|| {
+        pending_since: (node_name.is_none() && gated_by.is_none()).then(|| {
             pod.metadata
                 .creation_timestamp
                 .as_ref()
@@ -316,6 +342,7 @@ pub fn pod_facts(
         }),
         exit: None,
         not_starting: waiting_problem(pod),
+        gated_by,
     };
     facts.exit = exit(pod, node_name.as_deref(), &node, last, now, node_lost_after);
     facts
@@ -335,13 +362,10 @@ fn exit(
         .and_then(|s| s.conditions.as_ref())
         .and_then(|c| {
             c.iter()
-                .find(|c| c.type_ == "DisruptionTarget" && c.status == "True")
+                .find(|c| DISRUPTION_CONDITIONS.contains(&c.type_.as_str()) && c.status == "True")
         })
         .map(|c| {
-            let reason = c
-                .reason
-                .clone()
-                .unwrap_or_else(|| "DisruptionTarget".into());
+            let reason = c.reason.clone().unwrap_or_else(|| c.type_.clone());
             match &c.message {
                 Some(m) if !m.is_empty() => format!("{reason}: {m}"),
                 _ => reason,
@@ -361,11 +385,15 @@ fn exit(
 
     if let Some(t) = terminated {
         let said = t.message.as_deref().and_then(exit::said);
+        // Killed by the kubelet (SIGTERM, then SIGKILL) because its pod was deleted.
+        let deleted = (pod.metadata.deletion_timestamp.is_some()
+            && KILLED_EXIT_CODES.contains(&t.exit_code))
+        .then(|| "pod deleted".to_string());
         return Some(classify(&Ending {
             ended: Some(Ended::Code(t.exit_code)),
             said,
             last,
-            cause: disruption.or(node_reason),
+            cause: disruption.or(node_reason).or(deleted),
             detail: Some(crash_detail(
                 t.reason.as_deref(),
                 t.message.as_deref().filter(|_| said.is_none()),
@@ -707,6 +735,68 @@ pub(super) mod tests {
                 reason: "node n1 not ready for 100 s".into()
             })
         );
+    }
+
+    #[test]
+    fn a_pod_held_by_a_scheduling_gate_waits_for_admission_not_for_a_node() {
+        use k8s_openapi::api::core::v1::PodSchedulingGate;
+        let mut pod = running();
+        pod.spec = Some(PodSpec {
+            scheduling_gates: Some(vec![PodSchedulingGate {
+                name: "kueue.x-k8s.io/admission".into(),
+            }]),
+            ..Default::default()
+        });
+        pod.status.as_mut().unwrap().phase = Some("Pending".into());
+        let f = facts(&pod, NodeState::Ready, None);
+        assert_eq!(f.gated_by.as_deref(), Some("kueue.x-k8s.io/admission"));
+        assert_eq!((f.pending_since, f.exit), (None, None));
+        // Ungated, it waits for a node since its creation.
+        pod.spec.as_mut().unwrap().scheduling_gates = Some(vec![]);
+        let f = facts(&pod, NodeState::Ready, None);
+        assert_eq!((f.gated_by, f.pending_since), (None, Some(at(100))));
+    }
+
+    #[test]
+    fn a_pod_kueue_evicts_is_a_preemption_in_kueues_words() {
+        let mut pod = running();
+        pod.metadata.deletion_timestamp = Some(Time(at(900)));
+        pod.status.as_mut().unwrap().conditions = Some(vec![PodCondition {
+            type_: "TerminationTarget".into(),
+            status: "True".into(),
+            reason: Some("WorkloadEvictedDueToPreempted".into()),
+            message: Some("Preempted to accommodate a workload".into()),
+            ..Default::default()
+        }]);
+        let why = "WorkloadEvictedDueToPreempted: Preempted to accommodate a workload";
+        assert_eq!(exit(&pod), Some(Exit::Preempted { reason: why.into() }));
+        // Stopped by the kubelet afterwards, while Kueue's finalizer keeps the pod.
+        let mut stopped = terminated("Failed", 143, "Error", None);
+        stopped.metadata = pod.metadata.clone();
+        stopped.status.as_mut().unwrap().conditions = pod.status.unwrap().conditions;
+        assert_eq!(exit(&stopped), Some(Exit::Preempted { reason: why.into() }));
+    }
+
+    #[test]
+    fn a_container_killed_because_its_pod_was_deleted_is_a_preemption() {
+        for code in [137, 143] {
+            let mut pod = terminated("Failed", code, "Error", None);
+            pod.metadata.deletion_timestamp = Some(Time(at(900)));
+            assert_eq!(
+                exit(&pod),
+                Some(Exit::Preempted {
+                    reason: "pod deleted".into()
+                }),
+                "{code}"
+            );
+        }
+        // Any other code is the trainer's own failure, deleted or not.
+        let mut pod = terminated("Failed", 1, "Error", None);
+        pod.metadata.deletion_timestamp = Some(Time(at(900)));
+        assert!(matches!(
+            exit(&pod),
+            Some(Exit::Failed { code: Some(1), .. })
+        ));
     }
 
     #[test]

@@ -490,7 +490,8 @@ pub fn pod(p: &MemberPod, s: &Settings) -> Pod {
     }
 }
 
-/// The pod's name, its member, attempt and clique labels, and its capacity annotation.
+/// The pod's name, its member, attempt and clique labels, its capacity annotation, and its
+/// Kueue pod group if the job names a queue.
 fn pod_metadata(p: &MemberPod) -> ObjectMeta {
     let job_name = name(p.job);
     let mut metadata = meta(p.job, pod_name(&job_name, p.member, p.attempt), "trainer");
@@ -504,6 +505,7 @@ fn pod_metadata(p: &MemberPod) -> ObjectMeta {
         ANNOTATION_CAPACITY.into(),
         if p.on_demand { "on-demand" } else { "spot" }.to_string(),
     )]));
+    super::kueue::join_pod_group(p.job, &mut metadata);
     metadata
 }
 

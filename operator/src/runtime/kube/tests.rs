@@ -795,6 +795,69 @@ async fn a_job_names_its_trainer_image_or_gets_the_operators_for_its_backend() {
     );
 }
 
+#[test]
+fn a_job_that_names_a_kueue_queue_runs_its_members_as_one_pod_group() {
+    use super::kueue;
+    let metadata = |manifest: String, member, attempt, on_demand| {
+        let job = job(&manifest);
+        let pod = resources::pod(
+            &resources::MemberPod {
+                job: &job,
+                member,
+                attempt,
+                on_demand,
+                clique: None,
+            },
+            &Settings::default(),
+        );
+        (
+            pod.metadata.labels.unwrap(),
+            pod.metadata.annotations.unwrap(),
+        )
+    };
+    // No queue: nothing of Kueue's.
+    let (labels, annotations) = metadata(MANIFEST.into(), 0, 0, false);
+    assert!(
+        labels
+            .keys()
+            .chain(annotations.keys())
+            .all(|k| !k.starts_with("kueue.x-k8s.io/")),
+        "{labels:?} {annotations:?}"
+    );
+    let queued = MANIFEST.replace(
+        "metadata: {name: mnist, namespace: ml}",
+        "metadata: {name: mnist, namespace: ml, labels: {kueue.x-k8s.io/queue-name: team, kueue.x-k8s.io/priority-class: low}}",
+    );
+    let (labels, annotations) = metadata(queued.clone(), 0, 0, false);
+    assert_eq!(labels[kueue::QUEUE_LABEL], "team");
+    assert_eq!(labels[kueue::PRIORITY_CLASS_LABEL], "low");
+    assert_eq!(labels[kueue::POD_GROUP_LABEL], "mnist-uid1");
+    // The gang is the target; every member, replacement or on-demand fallback, is one role.
+    assert_eq!(annotations[kueue::TOTAL_COUNT_ANNOTATION], "4");
+    let (labels2, annotations2) = metadata(queued, 3, 2, true);
+    assert_eq!(
+        labels2[kueue::POD_GROUP_LABEL],
+        labels[kueue::POD_GROUP_LABEL]
+    );
+    assert_eq!(
+        annotations2[kueue::ROLE_HASH_ANNOTATION],
+        annotations[kueue::ROLE_HASH_ANNOTATION]
+    );
+    // The longest name a job may have still makes a label value.
+    let long = "j".repeat(52);
+    let (labels, _) = metadata(
+        MANIFEST.replace(
+            "metadata: {name: mnist, namespace: ml}",
+            &format!("metadata: {{name: {long}, namespace: ml, labels: {{kueue.x-k8s.io/queue-name: team}}}}"),
+        ),
+        0,
+        0,
+        false,
+    );
+    let group = &labels[kueue::POD_GROUP_LABEL];
+    assert_eq!(group, &format!("{long}-uid1"));
+}
+
 #[tokio::test]
 async fn a_replacement_prefers_the_zone_of_its_clique_unless_zone_awareness_is_off() {
     // Member 3's pod of `manifest`, a replacement in `clique` when there is one.
