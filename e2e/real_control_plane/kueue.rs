@@ -2,7 +2,8 @@
 //! module) admit a job labelled with a queue as one gang, and evict the whole gang for a workload
 //! of higher priority. The job waits in the queue with a `Queued` condition while no member is
 //! counted as pending for a node; an eviction is a preemption of every member (never a restart),
-//! and the replacements wait for the gang to be admitted again.
+//! and the replacements wait for the gang to be admitted again. A member lost while the gang is
+//! admitted is replaced inside the group, without a new admission.
 
 use std::time::Duration;
 
@@ -233,5 +234,33 @@ spec:
     assert_eq!(status["restarts"], 0);
     assert_eq!(status["preemptions"], 3);
     println!("  re-admitted: 3 members of attempt 1 running, 3 preemptions, 0 restarts");
+
+    // 5. One member lost as on a spot node: its replacement joins the admitted group and runs
+    // without waiting for a new admission.
+    let lost = s.running(JOB, 3).await[&1].metadata.name.clone().unwrap();
+    env.cp
+        .kubectl_ok(&["delete", "pod", &lost, "-n", &s.ns, "--wait=false"]);
+    let deadline = std::time::Instant::now() + MINUTE;
+    loop {
+        let pods = s.running(JOB, 3).await;
+        if pods.get(&1).and_then(attempt_of) == Some(2) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "member 1 not replaced"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let w = workload(&s).unwrap();
+    assert!(admitted(&w), "the group lost its admission: {w:#}");
+    let status = s.status(JOB).await;
+    assert_eq!(status["preemptions"], 4, "{status:#}");
+    assert_eq!(status["restarts"], 0);
+    assert!(
+        condition(&status, "Queued").is_some_and(|(status, _)| status == "False"),
+        "{status:#}"
+    );
+    println!("  a lost member replaced inside the admitted group, without a new admission");
     s.finish().await;
 }
