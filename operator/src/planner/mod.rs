@@ -1180,10 +1180,10 @@ fn update_conditions(
             ConditionType::Queued,
             true,
             "WaitingForAdmission",
-            &format!(
-                "{} members wait for admission: held by scheduling gate {gates}",
-                gated.len()
-            ),
+            &match gated.len() {
+                1 => format!("1 member waits for admission: held by scheduling gate {gates}"),
+                n => format!("{n} members wait for admission: held by scheduling gate {gates}"),
+            },
             None,
             t.clone(),
         );

@@ -698,6 +698,17 @@ fn members_held_for_admission_are_queued_not_pending_and_never_fall_back() {
             "4 members wait for admission: held by scheduling gate kueue.x-k8s.io/admission".into()
         ))
     );
+    // One left to admit.
+    for id in 0..3 {
+        w.observed.members.get_mut(&id).unwrap().gated_by = None;
+    }
+    w.plan();
+    assert_eq!(
+        queued(&w).map(|q| q.2),
+        Some(
+            "1 member waits for admission: held by scheduling gate kueue.x-k8s.io/admission".into()
+        )
+    );
     // Admitted: the gates go, the members are placed, the condition flips.
     for id in 0..4 {
         w.observed.members.get_mut(&id).unwrap().gated_by = None;
