@@ -24,6 +24,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=lib.sh
 source "$HERE/lib.sh"
 BIN=${MURMUR_CONTROLPLANE_BIN:-$HERE/.bin}
+# shellcheck disable=SC2034 # read by wait_for (lib.sh)
 TIMEOUT=${MURMUR_CONTROLPLANE_TIMEOUT:-180}
 say() { echo "kueue.sh: $*" >&2; }
 die() { say "$*"; exit 1; }

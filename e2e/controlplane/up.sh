@@ -27,6 +27,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=lib.sh
 source "$HERE/lib.sh"
 BIN=${MURMUR_CONTROLPLANE_BIN:-$HERE/.bin}
+# shellcheck disable=SC2034 # read by wait_for (lib.sh)
 TIMEOUT=${MURMUR_CONTROLPLANE_TIMEOUT:-180}
 # The annotation that makes kwok manage a node (and so its pods): tests decide which nodes are
 # fake by setting it. It is the one kwokctl uses.
