@@ -11,23 +11,7 @@ use serde_json::{Value, json};
 use super::super::Env;
 use super::super::support::control_plane::{NodeShape, stdout_of};
 use super::crd::{example, merge};
-use super::scene::{MINUTE, Scene, attempt_of, member_of, tail};
-
-/// Whether a job's status has the condition `kind` with `status`.
-fn has_condition(st: &Value, kind: &str, status: &str) -> bool {
-    st["conditions"]
-        .as_array()
-        .is_some_and(|c| c.iter().any(|c| c["type"] == kind && c["status"] == status))
-}
-
-/// The condition `kind` of a job's status.
-fn condition_of(st: &Value, kind: &str) -> Value {
-    st["conditions"]
-        .as_array()
-        .and_then(|c| c.iter().find(|c| c["type"] == kind))
-        .cloned()
-        .unwrap_or_else(|| panic!("no {kind} condition: {st:#}"))
-}
+use super::scene::{MINUTE, Scene, attempt_of, condition_of, has_condition, member_of, tail};
 
 async fn nodes(s: &mut Scene<'_>, prefix: &str) {
     let shapes: Vec<NodeShape> = (0..4)

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use super::super::Env;
 use super::super::support::control_plane::NodeShape;
-use super::scene::{MINUTE, Scene, attempt_of, node_of, tail};
+use super::scene::{MINUTE, Scene, attempt_of, condition_of, has_condition, node_of, tail};
 
 const JOB: &str = "gang";
 const GATE: &str = "kueue.x-k8s.io/admission";
@@ -61,19 +61,6 @@ fn gates(pod: &Pod) -> Vec<String> {
         .collect()
 }
 
-fn condition(status: &Value, kind: &str) -> Option<(String, String)> {
-    status["conditions"]
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == kind)
-        .map(|c| {
-            (
-                c["status"].as_str().unwrap_or_default().to_string(),
-                c["message"].as_str().unwrap_or_default().to_string(),
-            )
-        })
-}
-
 /// The job's Workload, as Kueue keeps it (named after the pod group).
 fn workload(s: &Scene<'_>) -> Option<Value> {
     let out = s
@@ -93,7 +80,7 @@ fn workload(s: &Scene<'_>) -> Option<Value> {
 }
 
 fn admitted(w: &Value) -> bool {
-    condition(&w["status"], "Admitted").is_some_and(|(status, _)| status == "True")
+    has_condition(&w["status"], "Admitted", "True")
 }
 
 /// Until the job's live pods (not being deleted) of attempt `attempt` are `n`, each held by
@@ -154,9 +141,10 @@ pub async fn kueue(env: &Env) {
         );
     }
     s.until_status(JOB, "the job queued", MINUTE, |st| {
-        condition(st, "Queued").is_some_and(|(status, message)| {
-            status == "True" && message.starts_with("3 members wait for admission")
-        })
+        has_condition(st, "Queued", "True")
+            && condition_of(st, "Queued")["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("3 members wait for admission"))
     })
     .await;
     let w = workload(&s).expect("Kueue made the pod group's Workload");
@@ -172,8 +160,7 @@ pub async fn kueue(env: &Env) {
     s.running(JOB, 3).await;
     s.join(JOB, 0..3).await;
     s.until_status(JOB, "running, admitted", MINUTE, |st| {
-        st["phase"] == "Running"
-            && condition(st, "Queued").is_some_and(|(status, _)| status == "False")
+        st["phase"] == "Running" && has_condition(st, "Queued", "False")
     })
     .await;
     assert!(admitted(&workload(&s).unwrap()));
@@ -210,7 +197,7 @@ spec:
     // The replacements wait for the gang's admission again; nothing counts as a failure.
     until_gated(&s, 1, 3).await;
     s.until_status(JOB, "queued again", MINUTE, |st| {
-        condition(st, "Queued").is_some_and(|(status, _)| status == "True")
+        has_condition(st, "Queued", "True")
     })
     .await;
     let status = s.status(JOB).await;
@@ -227,7 +214,7 @@ spec:
     s.until_status(JOB, "running again", MINUTE, |st| {
         st["phase"] == "Running"
             && st["topologyVersion"].as_u64() > Some(version)
-            && condition(st, "Queued").is_some_and(|(status, _)| status == "False")
+            && has_condition(st, "Queued", "False")
     })
     .await;
     let status = s.status(JOB).await;
@@ -257,10 +244,7 @@ spec:
     let status = s.status(JOB).await;
     assert_eq!(status["preemptions"], 4, "{status:#}");
     assert_eq!(status["restarts"], 0);
-    assert!(
-        condition(&status, "Queued").is_some_and(|(status, _)| status == "False"),
-        "{status:#}"
-    );
+    assert!(has_condition(&status, "Queued", "False"), "{status:#}");
     println!("  a lost member replaced inside the admitted group, without a new admission");
     s.finish().await;
 }

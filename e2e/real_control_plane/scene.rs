@@ -346,6 +346,22 @@ pub fn node_of(pod: &Pod) -> Option<String> {
     pod.spec.as_ref()?.node_name.clone()
 }
 
+/// Whether a status (a job's, a Workload's) has the condition `kind` with `status`.
+pub fn has_condition(st: &Value, kind: &str, status: &str) -> bool {
+    st["conditions"]
+        .as_array()
+        .is_some_and(|c| c.iter().any(|c| c["type"] == kind && c["status"] == status))
+}
+
+/// The condition `kind` of a status (a job's, a Workload's).
+pub fn condition_of(st: &Value, kind: &str) -> Value {
+    st["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == kind))
+        .cloned()
+        .unwrap_or_else(|| panic!("no {kind} condition: {st:#}"))
+}
+
 /// The last lines of a log, for a failure message.
 pub fn tail(log: &str) -> String {
     let lines: Vec<&str> = log.lines().collect();
