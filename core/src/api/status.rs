@@ -102,8 +102,10 @@ pub struct DecentralizedTrainingJobStatus {
     pub conditions: Vec<Condition>,
     /// At most 1000 members, those that need attention first; the operator's status API lists
     /// every member.
+    // Atomic: the operator alone writes the list, and as a map server-side apply tracked every
+    // member's every field (113 KB of managedFields at 1 000 members, each apply 2-3x slower).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["id"]))]
+    #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
     pub members: Vec<MemberStatus>,
     /// Members left out of `members` (jobs of more than 1000 members).
     #[serde(default, skip_serializing_if = "is_zero")]
