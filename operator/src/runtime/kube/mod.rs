@@ -170,6 +170,8 @@ pub struct Context {
     /// Writes the job's Kubernetes Events (series and deduplication included).
     recorder: Recorder,
     jobs: Mutex<HashMap<JobKey, Arc<Mutex<Live>>>>,
+    /// The delays before the next retries of jobs whose last reconcile failed.
+    retries: Mutex<HashMap<JobKey, backon::ExponentialBackoff>>,
     /// Reconcile a job now (a trainer joined).
     trigger: mpsc::UnboundedSender<ObjectRef<DecentralizedTrainingJob>>,
 }
@@ -206,6 +208,7 @@ impl Context {
             leadership,
             recorder,
             jobs: Mutex::default(),
+            retries: Mutex::default(),
             trigger,
         });
         (ctx, triggered)
@@ -224,6 +227,7 @@ impl Context {
             leadership: self.leadership.clone(),
             recorder: self.recorder.clone(),
             jobs: Mutex::new(self.jobs.lock().clone()),
+            retries: Mutex::default(),
             trigger: self.trigger.clone(),
         })
     }
@@ -313,10 +317,26 @@ impl Context {
         }
     }
 
+    /// How long to wait before retrying the job's reconcile, which has just failed.
+    fn retry_delay(&self, job: JobKey) -> Duration {
+        self.retries
+            .lock()
+            .entry(job)
+            .or_insert_with(retry_delays)
+            .next()
+            .unwrap_or(RETRY_MAX)
+    }
+
+    /// The job's reconcile succeeded: its next failure is retried soon again.
+    fn succeeded(&self, job: &JobKey) {
+        self.retries.lock().remove(job);
+    }
+
     fn forget(&self, namespace: &str, name: &str) {
         self.jobs
             .lock()
             .remove(&(namespace.to_string(), name.to_string()));
+        self.succeeded(&(namespace.to_string(), name.to_string()));
         self.hub.forget(namespace, name);
         self.metrics.forget(namespace, name);
     }
@@ -389,6 +409,9 @@ pub async fn reconcile(
     };
     let seconds = started.elapsed().as_secs_f64();
     ctx.metrics.reconciled(seconds, outcome);
+    if result.is_ok() {
+        ctx.succeeded(&(resources::namespace(&job), resources::name(&job)));
+    }
     tracing::debug!(seconds, outcome, "reconciled");
     result
 }
@@ -839,14 +862,34 @@ async fn record_event(
     }
 }
 
+/// A failed reconcile is retried after a delay that doubles from [`RETRY_FIRST`] with each
+/// failure in a row, up to [`RETRY_MAX`] (with jitter), as controller-runtime's rate limiter
+/// does; a reconcile that succeeds starts the job's sequence again. Any change to the job or
+/// its objects still reconciles it at once.
 pub fn error_policy(
     job: Arc<DecentralizedTrainingJob>,
     error: &Error,
     ctx: Arc<Context>,
 ) -> Action {
     ctx.metrics.error(error.kind());
-    tracing::warn!(namespace = ?job.namespace(), job = %job.name_any(), error = %error, "reconcile failed; retrying");
-    Action::requeue(Duration::from_secs(5))
+    let delay = ctx.retry_delay((resources::namespace(&job), resources::name(&job)));
+    tracing::warn!(namespace = ?job.namespace(), job = %job.name_any(), error = %error, retry_in = ?delay, "reconcile failed; retrying");
+    Action::requeue(delay)
+}
+
+/// The first retry of a failed reconcile.
+pub const RETRY_FIRST: Duration = Duration::from_secs(1);
+/// The longest wait between retries of a job that keeps failing.
+pub const RETRY_MAX: Duration = Duration::from_secs(120);
+
+fn retry_delays() -> backon::ExponentialBackoff {
+    use backon::BackoffBuilder;
+    backon::ExponentialBuilder::default()
+        .with_min_delay(RETRY_FIRST)
+        .with_max_delay(RETRY_MAX)
+        .with_jitter()
+        .without_max_times()
+        .build()
 }
 
 /// How the operator runs.

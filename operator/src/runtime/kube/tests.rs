@@ -224,6 +224,7 @@ impl Cluster {
             leadership: ctx.leadership.clone(),
             recorder: ctx.recorder.clone(),
             jobs: Mutex::default(),
+            retries: Mutex::default(),
             trigger: ctx.trigger.clone(),
         });
         Self {
@@ -257,6 +258,7 @@ impl Cluster {
             leadership: self.ctx.leadership.clone(),
             recorder: self.ctx.recorder.clone(),
             jobs: Mutex::default(),
+            retries: Mutex::default(),
             trigger: self.ctx.trigger.clone(),
         });
     }
@@ -277,6 +279,7 @@ impl Cluster {
             leadership: self.ctx.leadership.clone(),
             recorder: self.ctx.recorder.clone(),
             jobs: Mutex::default(),
+            retries: Mutex::default(),
             trigger: self.ctx.trigger.clone(),
         });
     }
@@ -1082,6 +1085,27 @@ async fn reconciles_of_a_job_are_spaced_and_never_starved() {
         .map(|call| call.body["metadata"]["name"].as_str().unwrap().to_string())
         .collect();
     assert_eq!(created, vec!["mnist-0-1"], "{pod:?}");
+}
+
+#[tokio::test]
+async fn a_failing_reconcile_is_retried_ever_later_and_soon_again_after_a_success() {
+    let mut c = Cluster::running().await;
+    let key = (resources::namespace(&c.job), resources::name(&c.job));
+    // Doubling from a second, up to two minutes, each with up to as much again of jitter.
+    for failures in 0..10u32 {
+        let delay = c.ctx.retry_delay(key.clone());
+        let base = (RETRY_FIRST * 2u32.pow(failures)).min(RETRY_MAX);
+        assert!(
+            base <= delay && delay < 2 * base,
+            "failure {failures}: {delay:?} is not within [{base:?}, {:?})",
+            2 * base
+        );
+    }
+    // Another job's failures are its own.
+    let other = (key.0.clone(), "other".to_string());
+    assert!(c.ctx.retry_delay(other) < 2 * RETRY_FIRST);
+    c.reconcile().await;
+    assert!(c.ctx.retry_delay(key) < 2 * RETRY_FIRST);
 }
 
 #[tokio::test]
