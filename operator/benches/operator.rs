@@ -99,7 +99,7 @@ fn steady(settings: &Settings) -> Steady {
     let pods: Vec<Pod> = first
         .create
         .iter()
-        .cloned()
+        .map(|c| c.pod(&job, settings))
         .map(|mut p| {
             p.metadata.creation_timestamp = Some(Time(now));
             p.spec.as_mut().unwrap().node_name = Some("node-1".into());
