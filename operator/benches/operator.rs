@@ -1,4 +1,4 @@
-//! Control-plane costs of a 1 000-member job: one plan, one pure reconcile decision, and one
+//! Control-plane costs of a 1 000-member job (`MURMUR_BENCH_MEMBERS` for another size): one plan, one pure reconcile decision, and one
 //! reconcile against a mocked API server (kube-rs `tower-test`). Targets: planning <= 5 ms,
 //! one reconcile <= 50 ms of CPU. The mock answers on the same single-threaded runtime, so a
 //! reconcile's wall time here is CPU time (its own plus the mock's).
@@ -31,16 +31,23 @@ use murmur_core::api::{DecentralizedTrainingJob, parse_manifest};
 use murmur_core::contract::JoinReport;
 use serde_json::{Value, json};
 
-const MEMBERS: u32 = 1000;
+/// The job's size: `MURMUR_BENCH_MEMBERS` (1 000 unless set).
+fn members() -> u32 {
+    std::env::var("MURMUR_BENCH_MEMBERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000)
+}
 
 fn job() -> DecentralizedTrainingJob {
+    let (target, min) = (members(), members() / 2);
     let manifest = format!(
         "\
 apiVersion: murmur.dev/v1alpha1
 kind: DecentralizedTrainingJob
 metadata: {{name: big, namespace: ml}}
 spec:
-  replicas: {{min: 500, target: {MEMBERS}, max: {MEMBERS}}}
+  replicas: {{min: {min}, target: {target}, max: {target}}}
   topology: {{kind: dCliques, cliqueSize: 10}}
   algorithm: {{kind: cliqueAveraging}}
   training: {{model: mlp, partition: {{kind: classesPerMember, k: 1}}, steps: 1000}}
@@ -110,7 +117,7 @@ fn steady(settings: &Settings) -> Steady {
             p
         })
         .collect();
-    for id in 0..MEMBERS {
+    for id in 0..members() {
         let mut histogram = vec![0u64; 10];
         histogram[(id % 10) as usize] = 50;
         driver.receive(
@@ -161,7 +168,7 @@ fn steady(settings: &Settings) -> Steady {
             .unwrap()
             .graph
             .member_count(),
-        MEMBERS as usize
+        members() as usize
     );
     job.status = built.status.clone();
     let bytes: usize = built
@@ -169,7 +176,10 @@ fn steady(settings: &Settings) -> Steady {
         .as_ref()
         .and_then(|c| c.data.as_ref())
         .map_or(0, |d| d.values().map(String::len).sum());
-    eprintln!("topology ConfigMap of a {MEMBERS}-member job: {bytes} bytes (limit 1 MiB)");
+    eprintln!(
+        "topology ConfigMap of a {}-member job: {bytes} bytes (limit 1 MiB)",
+        members()
+    );
     Steady {
         job,
         pods,
@@ -295,7 +305,7 @@ fn benches(c: &mut Criterion) {
     let spec = &s.job.spec;
     let now = Timestamp::now();
 
-    let mut group = c.benchmark_group("1000 members");
+    let mut group = c.benchmark_group(format!("{} members", members()));
     group
         .sample_size(20)
         .measurement_time(Duration::from_secs(5));
