@@ -106,7 +106,7 @@ fn steady(settings: &Settings) -> Steady {
     let pods: Vec<Pod> = first
         .create
         .iter()
-        .map(|c| c.pod(&job, settings))
+        .cloned()
         .map(|mut p| {
             p.metadata.creation_timestamp = Some(Time(now));
             p.spec.as_mut().unwrap().node_name = Some("node-1".into());

@@ -106,38 +106,12 @@ pub struct Inputs<'a> {
     pub now: Timestamp,
 }
 
-/// A member's pod the decision creates: what its pod is built from besides the job.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct NewPod {
-    pub member: MemberId,
-    pub attempt: u32,
-    pub on_demand: bool,
-    pub clique: Option<u32>,
-}
-
-impl NewPod {
-    pub fn pod(&self, job: &DecentralizedTrainingJob, settings: &Settings) -> Pod {
-        resources::pod(
-            &resources::MemberPod {
-                job,
-                member: self.member,
-                attempt: self.attempt,
-                on_demand: self.on_demand,
-                clique: self.clique,
-            },
-            settings,
-        )
-    }
-}
-
 /// The writes one reconcile makes. Nothing here means nothing to write.
 #[derive(Debug)]
 pub struct Decision {
     /// The driver's step: commit it once every write below landed.
     pub plan: Plan,
-    /// Members' pods to create, built only when sent: 10 000 of them as pods at once were
-    /// 250 MB of the operator's memory.
-    pub create: Vec<NewPod>,
+    pub create: Vec<Pod>,
     /// Pod names, and whether to delete at once (its node is gone: no kubelet will finish a
     /// graceful deletion).
     pub delete: Vec<(String, bool)>,
@@ -383,12 +357,16 @@ fn members(i: &Inputs, d: &mut Decision) {
                 if let Some(m) = d.plan.observed.members.get_mut(&member) {
                     m.pending_since = Some(i.now);
                 }
-                d.create.push(NewPod {
-                    member,
-                    attempt,
-                    on_demand,
-                    clique,
-                });
+                d.create.push(resources::pod(
+                    &resources::MemberPod {
+                        job,
+                        member,
+                        attempt,
+                        on_demand,
+                        clique,
+                    },
+                    i.settings,
+                ));
             }
             Action::Stop { member, attempt } => {
                 // Even when the cache does not show it yet (a 404 is fine).

@@ -567,7 +567,7 @@ async fn execute(
     if let Some(budget) = &d.disruption_budget {
         apply_object(ctx, &namespace, budget, "poddisruptionbudget").await?;
     }
-    let (accepted, refused) = write_pods(ctx, job, live, &d, now).await?;
+    let (accepted, refused) = write_pods(ctx, &namespace, live, &d, now).await?;
     if !d.create.is_empty() {
         if !refused.is_empty() {
             tracing::warn!(
@@ -626,13 +626,12 @@ const CREATE_BATCH_MAX: usize = 64;
 /// has already retried 429s and 503s with backoff).
 async fn write_pods(
     ctx: &Context,
-    job: &DecentralizedTrainingJob,
+    namespace: &str,
     live: &Mutex<Live>,
     d: &Decision,
     now: Timestamp,
 ) -> Result<(Vec<(MemberId, u32)>, Vec<(MemberId, u32, String)>), Error> {
-    let (namespace, name) = (resources::namespace(job), resources::name(job));
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
     let m = &ctx.metrics;
     // Created, never applied: an attempt's pod is immutable, and an apply onto one that exists
     // (this reconcile planned it again after a later write failed) with a spec edited meanwhile
@@ -644,15 +643,13 @@ async fn write_pods(
     let mut accepted = Vec::new();
     let mut refused: Vec<(MemberId, u32, String)> = Vec::new();
     let mut failed = None;
-    let mut queue = d.create.iter();
+    let mut queue = d
+        .create
+        .iter()
+        .filter_map(|p| Some((observe::member_of(p)?, p)));
     let mut batch = 1;
     while refused.is_empty() && failed.is_none() {
-        // Each batch's pods are built as it is sent.
-        let chunk: Vec<((MemberId, u32), Pod)> = queue
-            .by_ref()
-            .take(batch)
-            .map(|p| ((p.member, p.attempt), p.pod(job, &ctx.settings)))
-            .collect();
+        let chunk: Vec<((MemberId, u32), &Pod)> = queue.by_ref().take(batch).collect();
         if chunk.is_empty() {
             break;
         }
@@ -699,9 +696,12 @@ async fn write_pods(
         return Err(e);
     }
     if let Some((_, _, why)) = refused.first().cloned() {
-        for p in queue {
-            let pod = resources::pod_name(&name, p.member, p.attempt);
-            refused.push((p.member, p.attempt, format!("{pod}: not tried after {why}")));
+        for ((member, attempt), pod) in queue {
+            refused.push((
+                member,
+                attempt,
+                format!("{}: not tried after {why}", pod.name_any()),
+            ));
         }
     }
     let mut deletes = Vec::new();
