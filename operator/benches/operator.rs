@@ -1,7 +1,8 @@
-//! Control-plane costs of a 1 000-member job (`MURMUR_BENCH_MEMBERS` for another size): one plan, one pure reconcile decision, and one
-//! reconcile against a mocked API server (kube-rs `tower-test`). Targets: planning <= 5 ms,
-//! one reconcile <= 50 ms of CPU. The mock answers on the same single-threaded runtime, so a
-//! reconcile's wall time here is CPU time (its own plus the mock's).
+//! Control-plane costs of a 1 000-member job (`MURMUR_BENCH_MEMBERS` for another size): one
+//! plan, one pure reconcile decision, and one reconcile against a mocked API server (kube-rs
+//! `tower-test`). Targets: planning <= 5 ms, one reconcile <= 50 ms of CPU. The mock answers on
+//! the same single-threaded runtime, so a reconcile's wall time here is CPU time (its own plus
+//! the mock's).
 //!
 //! `cargo bench -p murmur --bench operator`
 
