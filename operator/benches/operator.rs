@@ -33,15 +33,15 @@ use murmur_core::contract::JoinReport;
 use serde_json::{Value, json};
 
 /// The job's size: `MURMUR_BENCH_MEMBERS` (1 000 unless set).
-fn members() -> u32 {
+static MEMBERS: std::sync::LazyLock<u32> = std::sync::LazyLock::new(|| {
     std::env::var("MURMUR_BENCH_MEMBERS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1000)
-}
+});
 
 fn job() -> DecentralizedTrainingJob {
-    let (target, min) = (members(), members() / 2);
+    let (target, min) = (*MEMBERS, *MEMBERS / 2);
     let manifest = format!(
         "\
 apiVersion: murmur.dev/v1alpha1
@@ -118,7 +118,7 @@ fn steady(settings: &Settings) -> Steady {
             p
         })
         .collect();
-    for id in 0..members() {
+    for id in 0..*MEMBERS {
         let mut histogram = vec![0u64; 10];
         histogram[(id % 10) as usize] = 50;
         driver.receive(
@@ -169,7 +169,7 @@ fn steady(settings: &Settings) -> Steady {
             .unwrap()
             .graph
             .member_count(),
-        members() as usize
+        *MEMBERS as usize
     );
     job.status = built.status.clone();
     let bytes: usize = built
@@ -179,7 +179,7 @@ fn steady(settings: &Settings) -> Steady {
         .map_or(0, |d| d.values().map(String::len).sum());
     eprintln!(
         "topology ConfigMap of a {}-member job: {bytes} bytes (limit 1 MiB)",
-        members()
+        *MEMBERS
     );
     Steady {
         job,
@@ -306,7 +306,7 @@ fn benches(c: &mut Criterion) {
     let spec = &s.job.spec;
     let now = Timestamp::now();
 
-    let mut group = c.benchmark_group(format!("{} members", members()));
+    let mut group = c.benchmark_group(format!("{} members", *MEMBERS));
     group
         .sample_size(20)
         .measurement_time(Duration::from_secs(5));
