@@ -77,7 +77,7 @@ fn written(
     let plan = driver.plan(&job.spec, None, facts(&driver), &address, at(3));
     assert!(plan.document.is_some(), "{n} members joined: a topology");
     driver.commit(&plan, at(3));
-    let data = driver.memory().data(plan.document.as_ref());
+    let data = driver.memory().data(plan.document.as_deref());
     let status =
         serde_json::to_value(driver.view(&job.spec, facts(&driver), at(4)).status).unwrap();
     (data, status)

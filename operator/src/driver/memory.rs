@@ -86,21 +86,29 @@ impl Memory {
                 serde_json::to_string(&self.joins).expect("joins serialize"),
             ),
         ]);
-        if let Some(doc) = document {
+        let bytes = |data: &BTreeMap<String, String>| -> usize {
+            data.iter().map(|(k, v)| k.len() + v.len()).sum()
+        };
+        if let Some(doc) = document
+            && bytes(&data) <= PLAIN_BYTES
+        {
             // Without the job's step, which moves with every report: kept, it would rewrite
             // the ConfigMap as training goes on. Joiners read it from the served topology.
-            let doc = TopologyDocument {
-                step: 0,
-                ..doc.clone()
+            let text = if doc.step == 0 {
+                serde_json::to_string(doc)
+            } else {
+                serde_json::to_string(&TopologyDocument {
+                    step: 0,
+                    ..doc.clone()
+                })
             };
             data.insert(
                 TOPOLOGY_KEY.to_string(),
-                serde_json::to_string(&doc).expect("a document serializes"),
+                text.expect("a document serializes"),
             );
-        }
-        let plain_bytes: usize = data.iter().map(|(k, v)| k.len() + v.len()).sum();
-        if plain_bytes > PLAIN_BYTES {
-            data.remove(TOPOLOGY_KEY);
+            if bytes(&data) > PLAIN_BYTES {
+                data.remove(TOPOLOGY_KEY);
+            }
         }
         data
     }

@@ -229,7 +229,7 @@ fn the_memory_of_ten_thousand_members_fits_a_config_map() {
     let plan = d.plan(&spec, None, facts(&d), &address, at(20));
     assert!(plan.document.is_some());
     d.commit(&plan, at(20));
-    let data = d.memory().data(plan.document.as_ref());
+    let data = d.memory().data(plan.document.as_deref());
     assert!(
         !data.contains_key(TOPOLOGY_KEY),
         "derived from the state: left out of a large memory"
@@ -246,4 +246,29 @@ fn the_memory_of_ten_thousand_members_fits_a_config_map() {
         .sum();
     assert!(cm.data.is_none());
     assert!(packed < 900 * 1024, "{packed} bytes");
+}
+
+#[test]
+fn a_document_is_rebuilt_only_when_its_topology_or_an_address_changes() {
+    let (mut d, _hub) = driver();
+    step(&mut d, at(1));
+    d.receive(join(0), at(2));
+    d.receive(join(1), at(2));
+    let first = step(&mut d, at(2)).document.unwrap();
+    // Progress moves the step the hub serves, not the document the plan keeps.
+    d.receive(Inbound::Status(status(0, TrainerState::Training, 5)), at(3));
+    let again = d.plan(&spec(), None, facts(&d), &address, at(3));
+    assert!(Arc::ptr_eq(&first, again.document.as_ref().unwrap()));
+    assert_eq!((again.step, first.step), (5, 0));
+    // Another address for member 1 (a runtime that learnt a new port): a new document.
+    let moved = |id: MemberId, attempt: u32| {
+        (id == 1)
+            .then(|| "10.0.0.9:7070".to_string())
+            .or_else(|| address(id, attempt))
+    };
+    let plan = d.plan(&spec(), None, facts(&d), &moved, at(3));
+    let doc = plan.document.unwrap();
+    assert!(!Arc::ptr_eq(&first, &doc));
+    assert_eq!(doc.members[1].address.as_deref(), Some("10.0.0.9:7070"));
+    assert_eq!(doc.version, first.version);
 }

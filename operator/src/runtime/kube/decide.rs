@@ -188,7 +188,7 @@ impl Decision {
                 Action::Event(e) => Some(e),
                 _ => None,
             }));
-        let data = self.plan.memory.data(self.plan.document.as_ref());
+        let data = self.plan.memory.data(self.plan.document.as_deref());
         self.config_map = Some(resources::config_map(job, data));
         let mut status = self
             .status
@@ -291,7 +291,7 @@ pub fn decide(i: &Inputs) -> Decision {
     members(i, &mut d);
     delete_on_lost_nodes(i, &exits, &mut d);
     relabel(i, &mut d);
-    let data = d.plan.memory.data(d.plan.document.as_ref());
+    let data = d.plan.memory.data(d.plan.document.as_deref());
     // Compared as plain text: packing (gzip, for a large job) only when it is written.
     let owner = resources::config_map(job, BTreeMap::new()).metadata;
     if i.config_map.is_none_or(|c| {

@@ -478,7 +478,7 @@ impl Local {
         for e in &plan.events {
             self.progress.line(&format!("{}: {}", e.reason, e.message));
         }
-        self.persist(&plan.memory, plan.document.as_ref())?;
+        self.persist(&plan.memory, plan.document.as_deref())?;
         self.progress.update(&plan.view);
         Ok(())
     }
