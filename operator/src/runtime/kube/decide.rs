@@ -284,12 +284,12 @@ pub fn decide(i: &Inputs) -> Decision {
         }
         return d;
     }
-    let (facts, exits) = observe(i);
+    let (facts, lost) = observe(i);
     let plan = i.driver.plan(&job.spec, None, facts, &address, i.now);
     let mut d = Decision::new(plan, i.settings);
     children(i, &mut d);
     members(i, &mut d);
-    delete_on_lost_nodes(i, &exits, &mut d);
+    delete_on_lost_nodes(&lost, &mut d);
     relabel(i, &mut d);
     let data = d.plan.memory.data(d.plan.document.as_deref());
     // Compared as plain text: packing (gzip, for a large job) only when it is written.
@@ -381,19 +381,10 @@ fn members(i: &Inputs, d: &mut Decision) {
 }
 
 /// Pods left behind on lost nodes: no kubelet will finish a graceful deletion.
-fn delete_on_lost_nodes(i: &Inputs, exits: &BTreeMap<String, Option<Exit>>, d: &mut Decision) {
-    for pod in i.pods {
-        let Some(pod_name) = pod.metadata.name.clone() else {
-            continue;
-        };
-        let lost_node = matches!(
-            exits.get(&pod_name),
-            Some(Some(Exit::Preempted { reason })) if reason.starts_with("node ")
-        );
-        if lost_node && pod.metadata.deletion_timestamp.is_none() {
-            d.delete.retain(|(n, _)| n != &pod_name);
-            d.delete.push((pod_name, true));
-        }
+fn delete_on_lost_nodes(lost: &[String], d: &mut Decision) {
+    for pod_name in lost {
+        d.delete.retain(|(n, _)| n != pod_name);
+        d.delete.push((pod_name.clone(), true));
     }
 }
 
@@ -533,13 +524,8 @@ fn requeue(i: &Inputs, d: &mut Decision) {
 }
 
 /// What the cluster shows of each member: its newest attempt's pod (or the pod just created),
-/// and how every pod ended, by name.
-fn observe(
-    i: &Inputs,
-) -> (
-    BTreeMap<MemberId, MemberFacts>,
-    BTreeMap<String, Option<Exit>>,
-) {
+/// and the pods lost with their nodes.
+fn observe(i: &Inputs) -> (BTreeMap<MemberId, MemberFacts>, Vec<String>) {
     let job = i.job;
     let mut newest: BTreeMap<MemberId, (u32, &Pod)> = BTreeMap::new();
     for pod in i.pods {
@@ -551,7 +537,7 @@ fn observe(
         }
     }
     let mut facts = BTreeMap::new();
-    let mut exits = BTreeMap::new();
+    let mut lost = Vec::new();
     for (&id, record) in &i.driver.state().members {
         if record.lifecycle == Lifecycle::New {
             continue;
@@ -575,10 +561,11 @@ fn observe(
                     i.now,
                     i.settings.node_lost_after,
                 );
-                exits.insert(
-                    pod.metadata.name.clone().unwrap_or_default(),
-                    pod_facts.exit.clone(),
-                );
+                if pod_facts.node_lost
+                    && let Some(name) = &pod.metadata.name
+                {
+                    lost.push(name.clone());
+                }
                 f.zone = pod_facts.node.as_deref().and_then(i.zone);
                 f.node = pod_facts.node;
                 f.pending_since = pod_facts.pending_since;
@@ -607,7 +594,7 @@ fn observe(
         }
         facts.insert(id, f);
     }
-    (facts, exits)
+    (facts, lost)
 }
 
 /// `current` carries every owner reference `desired` sets (the job's uid).

@@ -222,6 +222,9 @@ pub struct PodFacts {
     /// the pod group), comma-separated. A gated pod waits for admission, not for a node: it has
     /// no `pending_since`.
     pub gated_by: Option<String>,
+    /// Its exit is its node's: gone, or not ready for longer than `node_lost_after`. No kubelet
+    /// will finish a graceful deletion of it.
+    pub node_lost: bool,
 }
 
 /// Waiting reasons of a container that is starting as it should.
@@ -343,19 +346,20 @@ pub fn pod_facts(
         exit: None,
         not_starting: waiting_problem(pod),
         gated_by,
+        node_lost: false,
     };
-    facts.exit = exit(pod, node_name.as_deref(), &node, last, now, node_lost_after);
+    facts.exit = exit(pod, last);
+    if facts.exit.is_none()
+        && let Some(name) = node_name.as_deref()
+    {
+        facts.exit = lost_node(name, node(name), now, node_lost_after);
+        facts.node_lost = facts.exit.is_some();
+    }
     facts
 }
 
-fn exit(
-    pod: &Pod,
-    node_name: Option<&str>,
-    node: &impl Fn(&str) -> NodeState,
-    last: Option<TrainerState>,
-    now: Timestamp,
-    node_lost_after: std::time::Duration,
-) -> Option<Exit> {
+/// How a pod ended, from the pod alone (its node's state aside).
+fn exit(pod: &Pod, last: Option<TrainerState>) -> Option<Exit> {
     let status = pod.status.as_ref();
     let preempted = |reason: String| Some(Exit::Preempted { reason });
     let disruption = status
@@ -423,13 +427,24 @@ fn exit(
     if let Some(why) = node_reason {
         return preempted(why);
     }
-    let name = node_name?;
-    match node(name) {
+    None
+}
+
+/// A pod on node `name` is lost with it: the node is gone, or not ready for `after`.
+fn lost_node(
+    name: &str,
+    state: NodeState,
+    now: Timestamp,
+    after: std::time::Duration,
+) -> Option<Exit> {
+    match state {
         NodeState::Ready => None,
-        NodeState::Gone => preempted(format!("node {name} is gone")),
+        NodeState::Gone => Some(Exit::Preempted {
+            reason: format!("node {name} is gone"),
+        }),
         NodeState::NotReady { since } => {
             let down = seconds_since(since, now);
-            (down >= node_lost_after.as_secs_f64()).then(|| Exit::Preempted {
+            (down >= after.as_secs_f64()).then(|| Exit::Preempted {
                 reason: format!("node {name} not ready for {down:.0} s"),
             })
         }
@@ -717,24 +732,33 @@ pub(super) mod tests {
                 reason: "pod deleted".into()
             })
         );
-        let e = facts(&running(), NodeState::Gone, None).exit;
+        // Lost with its node only when the node is: the pod's own deletion is not.
+        assert!(!facts(&pod, NodeState::Gone, None).node_lost);
+        let f = facts(&running(), NodeState::Gone, None);
         assert_eq!(
-            e,
+            f.exit,
             Some(Exit::Preempted {
                 reason: "node n1 is gone".into()
             })
         );
+        assert!(f.node_lost);
         // NotReady: only beyond the timeout.
         let briefly = NodeState::NotReady { since: at(950) };
-        assert_eq!(facts(&running(), briefly, None).exit, None);
+        let f = facts(&running(), briefly, None);
+        assert_eq!((f.exit, f.node_lost), (None, false));
         let long = NodeState::NotReady { since: at(900) };
-        let e = facts(&running(), long, None).exit;
+        let f = facts(&running(), long, None);
         assert_eq!(
-            e,
+            f.exit,
             Some(Exit::Preempted {
                 reason: "node n1 not ready for 100 s".into()
             })
         );
+        assert!(f.node_lost);
+        // The kubelet's own word that the node went away is the pod's: the kubelet is there.
+        let mut pod = terminated("Failed", 143, "Error", None);
+        pod.status.as_mut().unwrap().reason = Some("NodeLost".into());
+        assert!(!facts(&pod, NodeState::Ready, None).node_lost);
     }
 
     #[test]
