@@ -32,6 +32,10 @@ use murmur_core::api::{DecentralizedTrainingJob, parse_manifest};
 use murmur_core::contract::JoinReport;
 use serde_json::{Value, json};
 
+/// The operator binary's allocator (`operator/src/main.rs`): allocation is much of a reconcile.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// The job's size: `MURMUR_BENCH_MEMBERS` (1 000 unless set).
 static MEMBERS: std::sync::LazyLock<u32> = std::sync::LazyLock::new(|| {
     std::env::var("MURMUR_BENCH_MEMBERS")
@@ -94,6 +98,7 @@ fn steady(settings: &Settings) -> Steady {
         service: None,
         secret: None,
         config_map: None,
+        config_map_memory: None,
         network_policy: None,
         disruption_budget: None,
         driver: &driver,
@@ -131,6 +136,11 @@ fn steady(settings: &Settings) -> Steady {
         );
     }
     let refs: Vec<&Pod> = pods.iter().collect();
+    // Every pod labelled at once (the operator spreads it over reconciles).
+    let label_all = Settings {
+        relabels_per_reconcile: usize::MAX,
+        ..settings.clone()
+    };
     let built = decide(&Inputs {
         job: &job,
         problems: None,
@@ -141,13 +151,14 @@ fn steady(settings: &Settings) -> Steady {
         service: first.service.as_ref(),
         secret: first.secret.as_ref(),
         config_map: None,
+        config_map_memory: None,
         network_policy: None,
         disruption_budget: first.disruption_budget.as_ref(),
         driver: &driver,
         created: &created,
         key_hex: "00",
         status_written: None,
-        settings,
+        settings: &label_all,
         now,
     });
     driver.commit(&built.plan, now);
@@ -172,11 +183,19 @@ fn steady(settings: &Settings) -> Steady {
         *MEMBERS as usize
     );
     job.status = built.status.clone();
-    let bytes: usize = built
-        .config_map
-        .as_ref()
-        .and_then(|c| c.data.as_ref())
-        .map_or(0, |d| d.values().map(String::len).sum());
+    let config_map = built.config_map.as_ref().unwrap();
+    let bytes: usize = config_map
+        .data
+        .iter()
+        .flatten()
+        .map(|(_, v)| v.len())
+        .sum::<usize>()
+        + config_map
+            .binary_data
+            .iter()
+            .flatten()
+            .map(|(_, v)| v.0.len())
+            .sum::<usize>();
     eprintln!(
         "topology ConfigMap of a {}-member job: {bytes} bytes (limit 1 MiB)",
         *MEMBERS
@@ -339,6 +358,7 @@ fn benches(c: &mut Criterion) {
         service: s.first.service.as_ref(),
         secret: s.first.secret.as_ref(),
         config_map: s.decision.config_map.as_ref(),
+        config_map_memory: None,
         network_policy: None,
         disruption_budget: s.first.disruption_budget.as_ref(),
         driver: &s.driver,

@@ -45,7 +45,7 @@ pub use decide::{Decision, Inputs, decide, memory_of};
 pub use metrics::OperatorMetrics;
 pub use resources::Settings;
 
-use crate::driver::JobDriver;
+use crate::driver::{JobDriver, Memory};
 use crate::planner;
 use crate::status::{Hub, Inbound, Role};
 
@@ -151,6 +151,9 @@ struct Live {
     validated: Option<(Option<i64>, Option<String>)>,
     /// When the job's status was last written (progress alone is written now and then).
     status_written: Option<Timestamp>,
+    /// The memory the job's ConfigMap holds at a resourceVersion, as this operator last wrote
+    /// or compared it.
+    config_map_memory: Option<(String, Memory)>,
 }
 
 type JobKey = (String, String);
@@ -282,6 +285,7 @@ impl Context {
             created: BTreeMap::new(),
             validated: None,
             status_written: None,
+            config_map_memory: None,
         }));
         self.jobs.lock().insert(key.clone(), live.clone());
         tokio::spawn(listen(
@@ -504,6 +508,16 @@ async fn reconcile_inner(
             service: service.as_deref(),
             secret: secret.as_deref(),
             config_map: config_map.as_deref(),
+            config_map_memory: l
+                .config_map_memory
+                .as_ref()
+                .filter(|(version, _)| {
+                    config_map
+                        .as_ref()
+                        .and_then(|c| c.metadata.resource_version.as_ref())
+                        == Some(version)
+                })
+                .map(|(_, memory)| memory),
             network_policy: network_policy.as_deref(),
             disruption_budget: disruption_budget.as_deref(),
             driver: &l.driver,
@@ -579,8 +593,10 @@ async fn execute(
         }
         d.answered(job, &accepted, &refused, now);
     }
+    let mut config_map_holds = d.config_map_holds.clone();
     if let Some(config_map) = &d.config_map {
-        apply_object(ctx, &namespace, config_map, "configmap").await?;
+        let written = apply_object(ctx, &namespace, config_map, "configmap").await?;
+        config_map_holds = written.metadata.resource_version;
     }
     if let Some(status) = &d.status {
         apply_status(ctx, job, status).await?;
@@ -593,6 +609,9 @@ async fn execute(
         l.created
             .retain(|_, t| planner::seconds_since(*t, now) < grace);
         l.driver.commit(&d.plan, now);
+        if let Some(version) = config_map_holds {
+            l.config_map_memory = Some((version, d.plan.memory.clone()));
+        }
         if d.status.is_some() {
             l.status_written = Some(now);
         }
@@ -781,7 +800,7 @@ async fn apply_object<K>(
     namespace: &str,
     object: &K,
     kind: &'static str,
-) -> Result<(), Error>
+) -> Result<K, Error>
 where
     K: Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
         + Clone
@@ -792,11 +811,12 @@ where
     let api: Api<K> = Api::namespaced(ctx.client.clone(), namespace);
     let name = object.meta().name.clone().unwrap_or_default();
     let apply = PatchParams::apply(&ctx.settings.field_manager).force();
-    api.patch(&name, &apply, &Patch::Apply(object))
+    let applied = api
+        .patch(&name, &apply, &Patch::Apply(object))
         .await
         .map_err(kube_err("apply", format!("{} {name}", K::kind(&()))))?;
     ctx.metrics.wrote(kind, 1);
-    Ok(())
+    Ok(applied)
 }
 
 /// Server-side apply of the job's status (its own subresource).
