@@ -72,6 +72,9 @@ struct Figures {
     /// When `members` pods first existed at once.
     all_pods_at_ms: u64,
     all_running_at_ms: u64,
+    /// When the last member to join first sent its join report. Not when a post was
+    /// answered: an answer the load generator timed out on was often taken, and the view
+    /// came before the retry's answer.
     last_join_at_ms: u64,
     /// When every member of the first wave held a view.
     all_views_at_ms: u64,
@@ -209,11 +212,12 @@ impl Member {
             proxy_vector: None,
         };
         let join_path = control::join_path(&a.namespace, &a.job, self.id);
+        let sent = unix_ms();
         self.post(&join_path, &report, "join").await;
         {
             let mut f = self.shared.figures.lock();
             f.joined += 1;
-            f.last_join_at_ms = unix_ms();
+            f.last_join_at_ms = f.last_join_at_ms.max(sent);
         }
         let mut after = 0;
         let mut inside = false;

@@ -7,9 +7,9 @@
 #
 #   members                N
 #   podsCreatedSeconds     apply -> N pods exist
-#   firstTopologySeconds   last join -> every member holds its view
+#   firstTopologySeconds   the last member's join sent -> every member holds its view
 #   writesPerMember        the operator's writes (API server audit log), apply -> every member
-#                          Running and in the topology, per member
+#                          Running, in the topology and labelled with its clique, per member
 #   steadyWritesPerMinute  the operator's writes to the job's namespace while the running job
 #                          stays unchanged (--steady seconds)
 #   operatorRssMiB         the operator's peak resident memory
@@ -195,6 +195,15 @@ PODS_AT=$(jq .allPodsAtMs "$WORK/up.json")
 LAST_JOIN=$(jq .lastJoinAtMs "$WORK/up.json")
 VIEWS_AT=$(jq .allViewsAtMs "$WORK/up.json")
 say "up: pods after $(((PODS_AT - APPLIED) / 1000)) s, every view $(((VIEWS_AT - LAST_JOIN)))ms after the last join"
+# Clique labels follow the topology a few hundred pods a reconcile: the job is up once they do.
+deadline=$((SECONDS + 600))
+labelled() { "$K" -n "$NS" get pods -l murmur.dev/job=big,murmur.dev/clique --no-headers 2>/dev/null | wc -l; }
+until (($(labelled) >= MEMBERS)); do
+    ((SECONDS < deadline)) || die "the pods were not all labelled with their clique within 600 s"
+    sleep 2
+done
+UP=$(now_ms)
+say "every pod labelled with its clique $(((UP - VIEWS_AT) / 1000)) s after the last view"
 sleep 5 # the audit log is written in batches
 WRITES_UP=$(audit_writes "$APPLIED" "$UP")
 
