@@ -136,11 +136,6 @@ fn steady(settings: &Settings) -> Steady {
         );
     }
     let refs: Vec<&Pod> = pods.iter().collect();
-    // Every pod labelled at once (the operator spreads it over reconciles).
-    let label_all = Settings {
-        relabels_per_reconcile: usize::MAX,
-        ..settings.clone()
-    };
     let built = decide(&Inputs {
         job: &job,
         problems: None,
@@ -158,7 +153,7 @@ fn steady(settings: &Settings) -> Steady {
         created: &created,
         key_hex: "00",
         status_written: None,
-        settings: &label_all,
+        settings,
         now,
     });
     driver.commit(&built.plan, now);

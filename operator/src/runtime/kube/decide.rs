@@ -119,9 +119,7 @@ pub struct Decision {
     /// Pod names, and whether to delete at once (its node is gone: no kubelet will finish a
     /// graceful deletion).
     pub delete: Vec<(String, bool)>,
-    /// Pods whose `murmur.dev/clique` label is behind the topology, and the clique it should
-    /// say: at most `relabels_per_reconcile`, patched after the plan is committed (a label is
-    /// for people; members follow the topology the ConfigMap and the status API hold).
+    /// Pods whose `murmur.dev/clique` label is behind the topology, and the clique it should say.
     pub relabel: Vec<(String, u32)>,
     pub service: Option<Service>,
     pub secret: Option<Secret>,
@@ -305,10 +303,6 @@ pub fn decide(i: &Inputs) -> Decision {
     config_map(i, &mut d);
     status(i, &mut d);
     requeue(i, &mut d);
-    if d.relabel.len() > i.settings.relabels_per_reconcile {
-        d.relabel.truncate(i.settings.relabels_per_reconcile);
-        d.requeue = Duration::ZERO;
-    }
     d
 }
 

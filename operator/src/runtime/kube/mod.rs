@@ -621,7 +621,6 @@ async fn execute(
         let pod = Decision::pod_of(&name, event);
         record_event(ctx, job, event, pod).await;
     }
-    relabel_pods(ctx, &namespace, &d.relabel).await?;
     if d.delete_job {
         let jobs: Api<DecentralizedTrainingJob> = Api::namespaced(ctx.client.clone(), &namespace);
         match jobs.delete(&name, &DeleteParams::background()).await {
@@ -638,7 +637,7 @@ async fn execute(
 /// Pods created at once, at most: the batches double from one up to this.
 const CREATE_BATCH_MAX: usize = 64;
 
-/// The decision's pod writes: create and delete. Creates go in batches that double from
+/// The decision's pod writes: create, delete, relabel. Creates go in batches that double from
 /// one (as Kubernetes' Job controller starts pods), so a quota or an admission policy that
 /// refuses them costs one request, not one per member: after a batch with a refusal the rest
 /// are not tried, and count as refused with it. Returns the admitted and the refused
@@ -741,18 +740,8 @@ async fn write_pods(
         });
     }
     m.wrote("pod_delete", at_most_at_once(deletes).await?);
-    Ok((accepted, refused))
-}
-
-/// Label pods with their clique, [`WRITES_AT_ONCE`] at a time.
-async fn relabel_pods(
-    ctx: &Context,
-    namespace: &str,
-    relabel: &[(String, u32)],
-) -> Result<(), Error> {
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
     let mut relabels = Vec::new();
-    for (object, clique) in relabel {
+    for (object, clique) in &d.relabel {
         let patch = serde_json::json!({
             "metadata": {"labels": {resources::LABEL_CLIQUE: clique.to_string()}}
         });
@@ -768,9 +757,8 @@ async fn relabel_pods(
             }
         });
     }
-    ctx.metrics
-        .wrote("pod_label", at_most_at_once(relabels).await?);
-    Ok(())
+    m.wrote("pod_label", at_most_at_once(relabels).await?);
+    Ok((accepted, refused))
 }
 
 /// Pod writes in flight at once when many are due (deletes, relabels).

@@ -100,10 +100,6 @@ pub struct Settings {
     /// A reconcile waits this long after it is asked for before it reads the caches, so what
     /// arrives together is handled together; a job's reconciles are at least this far apart.
     pub min_reconcile_interval: std::time::Duration,
-    /// Pods relabelled in one reconcile at most (the rest in the next, at once): the first
-    /// topology of a large job relabels every pod, and one reconcile that patched them all
-    /// would hold off every other change for as long.
-    pub relabels_per_reconcile: usize,
     /// Images for jobs that name none, by backend.
     pub trainer_image: String,
     pub trainer_cuda_image: String,
@@ -132,7 +128,6 @@ impl Default for Settings {
             creation_grace: std::time::Duration::from_secs(300),
             resync: std::time::Duration::from_secs(30),
             min_reconcile_interval: std::time::Duration::from_millis(500),
-            relabels_per_reconcile: 256,
             trainer_image: DEFAULT_TRAINER_IMAGE.into(),
             trainer_cuda_image: DEFAULT_TRAINER_CUDA_IMAGE.into(),
             network_policies: None,

@@ -1277,36 +1277,6 @@ async fn with_network_policies_each_job_fences_its_trainers_in_once() {
 }
 
 #[tokio::test]
-async fn a_large_relabelling_is_spread_over_reconciles_that_follow_at_once() {
-    let mut c = Cluster::with_settings(
-        MANIFEST,
-        Settings {
-            relabels_per_reconcile: 3,
-            ..Settings::default()
-        },
-    );
-    c.reconcile().await;
-    c.schedule_all();
-    c.reconcile().await;
-    c.join(&[0, 1, 2, 3]).await;
-    let relabels = |calls: &[Call]| {
-        calls
-            .iter()
-            .filter(|c| c.is("PATCH", "/pods/") && !c.query.contains("force"))
-            .count()
-    };
-    let (action, calls) = c.reconcile().await;
-    assert_eq!(c.topology_version(), 1);
-    assert_eq!(relabels(&calls), 3);
-    assert_eq!(action, Action::requeue(Duration::ZERO));
-    let (action, calls) = c.reconcile().await;
-    assert_eq!(relabels(&calls), 1);
-    assert_ne!(action, Action::requeue(Duration::ZERO));
-    let (_, calls) = c.reconcile().await;
-    assert_eq!(relabels(&calls), 0);
-}
-
-#[tokio::test]
 async fn the_memory_is_compared_with_what_the_config_map_holds_at_its_resource_version() {
     let mut c = Cluster::running().await;
     let key = ObjectRef::new("mnist-topology").within("ml");
@@ -1367,16 +1337,12 @@ async fn joined_members_get_a_data_aware_topology_in_the_config_map_and_events()
     assert_eq!(reasons.iter().filter(|r| *r == "Joined").count(), 4);
     assert!(reasons.contains(&"TopologyChanged".to_string()));
     assert_eq!(c.topology_version(), 1);
-    // Pods are labelled with their clique, once the topology is written: a label is for
-    // people, and members need not wait for thousands of patches.
-    let relabel = |c: &Call| c.is("PATCH", "/pods/") && !c.query.contains("force");
-    assert_eq!(calls.iter().filter(|c| relabel(c)).count(), 4);
-    let first_relabel = calls.iter().position(relabel).unwrap();
-    let topology_written = calls
+    // Pods are labelled with their clique.
+    let relabelled: Vec<&Call> = calls
         .iter()
-        .position(|c| c.is("PATCH", "/configmaps/"))
-        .unwrap();
-    assert!(topology_written < first_relabel, "{calls:#?}");
+        .filter(|c| c.is("PATCH", "/pods/") && !c.query.contains("force"))
+        .collect();
+    assert_eq!(relabelled.len(), 4);
     let config_map = c
         .ctx
         .stores
