@@ -195,7 +195,7 @@ PODS_AT=$(jq .allPodsAtMs "$WORK/up.json")
 LAST_JOIN=$(jq .lastJoinAtMs "$WORK/up.json")
 VIEWS_AT=$(jq .allViewsAtMs "$WORK/up.json")
 say "up: pods after $(((PODS_AT - APPLIED) / 1000)) s, every view $(((VIEWS_AT - LAST_JOIN)))ms after the last join"
-# Clique labels follow the topology a few hundred pods a reconcile: the job is up once they do.
+# The job is up once every pod carries its clique label too (the operator's last writes of it).
 deadline=$((SECONDS + 600))
 labelled() { "$K" -n "$NS" get pods -l murmur.dev/job=big,murmur.dev/clique --no-headers 2>/dev/null | wc -l; }
 until (($(labelled) >= MEMBERS)); do
