@@ -86,11 +86,8 @@ impl Memory {
                 serde_json::to_string(&self.joins).expect("joins serialize"),
             ),
         ]);
-        let bytes = |data: &BTreeMap<String, String>| -> usize {
-            data.iter().map(|(k, v)| k.len() + v.len()).sum()
-        };
         if let Some(doc) = document
-            && bytes(&data) <= PLAIN_BYTES
+            && plain_bytes(&data) <= PLAIN_BYTES
         {
             // Without the job's step, which moves with every report: kept, it would rewrite
             // the ConfigMap as training goes on. Joiners read it from the served topology.
@@ -106,7 +103,7 @@ impl Memory {
                 TOPOLOGY_KEY.to_string(),
                 text.expect("a document serializes"),
             );
-            if bytes(&data) > PLAIN_BYTES {
+            if plain_bytes(&data) > PLAIN_BYTES {
                 data.remove(TOPOLOGY_KEY);
             }
         }
@@ -119,6 +116,11 @@ impl Memory {
 /// ConfigMap over 1 MiB: plain JSON passed it at about 1 500 members (measured, 3 000 was
 /// 2.2 MB); gzipped, without the document, 10 000 members (the CRD's most) fit.
 pub const PLAIN_BYTES: usize = 512 * 1024;
+
+/// The bytes of `data` as plain text, keys included (what [`PLAIN_BYTES`] bounds).
+pub fn plain_bytes(data: &BTreeMap<String, String>) -> usize {
+    data.iter().map(|(k, v)| k.len() + v.len()).sum()
+}
 
 #[cfg(test)]
 mod tests {

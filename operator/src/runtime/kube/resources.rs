@@ -232,6 +232,7 @@ pub fn secret(job: &DecentralizedTrainingJob, key_hex: &str) -> k8s_openapi::api
 }
 
 pub use crate::driver::memory::PLAIN_BYTES as CONFIG_MAP_PLAIN_BYTES;
+use crate::driver::memory::plain_bytes;
 
 /// Suffix of a gzipped key in `binaryData`.
 const GZIP_SUFFIX: &str = ".gz";
@@ -239,8 +240,7 @@ const GZIP_SUFFIX: &str = ".gz";
 /// The job's memory as its ConfigMap: plain while small, gzipped past
 /// [`CONFIG_MAP_PLAIN_BYTES`].
 pub fn config_map(job: &DecentralizedTrainingJob, data: BTreeMap<String, String>) -> ConfigMap {
-    let plain_bytes: usize = data.iter().map(|(k, v)| k.len() + v.len()).sum();
-    let (data, binary_data) = if plain_bytes <= CONFIG_MAP_PLAIN_BYTES {
+    let (data, binary_data) = if plain_bytes(&data) <= CONFIG_MAP_PLAIN_BYTES {
         (Some(data), None)
     } else {
         let packed = data
