@@ -89,6 +89,8 @@ pub enum DropReason {
     Timeout,
     /// Its connection closed (process gone, node lost).
     Disconnected,
+    /// Mid-job, it never connected and dialing it fails (gone before we met, a stale address).
+    Unreachable,
     /// It announced it was leaving (spot notice, done).
     Left,
     /// It follows another topology this round: another weight for our shared edge, or
@@ -107,6 +109,7 @@ impl DropReason {
         match self {
             DropReason::Timeout => "timeout",
             DropReason::Disconnected => "disconnected",
+            DropReason::Unreachable => "unreachable",
             DropReason::Left => "left",
             DropReason::VersionMismatch => "versionMismatch",
             DropReason::Skipped => "skipped",

@@ -39,6 +39,8 @@ struct Peer {
     left: bool,
     /// Asked for our state mid-job and has not delivered a payload since: not waited for.
     joining: bool,
+    /// Our last dial failed and it has not connected to us since.
+    unreachable: bool,
     /// Highest round delivered per purpose in the current session (duplicates are replays).
     last_round: BTreeMap<Purpose, u64>,
 }
@@ -165,7 +167,13 @@ impl<R: Clone> RoundBook<R> {
         p.ever_connected = true;
         p.left = false;
         p.joining = false;
+        p.unreachable = false;
         p.last_round.clear();
+    }
+
+    /// Dialing `peer` failed (`false`) or connected (`true`).
+    pub fn dialed(&mut self, peer: MemberId, connected: bool) {
+        self.peers.entry(peer).or_default().unreachable = !connected;
     }
 
     /// `peer` asked for our state. Mid-job that means it is joining: until its first payload,
@@ -269,6 +277,13 @@ impl<R: Clone> RoundBook<R> {
             Some(p) if p.ever_connected && p.live_sessions == 0 => {
                 Standing::Excluded(DropReason::Disconnected)
             }
+            // At the start members come up at their own pace and are waited for. Mid-job a
+            // member listens before the topology names its address, so one we cannot dial is
+            // gone (finished and exited, or lost with its node): waiting for it would cost
+            // every round a timeout for as long as the topology names it.
+            Some(p) if p.unreachable && !self.completed.is_empty() => {
+                Standing::Excluded(DropReason::Unreachable)
+            }
             _ => Standing::Waiting,
         }
     }
@@ -304,6 +319,17 @@ impl<R: Clone> RoundBook<R> {
     pub fn held_bytes(&self) -> usize {
         self.stored.values().map(|s| s.payload.len()).sum()
     }
+}
+
+/// Whether a round whose peers stand so must go on waiting (until the round timeout): one
+/// may still deliver, or every neighbour vanished without a word. A member cut off from
+/// all of them waits for one to come back or for the graph to be repaired: alone, it would
+/// race ahead at the speed of compute, reach the stopping target with a model of its own,
+/// and end the job's elastic phase for everyone. A peer that said it leaves, skips, or
+/// follows another topology has spoken: no wait for it.
+pub fn keeps_waiting(ready: usize, waiting: usize, excluded: &[DropReason]) -> bool {
+    let vanished = |r: &DropReason| matches!(r, DropReason::Disconnected | DropReason::Unreachable);
+    waiting > 0 || (ready == 0 && !excluded.is_empty() && excluded.iter().all(vanished))
 }
 
 #[cfg(test)]
@@ -354,6 +380,50 @@ mod tests {
         // A member that comes back is waited for again.
         book.session_opened(2);
         assert_eq!(book.standing(P, 4, 2, 0), Standing::Waiting);
+    }
+
+    #[test]
+    fn a_peer_we_cannot_dial_is_waited_for_at_the_start_and_not_mid_job() {
+        let mut book = RoundBook::<u8>::default();
+        book.dialed(1, false);
+        assert_eq!(book.standing(P, 0, 1, 0), Standing::Waiting);
+        book.complete(P, 0, &[]);
+        assert_eq!(
+            book.standing(P, 1, 1, 0),
+            Standing::Excluded(DropReason::Unreachable)
+        );
+        book.dialed(1, true);
+        assert_eq!(book.standing(P, 1, 1, 0), Standing::Waiting);
+        book.dialed(1, false);
+        book.session_opened(1);
+        assert_eq!(book.standing(P, 1, 1, 0), Standing::Waiting);
+    }
+
+    #[test]
+    fn a_round_waits_while_someone_may_deliver_or_every_neighbour_vanished() {
+        use DropReason::*;
+        // (ready, waiting, excluded) -> keeps waiting
+        let cases: &[(usize, usize, &[DropReason], bool)] = &[
+            (0, 0, &[], false), // no neighbours: train alone
+            (0, 1, &[], true),
+            (1, 1, &[Disconnected], true),
+            (1, 0, &[], false),
+            (1, 0, &[Disconnected], false), // others are here: go on without the dead one
+            (0, 0, &[Disconnected], true),  // cut off: wait for a neighbour or a repair
+            (0, 0, &[Disconnected, Unreachable], true),
+            (0, 0, &[Disconnected, Left], false), // someone said goodbye: not cut off
+            (0, 0, &[Skipped], false),
+            (0, 0, &[VersionMismatch, Disconnected], false),
+            (0, 0, &[Joining], false),
+            (0, 0, &[Timeout], false),
+        ];
+        for &(ready, waiting, excluded, expected) in cases {
+            assert_eq!(
+                keeps_waiting(ready, waiting, excluded),
+                expected,
+                "{ready} ready, {waiting} waiting, excluded {excluded:?}"
+            );
+        }
     }
 
     #[test]

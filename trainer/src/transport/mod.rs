@@ -307,15 +307,21 @@ impl Transport {
     /// whose address changed (a replacement on another node). Call at a round boundary only.
     pub fn set_topology(&self, agreements: Agreements, addresses: BTreeMap<MemberId, String>) {
         *self.shared.agreements.lock() = agreements;
-        let mut dialers = self.shared.dialers.lock();
-        dialers.retain(|id, d| {
-            let keep = addresses.get(id) == Some(&d.address);
+        let mut moved = Vec::new();
+        self.shared.dialers.lock().retain(|&id, d| {
+            let keep = addresses.get(&id) == Some(&d.address);
             if !keep {
                 d.task.abort();
+                moved.push(id);
             }
             keep
         });
         *self.shared.addresses.lock() = addresses;
+        // A new address is not known to fail.
+        let mut book = self.shared.book.lock();
+        for id in moved {
+            book.dialed(id, true);
+        }
     }
 
     /// Learn the addresses of members outside the topology followed (to ask them for state);
@@ -502,16 +508,16 @@ impl Exchange for Transport {
             }
         }
         let deadline = Instant::now() + self.shared.config.round_timeout;
-        let mut excluded = BTreeMap::new();
-        let used: Vec<MemberId> = loop {
+        let (used, excluded) = loop {
             // Register for the next change before looking, so none is missed in between.
             let notified = self.shared.changed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let (ready, waiting) = {
+            let mut ready = Vec::new();
+            let mut waiting = Vec::new();
+            let mut excluded = BTreeMap::new();
+            {
                 let book = self.shared.book.lock();
-                let mut ready = Vec::new();
-                let mut waiting = Vec::new();
                 for &p in from {
                     match book.standing(purpose, round, p, agreements.with(p)) {
                         Standing::Ready => ready.push(p),
@@ -521,13 +527,15 @@ impl Exchange for Transport {
                         Standing::Waiting => waiting.push(p),
                     }
                 }
-                (ready, waiting)
-            };
-            if waiting.is_empty() || Instant::now() >= deadline {
+            }
+            let reasons: Vec<DropReason> = excluded.values().copied().collect();
+            if !book::keeps_waiting(ready.len(), waiting.len(), &reasons)
+                || Instant::now() >= deadline
+            {
                 for p in waiting {
                     excluded.insert(p, DropReason::Timeout);
                 }
-                break ready;
+                break (ready, excluded);
             }
             let _ = tokio::time::timeout_at(deadline, notified).await;
         };
@@ -795,14 +803,22 @@ async fn dial(
                 Err(_) => Err(std::io::ErrorKind::TimedOut.into()),
             }
         };
+        let dial_failed = |_: &std::io::Error, _: Duration| {
+            if let Some(shared) = shared.upgrade() {
+                shared.book.lock().dialed(peer, false);
+                shared.changed.notify_waiters();
+            }
+        };
         let stream = connect
             .retry(redial)
             .sleep(wait.clone())
             .when(|_| shared.strong_count() > 0)
+            .notify(dial_failed)
             .await;
         let (Ok(stream), Some(shared)) = (stream, shared.upgrade()) else {
             return;
         };
+        shared.book.lock().dialed(peer, true);
         run_outgoing(&shared, peer, stream, &queue).await;
     }
 }

@@ -80,20 +80,86 @@ async fn a_ring_exchanges_every_round() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_peer_is_dropped_at_once_not_after_the_timeout() {
+    let mut ts = members(3).await;
+    let mut c = ts.pop().unwrap();
+    let mut b = ts.pop().unwrap();
+    let mut a = ts.pop().unwrap();
+    let (ra, rb, rc) = tokio::join!(
+        round(&mut a, 0, &[1, 2]),
+        round(&mut b, 0, &[0]),
+        round(&mut c, 0, &[0])
+    );
+    assert_eq!((ra.len(), rb.len(), rc.len()), (2, 1, 1));
+    b.close(); // the process dies: its sockets close
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = Instant::now();
+    let (ra, rc) = tokio::join!(round(&mut a, 1, &[1, 2]), round(&mut c, 1, &[0]));
+    assert_eq!(ra.iter().map(|(p, _)| *p).collect::<Vec<_>>(), vec![2]);
+    assert_eq!(rc.len(), 1);
+    assert!(started.elapsed() < TIMEOUT / 2, "{:?}", started.elapsed());
+    let drops = a.take_drops();
+    assert_eq!(drops.len(), 1);
+    assert_eq!(
+        (drops[0].peer, drops[0].reason),
+        (1, DropReason::Disconnected)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_cut_off_from_every_neighbour_waits_the_round_out() {
     let mut ts = members(2).await;
     let mut b = ts.pop().unwrap();
     let mut a = ts.pop().unwrap();
     let (ra, rb) = tokio::join!(round(&mut a, 0, &[1]), round(&mut b, 0, &[0]));
     assert_eq!((ra.len(), rb.len()), (1, 1));
-    b.close(); // the process dies: its sockets close
+    b.close();
     tokio::time::sleep(Duration::from_millis(100)).await;
+    // Alone it would race ahead of the job; it waits for the neighbour or a repaired graph.
     let started = Instant::now();
     let got = round(&mut a, 1, &[1]).await;
     assert!(got.is_empty());
-    assert!(started.elapsed() < TIMEOUT / 2, "{:?}", started.elapsed());
+    assert!(started.elapsed() >= TIMEOUT, "{:?}", started.elapsed());
     let drops = a.take_drops();
     assert_eq!(drops.len(), 1);
     assert_eq!(drops[0].reason, DropReason::Disconnected);
+}
+
+/// An address nothing listens on: connections to it are refused.
+async fn dead_address() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    listener.local_addr().unwrap().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mid_job_a_neighbour_that_cannot_be_dialed_is_not_waited_for() {
+    let mut ts = members(2).await;
+    let mut b = ts.pop().unwrap();
+    let mut a = ts.pop().unwrap();
+    let (ra, rb) = tokio::join!(round(&mut a, 0, &[1]), round(&mut b, 0, &[0]));
+    assert_eq!((ra.len(), rb.len()), (1, 1));
+    // The topology now names member 2 too, at an address where no one listens (it finished
+    // and exited before we met).
+    let addresses: BTreeMap<MemberId, String> = [
+        (0, a.local_addr().to_string()),
+        (1, b.local_addr().to_string()),
+        (2, dead_address().await),
+    ]
+    .into_iter()
+    .collect();
+    a.set_topology(Agreements::all(1), addresses);
+    a.connect(&[2]);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let (ra, rb) = tokio::join!(round(&mut a, 1, &[1, 2]), round(&mut b, 1, &[0]));
+    assert_eq!(ra.iter().map(|(p, _)| *p).collect::<Vec<_>>(), vec![1]);
+    assert_eq!(rb.len(), 1);
+    assert!(started.elapsed() < TIMEOUT / 2, "{:?}", started.elapsed());
+    let drops = a.take_drops();
+    assert_eq!(drops.len(), 1);
+    assert_eq!(
+        (drops[0].peer, drops[0].reason),
+        (2, DropReason::Unreachable)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
