@@ -255,6 +255,15 @@ fn crd_and_validate_use_the_api_types() {
     )
     .unwrap();
     assert_eq!(crd, on_disk);
+    let reference = ok(&["crd", "--reference"]);
+    let on_disk = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/reference/api.md"),
+    )
+    .unwrap();
+    assert!(
+        reference == on_disk,
+        "docs/reference/api.md is out of date: cargo run -p murmur -- crd --reference > docs/reference/api.md"
+    );
     let out = ok(&["validate", "manifests/examples/dcliques-spot-cpu.yaml"]);
     assert!(out.contains("valid mnist-dcliques"));
     let dir = tempfile::tempdir().unwrap();

@@ -3,6 +3,7 @@
 pub mod conditions;
 pub mod duration;
 pub mod manifest;
+pub mod reference;
 pub mod spec;
 pub mod status;
 

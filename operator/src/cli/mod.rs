@@ -37,7 +37,11 @@ pub enum Command {
     /// server's service proxy, showing the jobs you may get.
     Dashboard(dashboard::DashboardArgs),
     /// Print the DecentralizedTrainingJob CustomResourceDefinition (what `crds/` holds).
-    Crd,
+    Crd {
+        /// Print the API reference in Markdown instead (what `docs/reference/api.md` holds).
+        #[arg(long)]
+        reference: bool,
+    },
     /// Check a job manifest with the same rules the cluster applies.
     Validate {
         /// Path to a DecentralizedTrainingJob manifest.
@@ -90,8 +94,13 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Run(args) => run::run(args, &mut out),
         Command::Operator(args) => operator::run(args),
         Command::Dashboard(args) => dashboard::run(args, &mut out),
-        Command::Crd => {
-            out.write_all(api::crd_yaml().as_bytes())?;
+        Command::Crd { reference } => {
+            let text = if reference {
+                api::reference::api_reference()
+            } else {
+                api::crd_yaml()
+            };
+            out.write_all(text.as_bytes())?;
             Ok(())
         }
         Command::Validate { manifest, previous } => {
