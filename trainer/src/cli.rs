@@ -2,15 +2,15 @@
 
 use std::path::PathBuf;
 
+use crate::algorithms::{AutoPolicy, Averaging};
+use crate::compression::Compression;
+use crate::data::{self, DataError, partition::Partition};
+use crate::runtime::{self, RunError, RunOptions, RunSetup};
+use crate::simulator::{self, SimulationConfig, SimulationError, TopologyChoice, output};
 use clap::{Parser, Subcommand, ValueEnum};
 use murmur_core::api::{AlgorithmKind, ModelKind, OptimizerKind};
 use murmur_core::contract::TrainerEnv;
 use murmur_core::topology::TopologyOptions;
-use murmur_trainer::algorithms::{AutoPolicy, Averaging};
-use murmur_trainer::compression::Compression;
-use murmur_trainer::data::{self, DataError, partition::Partition};
-use murmur_trainer::runtime::{self, RunError, RunOptions, RunSetup};
-use murmur_trainer::simulator::{self, SimulationConfig, SimulationError, TopologyChoice, output};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -388,10 +388,9 @@ fn run_member(args: RunArgs) -> Result<(), CliError> {
     let key = runtime::read_key(&env.peer_key_file)?;
     let backend = env.backend;
     // One compute thread per core of the member's CPU limit (see `backend::threads_for`).
-    let threads = murmur_trainer::backend::threads_for(
-        spec.trainer.resources.as_ref().and_then(|r| r.cpu_cores()),
-    );
-    murmur_trainer::backend::set_threads(threads);
+    let threads =
+        crate::backend::threads_for(spec.trainer.resources.as_ref().and_then(|r| r.cpu_cores()));
+    crate::backend::set_threads(threads);
     tracing::info!(threads, "compute threads");
     let setup = RunSetup {
         env,
@@ -410,9 +409,10 @@ fn run_member(args: RunArgs) -> Result<(), CliError> {
         .build()
         .expect("a tokio runtime");
     let outcome = match backend {
-        murmur_core::api::Backend::Cpu => tokio.block_on(runtime::run::<
-            murmur_trainer::backend::Cpu,
-        >(setup, Default::default()))?,
+        murmur_core::api::Backend::Cpu => tokio.block_on(runtime::run::<crate::backend::Cpu>(
+            setup,
+            Default::default(),
+        ))?,
         #[cfg(feature = "cuda")]
         murmur_core::api::Backend::Cuda => {
             cuda_driver_present()?;
@@ -498,9 +498,7 @@ fn simulate(args: SimulateArgs) -> Result<(), CliError> {
         seed: args.seed,
         topology: args.topology_options,
         proxy_warmup_steps: args.proxy_warmup_steps,
-        threads: args
-            .threads
-            .unwrap_or_else(murmur_trainer::backend::all_cores),
+        threads: args.threads.unwrap_or_else(crate::backend::all_cores),
         max_staleness: u64::from(args.max_staleness),
         slow: args
             .slow
@@ -541,7 +539,7 @@ fn simulate(args: SimulateArgs) -> Result<(), CliError> {
     if config.threads == 0 {
         return Err(CliError::Flag("--threads 0: must be at least 1".into()));
     }
-    murmur_trainer::backend::set_threads(config.threads);
+    crate::backend::set_threads(config.threads);
     if !(args.learning_rate > 0.0 && args.learning_rate.is_finite()) {
         return Err(CliError::Flag(format!(
             "--learning-rate {}: must be a positive number",
@@ -556,7 +554,7 @@ fn simulate(args: SimulateArgs) -> Result<(), CliError> {
     }
     let data = load_data(&args.data)?;
     let results = match args.backend {
-        Backend::Cpu => run_on::<murmur_trainer::backend::Cpu>(&config, &data)?,
+        Backend::Cpu => run_on::<crate::backend::Cpu>(&config, &data)?,
         #[cfg(feature = "cuda")]
         Backend::Cuda => {
             cuda_driver_present()?;

@@ -6,6 +6,7 @@
 
 pub mod algorithms;
 pub mod backend;
+pub mod cli;
 pub mod compression;
 pub mod data;
 pub mod model;

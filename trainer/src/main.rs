@@ -1,12 +1,11 @@
 //! `murmur-trainer`: the trainer process. `run` is one member of a job; `simulate` runs many
 //! virtual members in one process.
 
-mod cli;
-
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
+use murmur_trainer::cli;
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
