@@ -3,7 +3,7 @@
 # container (as kind makes its nodes) from a node image built here from Debian's packages, running
 # containerd with runc and the CNI bridge plugin, the kubelet and kube-proxy of the control plane's
 # own build. Pods run in real containers from images imported into the node's containerd. See
-# README.md ("Real nodes").
+# docs/development.md.
 #
 #   nodes.sh add NAME [--zone ZONE] [--label KEY=VALUE]... [--no-wait]
 #                          start a node; prints "NAME SECONDS" once the Node is Ready

@@ -2,7 +2,7 @@
 # Starts a real Kubernetes control plane as local processes: etcd, kube-apiserver,
 # kube-controller-manager, kube-scheduler and kwok (fake nodes and their pods), all bound to
 # 127.0.0.1 (with --real-nodes the API server listens on every interface, for the nodes), with
-# everything they keep under one state dir. See README.md.
+# everything they keep under one state dir. See docs/development.md.
 #
 #   eval "$(e2e/controlplane/up.sh)"      # last line of stdout: export KUBECONFIG=...
 #   eval "$(e2e/controlplane/up.sh --real-nodes)"  # ready for real nodes (nodes.sh add): a node

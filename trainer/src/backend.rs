@@ -5,7 +5,7 @@
 //! ndarray) beside PyTorch: flex was the faster on every model, by over 20× on GN-LeNet, whose
 //! convolutions ndarray runs naively. GN-LeNet's convolution, pool, conv bias and GroupNorm, and
 //! every model's dense products, run on the model's own operations over flex (`model::cpu`),
-//! which replace flex's generic ones. The figures are in the README.
+//! which replace flex's generic ones. The figures are in docs/benchmarks.md.
 
 /// The CPU training backend (autodiff over flex).
 pub type Cpu = burn::backend::Autodiff<burn::backend::Flex>;

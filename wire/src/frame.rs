@@ -18,7 +18,7 @@
 //! only) is slow in `ring`, which hashes associated data a block at a time. Sealing costs the
 //! sender one copy of each chunk into its frame buffer (memcpy runs three to five times as fast
 //! as the cipher), and buys confidentiality of the model on the wire as well. The figures are in
-//! the README.
+//! docs/benchmarks.md.
 //!
 //! Header (little endian): magic `MRMR` · protocol version u8 · kind u8 · reserved u16 ·
 //! job id u64 · sender u32 · payload length u32 · agreement u64 · round u64 ·

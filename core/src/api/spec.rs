@@ -368,7 +368,7 @@ pub struct AutoAverageSpec {
 
 impl AutoAverageSpec {
     pub const DEFAULT_MAX_EVERY: u32 = 16;
-    /// Chosen by measurement (README, "Adaptive averaging"): equal accuracy on the D-Cliques
+    /// Chosen by measurement (docs/claims.md, "Adaptive averaging"): equal accuracy on the D-Cliques
     /// example at 0.001; 0.003 already cost up to 0.2 points.
     pub const DEFAULT_TARGET_SKEW: f64 = 0.001;
 }
