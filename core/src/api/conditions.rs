@@ -42,17 +42,105 @@ impl ConditionType {
     }
 }
 
+/// Why a condition stands as it does: its `reason`, one CamelCase word that tools match on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ConditionReason {
+    /// `Created`: the members are planned.
+    Planned,
+    /// `InvalidSpec` is false again.
+    SpecValid,
+    /// `InvalidSpec`: the spec fails a validation rule.
+    InvalidSpec,
+    /// `PodsRejected`: the API server refuses the members' pods.
+    PodsRejected,
+    /// `PodsRejected` is false again.
+    PodsCreated,
+    /// `Queued`: scheduling gates hold members' pods.
+    WaitingForAdmission,
+    /// `Queued` is false again.
+    Admitted,
+    /// `MembersNotStarting`: the kubelet's reason (see [`KubeletReason`]).
+    Kubelet(KubeletReason),
+    /// `MembersNotStarting` is false again.
+    Started,
+    /// `Running` is false: no topology yet.
+    WaitingForJoins,
+    /// `Running`: members train.
+    Training,
+    /// The job finished.
+    Completed,
+    /// `spec.suspend` stopped the members.
+    Suspended,
+    /// `spec.suspend` was lifted.
+    Resumed,
+    /// The job failed.
+    Failed,
+    /// `Degraded`: fewer members live than `replicas.min`.
+    BelowMinimum,
+    /// `Degraded`: fewer members live than `replicas.target`.
+    MembersLost,
+    /// `Degraded` is false: every member the target asks for is live.
+    AllMembersLive,
+}
+
+impl ConditionReason {
+    pub fn as_str(&self) -> &str {
+        match self {
+            ConditionReason::Planned => "Planned",
+            ConditionReason::SpecValid => "SpecValid",
+            ConditionReason::InvalidSpec => "InvalidSpec",
+            ConditionReason::PodsRejected => "PodsRejected",
+            ConditionReason::PodsCreated => "PodsCreated",
+            ConditionReason::WaitingForAdmission => "WaitingForAdmission",
+            ConditionReason::Admitted => "Admitted",
+            ConditionReason::Kubelet(k) => k.as_str(),
+            ConditionReason::Started => "Started",
+            ConditionReason::WaitingForJoins => "WaitingForJoins",
+            ConditionReason::Training => "Training",
+            ConditionReason::Completed => "Completed",
+            ConditionReason::Suspended => "Suspended",
+            ConditionReason::Resumed => "Resumed",
+            ConditionReason::Failed => "Failed",
+            ConditionReason::BelowMinimum => "BelowMinimum",
+            ConditionReason::MembersLost => "MembersLost",
+            ConditionReason::AllMembersLive => "AllMembersLive",
+        }
+    }
+}
+
+/// The kubelet's reason a container cannot start (`ImagePullBackOff`, `CreateContainerError`),
+/// kept when it is a valid condition reason (the API server's pattern) and `NotStarting`
+/// otherwise.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KubeletReason(String);
+
+impl KubeletReason {
+    pub fn new(reason: &str) -> Self {
+        let valid = reason.starts_with(|c: char| c.is_ascii_alphabetic())
+            && reason
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_,:".contains(c))
+            && !reason.ends_with([',', ':']);
+        Self(if valid { reason } else { "NotStarting" }.to_string())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
 /// Insert or update one condition. Returns true when anything changed (so callers can skip a
 /// write). `now` is passed in: this module never reads a clock.
 pub fn set_condition(
     conditions: &mut Vec<Condition>,
     kind: ConditionType,
     status: bool,
-    reason: &str,
+    reason: ConditionReason,
     message: &str,
     observed_generation: Option<i64>,
     now: Time,
 ) -> bool {
+    let reason = reason.as_str();
     let status = if status { "True" } else { "False" }.to_string();
     match conditions.iter_mut().find(|c| c.type_ == kind.as_str()) {
         Some(existing) => {
@@ -106,7 +194,7 @@ mod tests {
             &mut c,
             ConditionType::Running,
             true,
-            "Started",
+            ConditionReason::Started,
             "4/4 members",
             None,
             at(10)
@@ -116,7 +204,7 @@ mod tests {
             &mut c,
             ConditionType::Running,
             true,
-            "Started",
+            ConditionReason::Started,
             "3/4 members",
             None,
             at(20)
@@ -128,7 +216,7 @@ mod tests {
             &mut c,
             ConditionType::Running,
             true,
-            "Started",
+            ConditionReason::Started,
             "3/4 members",
             None,
             at(30)
@@ -139,7 +227,7 @@ mod tests {
             &mut c,
             ConditionType::Running,
             false,
-            "Suspended",
+            ConditionReason::Suspended,
             "suspended",
             None,
             at(40)
@@ -156,7 +244,7 @@ mod tests {
             &mut c,
             ConditionType::Created,
             true,
-            "Created",
+            ConditionReason::Planned,
             "",
             None,
             at(1),
@@ -165,7 +253,7 @@ mod tests {
             &mut c,
             ConditionType::Degraded,
             true,
-            "MemberLost",
+            ConditionReason::MembersLost,
             "3/4",
             None,
             at(2),
@@ -174,7 +262,7 @@ mod tests {
             &mut c,
             ConditionType::Created,
             true,
-            "Created",
+            ConditionReason::Planned,
             "",
             None,
             at(3),

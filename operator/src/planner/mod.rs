@@ -13,7 +13,9 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
-use murmur_core::api::conditions::{ConditionType, condition_is_true, set_condition};
+use murmur_core::api::conditions::{
+    ConditionReason, ConditionType, KubeletReason, condition_is_true, set_condition,
+};
 use murmur_core::api::{
     AlgorithmKind, Capacity, DecentralizedTrainingJobSpec, FailureAction, JobPhase,
 };
@@ -298,7 +300,7 @@ pub fn plan(
             &mut s.conditions,
             ConditionType::Created,
             true,
-            "Planned",
+            ConditionReason::Planned,
             &format!("{} members planned", spec.replicas.target),
             None,
             Time(now),
@@ -309,7 +311,7 @@ pub fn plan(
             &mut s.conditions,
             ConditionType::InvalidSpec,
             false,
-            "SpecValid",
+            ConditionReason::SpecValid,
             "the spec passes every validation rule",
             None,
             Time(now),
@@ -370,7 +372,7 @@ pub fn reject(state: &JobState, problems: &str, now: Timestamp) -> (JobState, Ve
         &mut s.conditions,
         ConditionType::InvalidSpec,
         true,
-        "InvalidSpec",
+        ConditionReason::InvalidSpec,
         problems,
         None,
         Time(now),
@@ -433,7 +435,7 @@ pub fn creates_answered(
             &mut s.conditions,
             ConditionType::PodsRejected,
             true,
-            "PodsRejected",
+            ConditionReason::PodsRejected,
             &message,
             None,
             Time(now),
@@ -453,7 +455,7 @@ pub fn creates_answered(
             &mut s.conditions,
             ConditionType::PodsRejected,
             false,
-            "PodsCreated",
+            ConditionReason::PodsCreated,
             "the API server accepts the members' pods",
             None,
             Time(now),
@@ -641,17 +643,6 @@ fn settle_ended_members(
             s.message.clone().unwrap_or_default(),
         ));
     }
-}
-
-/// A condition's reason must be one CamelCase word (`^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$`):
-/// the kubelet's reasons are; anything else is said as `NotStarting`.
-fn condition_reason(reason: &str) -> String {
-    let valid = reason.starts_with(|c: char| c.is_ascii_alphabetic())
-        && reason
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "_,:".contains(c))
-        && !reason.ends_with([',', ':']);
-    if valid { reason } else { "NotStarting" }.to_string()
 }
 
 /// Lifecycle events of the current attempts: placed on a node, joined, waiting too long, kept
@@ -1140,11 +1131,14 @@ fn update_conditions(
     let members = format!("{live}/{target} members in the topology");
     let running = matches!(s.phase, JobPhase::Running | JobPhase::Degraded);
     let (reason, message) = match s.phase {
-        JobPhase::Pending => ("WaitingForJoins", "waiting for members' join reports"),
-        JobPhase::Succeeded => ("Completed", "finished"),
-        JobPhase::Suspended => ("Suspended", "suspended: no members run"),
-        JobPhase::Failed => ("Failed", "failed"),
-        _ => ("Training", members.as_str()),
+        JobPhase::Pending => (
+            ConditionReason::WaitingForJoins,
+            "waiting for members' join reports",
+        ),
+        JobPhase::Succeeded => (ConditionReason::Completed, "finished"),
+        JobPhase::Suspended => (ConditionReason::Suspended, "suspended: no members run"),
+        JobPhase::Failed => (ConditionReason::Failed, "failed"),
+        _ => (ConditionReason::Training, members.as_str()),
     };
     // Members whose containers cannot start: the first by id in the kubelet's words, and how
     // many more.
@@ -1162,7 +1156,7 @@ fn update_conditions(
             n => format!("; {n} more members cannot start"),
         };
         (
-            condition_reason(&first.reason),
+            ConditionReason::Kubelet(KubeletReason::new(&first.reason)),
             format!("member {id} (attempt {attempt}): {first}{more}"),
         )
     });
@@ -1179,7 +1173,7 @@ fn update_conditions(
             c,
             ConditionType::Queued,
             true,
-            "WaitingForAdmission",
+            ConditionReason::WaitingForAdmission,
             &match gated.len() {
                 1 => format!("1 member waits for admission: held by scheduling gate {gates}"),
                 n => format!("{n} members wait for admission: held by scheduling gate {gates}"),
@@ -1192,20 +1186,20 @@ fn update_conditions(
             c,
             ConditionType::Queued,
             false,
-            "Admitted",
+            ConditionReason::Admitted,
             "no member's pod is held by a scheduling gate",
             None,
             t.clone(),
         );
     }
-    match &not_starting {
+    match not_starting {
         Some((reason, message)) => {
             set_condition(
                 c,
                 ConditionType::MembersNotStarting,
                 true,
                 reason,
-                message,
+                &message,
                 None,
                 t.clone(),
             );
@@ -1215,7 +1209,7 @@ fn update_conditions(
                 c,
                 ConditionType::MembersNotStarting,
                 false,
-                "Started",
+                ConditionReason::Started,
                 "no member's container is kept from starting",
                 None,
                 t.clone(),
@@ -1234,15 +1228,19 @@ fn update_conditions(
     );
     let degraded = s.phase == JobPhase::Degraded;
     let why = if live < spec.replicas.min as usize {
-        "BelowMinimum"
+        ConditionReason::BelowMinimum
     } else {
-        "MembersLost"
+        ConditionReason::MembersLost
     };
     set_condition(
         c,
         ConditionType::Degraded,
         degraded,
-        if degraded { why } else { "AllMembersLive" },
+        if degraded {
+            why
+        } else {
+            ConditionReason::AllMembersLive
+        },
         &members,
         None,
         t.clone(),
@@ -1256,7 +1254,11 @@ fn update_conditions(
             c,
             ConditionType::Suspended,
             suspended,
-            if suspended { "Suspended" } else { "Resumed" },
+            if suspended {
+                ConditionReason::Suspended
+            } else {
+                ConditionReason::Resumed
+            },
             if suspended {
                 "spec.suspend is true: members are stopped, the status is kept"
             } else {
@@ -1271,7 +1273,7 @@ fn update_conditions(
             c,
             ConditionType::Succeeded,
             true,
-            "Completed",
+            ConditionReason::Completed,
             "every member finished",
             None,
             t.clone(),
@@ -1279,6 +1281,14 @@ fn update_conditions(
     }
     if s.phase == JobPhase::Failed {
         let message = s.message.clone().unwrap_or_default();
-        set_condition(c, ConditionType::Failed, true, "Failed", &message, None, t);
+        set_condition(
+            c,
+            ConditionType::Failed,
+            true,
+            ConditionReason::Failed,
+            &message,
+            None,
+            t,
+        );
     }
 }

@@ -1106,6 +1106,7 @@ fn a_member_that_cannot_start_is_said_once_per_attempt_and_in_a_condition() {
 
 #[test]
 fn a_condition_reason_is_one_word() {
+    let condition_reason = |r: &str| KubeletReason::new(r).as_str().to_string();
     assert_eq!(condition_reason("ImagePullBackOff"), "ImagePullBackOff");
     assert_eq!(condition_reason("Failed Mount"), "NotStarting");
     assert_eq!(condition_reason("9lives"), "NotStarting");
