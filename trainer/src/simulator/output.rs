@@ -179,7 +179,14 @@ pub fn plot(path: &Path, results: &[TopologyResult], metric: Metric) -> Result<(
                     format!("Mean test accuracy of {members} members"),
                     ("sans-serif", 26),
                 )
-                .build_cartesian_2d(0f64..max_time, 0f64..100f64)
+                .build_cartesian_2d(
+                    0f64..max_time,
+                    accuracy_range(
+                        results
+                            .iter()
+                            .flat_map(|r| r.curve.iter().map(|p| p.mean_accuracy)),
+                    ),
+                )
                 .map_err(|e| fail(e.to_string()))?;
             draw(
                 &mut chart,
@@ -226,6 +233,23 @@ pub fn plot(path: &Path, results: &[TopologyResult], metric: Metric) -> Result<(
         }
     }
     root.present().map_err(|e| fail(e.to_string()))
+}
+
+/// The accuracy axis (in %) for accuracies in [0, 1]: fitted to the curves, whole points, with a third of the span free
+/// below them for the legend (curves rise to the right, so their ends stay clear of it).
+pub fn accuracy_range(accuracies: impl Iterator<Item = f64>) -> std::ops::Range<f64> {
+    let (low, high) = accuracies
+        .map(|a| 100.0 * a)
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), a| {
+            (lo.min(a), hi.max(a))
+        });
+    if !low.is_finite() {
+        return 0.0..100.0;
+    }
+    let span = (high - low).max(2.0);
+    let bottom = (low - span / 2.0).floor().max(0.0);
+    let top = (high + span / 20.0).ceil().min(100.0);
+    bottom..top.max(bottom + 1.0)
 }
 
 /// How a plot's axes and legend read.
@@ -294,4 +318,20 @@ where
         .border_style(RGBColor(200, 200, 210))
         .draw()
         .map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::accuracy_range;
+
+    #[test]
+    fn the_accuracy_axis_fits_the_curves_and_leaves_room_for_the_legend() {
+        // Curves between 80% and 93%: not 0-100.
+        assert_eq!(accuracy_range([0.80, 0.90, 0.93].into_iter()), 73.0..94.0);
+        // From chance to 92%: the whole climb, never below 0.
+        assert_eq!(accuracy_range([0.10, 0.92].into_iter()), 0.0..97.0);
+        // Flat curves still get a span; nothing above 100.
+        assert_eq!(accuracy_range([0.995, 0.999].into_iter()), 98.0..100.0);
+        assert_eq!(accuracy_range(std::iter::empty()), 0.0..100.0);
+    }
 }

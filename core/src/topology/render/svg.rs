@@ -130,7 +130,9 @@ pub fn svg(t: &Topology, m: &Measures) -> String {
             escape(&title)
         );
         if show_labels && radius >= 8.0 {
-            let label = class.map_or_else(|| id.to_string(), |c| c.to_string());
+            // The member id: two cliques covering the same classes would otherwise show the
+            // same labels twice. The main class is in the tooltip.
+            let label = id;
             let _ = writeln!(
                 out,
                 r#"<text x="{x:.1}" y="{:.1}" font-size="{:.0}" text-anchor="middle" fill="white" stroke="none">{label}</text>"#,
@@ -193,10 +195,14 @@ pub fn svg(t: &Topology, m: &Measures) -> String {
     if let Shape::Cliques(layout) = &t.shape {
         y += 14.0;
         let what = match layout.flavour {
-            super::super::CliqueFlavour::ProxyClumps { .. } => "colour = clump, label = main class",
-            super::super::CliqueFlavour::DCliques => "colour = clique, label = main class",
+            super::super::CliqueFlavour::ProxyClumps { .. } => "colour = clump, label = member id",
+            super::super::CliqueFlavour::DCliques => "colour = clique, label = member id",
         };
-        for line in [what, "dark lines are bridges between cliques"] {
+        for line in [
+            what,
+            "hover a member for its main class",
+            "dark lines are bridges between cliques",
+        ] {
             let _ = writeln!(
                 out,
                 r##"<text x="{px}" y="{y}" font-size="12" fill="#666">{line}</text>"##
