@@ -19,7 +19,7 @@ ARG RUNTIME_IMAGE=gcr.io/distroless/cc-debian12:nonroot
 ARG CUDA_RUNTIME_IMAGE=docker.io/nvidia/cuda:12.8.1-runtime-ubuntu24.04
 ARG BINARIES=compiled
 
-# CPU: burn's ndarray backend.
+# CPU: burn's flex backend.
 FROM ${RUST_IMAGE} AS compiled-cpu
 WORKDIR /src
 COPY . .

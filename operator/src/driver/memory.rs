@@ -1,7 +1,8 @@
 //! The job driver's memory: what must survive the control plane's own restart. The planner's
 //! state and the trainers' join reports (a data-aware topology is rebuilt from them), with the
 //! topology document trainers follow. The operator keeps the three in the job's ConfigMap and
-//! `murmur run` in files of the same names; both read them back with [`Memory::from_data`].
+//! reads them back with [`Memory::from_data`] when it restarts; `murmur run` writes files of the
+//! same names for people and tools to read, and never restarts a job from them.
 
 use std::collections::BTreeMap;
 

@@ -2,8 +2,8 @@
 //! on this machine. It serves the status router (also the trainers' control endpoint), and after
 //! everything that happens asks the driver for a plan and carries it out: spawn `murmur-trainer
 //! run` with the same env contract a pod gets, signal processes to stop, read how they ended. The
-//! driver's memory is kept in `state/` of the run's folder, as the operator keeps it in the job's
-//! ConfigMap.
+//! driver's memory is written to `state/` of the run's folder for inspection; the process is the
+//! control plane here, so nothing reads it back.
 
 mod chaos;
 mod output;
