@@ -74,6 +74,9 @@ pub struct JobDriver {
     statuses: BTreeMap<MemberId, (u32, TrainerStatus)>,
     /// Bytes each attempt sent to its peers, from its newest status.
     bytes_out: BTreeMap<(MemberId, u32), u64>,
+    /// The furthest step any attempt reported: the job's step never goes back when the member
+    /// ahead is lost (its neighbours averaged with it; the job got that far).
+    furthest_step: u64,
     hub: Arc<Hub>,
     handle: Arc<JobHandle>,
     /// The newest topology version handed to the hub.
@@ -107,6 +110,7 @@ impl JobDriver {
             memory,
             statuses: BTreeMap::new(),
             bytes_out: BTreeMap::new(),
+            furthest_step: 0,
             hub,
             handle,
             published_version: 0,
@@ -185,6 +189,7 @@ impl JobDriver {
         now: Timestamp,
     ) -> bool {
         self.bytes_out.insert((member, attempt), status.bytes_out);
+        self.furthest_step = self.furthest_step.max(status.progress.step);
         self.handle.sample(self.seconds(now), attempt, &status);
         let changed = self
             .statuses
@@ -291,7 +296,7 @@ impl JobDriver {
                 address(id, state.members.get(&id).map_or(0, |r| r.attempt))
             })
         });
-        let view = view::job_view(&self.namespace, &self.name, spec, &state, &observed, now);
+        let view = self.job_view(spec, &state, &observed, now);
         Plan {
             memory: Memory {
                 state,
@@ -363,14 +368,22 @@ impl JobDriver {
         facts: BTreeMap<MemberId, MemberFacts>,
         now: Timestamp,
     ) -> JobView {
-        view::job_view(
-            &self.namespace,
-            &self.name,
-            spec,
-            &self.memory.state,
-            &self.observation(facts),
-            now,
-        )
+        self.job_view(spec, &self.memory.state, &self.observation(facts), now)
+    }
+
+    /// The status view, its step no lower than the furthest any attempt reported.
+    fn job_view(
+        &self,
+        spec: &DecentralizedTrainingJobSpec,
+        state: &JobState,
+        observed: &Observation,
+        now: Timestamp,
+    ) -> JobView {
+        let mut v = view::job_view(&self.namespace, &self.name, spec, state, observed, now);
+        if let Some(p) = v.status.progress.as_mut() {
+            p.step = p.step.max(self.furthest_step);
+        }
+        v
     }
 
     /// Publish a view outside a step (the runtime's last word on a job that ended).

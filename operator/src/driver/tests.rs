@@ -272,3 +272,32 @@ fn a_document_is_rebuilt_only_when_its_topology_or_an_address_changes() {
     assert_eq!(doc.members[1].address.as_deref(), Some("10.0.0.9:7070"));
     assert_eq!(doc.version, first.version);
 }
+
+#[test]
+fn the_jobs_step_holds_when_the_member_ahead_is_lost() {
+    let (mut d, _hub) = driver();
+    step(&mut d, at(1));
+    d.receive(join(0), at(2));
+    d.receive(join(1), at(2));
+    step(&mut d, at(2));
+    d.receive(
+        Inbound::Status(status(0, TrainerState::Training, 25)),
+        at(3),
+    );
+    d.receive(
+        Inbound::Status(status(1, TrainerState::Training, 50)),
+        at(3),
+    );
+    let mut f = facts(&d);
+    let step_of = |v: &JobView| v.status.progress.as_ref().map(|p| p.step);
+    assert_eq!(step_of(&d.view(&spec(), f.clone(), at(4))), Some(50));
+    // Member 1's node dies before the others report step 50: the job got that far all the
+    // same (its neighbours averaged with it), and `kubectl get` must not show the step going
+    // back.
+    f.get_mut(&1).unwrap().exit = Some(crate::planner::Exit::Preempted {
+        reason: "node lost".into(),
+    });
+    assert_eq!(step_of(&d.view(&spec(), f.clone(), at(5))), Some(50));
+    let plan = d.plan(&spec(), None, f, &address, at(5));
+    assert_eq!(step_of(&plan.view), Some(50));
+}
