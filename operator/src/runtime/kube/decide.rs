@@ -13,6 +13,7 @@ use k8s_openapi::jiff::Timestamp;
 use murmur_core::api::{DecentralizedTrainingJob, DecentralizedTrainingJobStatus, validate};
 use murmur_core::topology::MemberId;
 
+use super::labels::LABEL_CLIQUE;
 use super::observe::{self, NodeState};
 use super::resources::{self, Settings};
 use crate::driver::{JobDriver, MemberFacts, Memory, MemoryError, Plan};
@@ -441,7 +442,7 @@ fn relabel(i: &Inputs, d: &mut Decision) {
             .metadata
             .labels
             .as_ref()
-            .and_then(|l| l.get(resources::LABEL_CLIQUE))
+            .and_then(|l| l.get(LABEL_CLIQUE))
             .and_then(|c| c.parse().ok());
         if Some(want) != have
             && let Some(name) = &pod.metadata.name

@@ -7,7 +7,8 @@ use k8s_openapi::jiff::Timestamp;
 use murmur_core::contract::TrainerState;
 use murmur_core::topology::MemberId;
 
-use super::resources::{LABEL_ATTEMPT, LABEL_MEMBER};
+pub use super::labels::ZONE_LABEL;
+use super::labels::{LABEL_ATTEMPT, LABEL_MEMBER};
 use crate::driver::{Ended, Ending, classify, exit};
 use crate::planner::{Exit, NotStarting, seconds_since};
 
@@ -65,9 +66,6 @@ pub enum NodeState {
     /// Not in the (synced) node cache: deleted.
     Gone,
 }
-
-/// The zone label of a node.
-pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 
 /// A node's zone, when it carries the label.
 pub fn zone(node: Option<&Node>) -> Option<String> {

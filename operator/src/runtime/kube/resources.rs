@@ -27,17 +27,11 @@ use murmur_core::api::{
 use murmur_core::contract::{TERMINATION_LOG, TrainerEnv};
 use murmur_core::topology::MemberId;
 
+pub use super::labels::{
+    ANNOTATION_CAPACITY, LABEL_ATTEMPT, LABEL_CLIQUE, LABEL_JOB, LABEL_MEMBER,
+};
+use super::labels::{MANAGED_BY, MANAGER, ZONE_LABEL};
 use super::scheduling;
-
-pub const LABEL_JOB: &str = "murmur.dev/job";
-pub const LABEL_MEMBER: &str = "murmur.dev/member";
-pub const LABEL_ATTEMPT: &str = "murmur.dev/attempt";
-pub const LABEL_CLIQUE: &str = "murmur.dev/clique";
-pub const ANNOTATION_CAPACITY: &str = "murmur.dev/capacity";
-pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
-/// The operator's watches select on this label: only what it created.
-pub const MANAGER: &str = "murmur-operator";
-pub const MANAGED_SELECTOR: &str = "app.kubernetes.io/managed-by=murmur-operator";
 
 pub const PEER_PORT: i32 = 7070;
 pub const STATUS_PORT: i32 = 7071;
@@ -460,7 +454,7 @@ pub fn pod(p: &MemberPod, s: &Settings) -> Pod {
             topology_spread_constraints: zone_aware.then(|| {
                 vec![TopologySpreadConstraint {
                     max_skew: 1,
-                    topology_key: super::observe::ZONE_LABEL.into(),
+                    topology_key: ZONE_LABEL.into(),
                     when_unsatisfiable: "ScheduleAnyway".into(),
                     label_selector: Some(LabelSelector {
                         match_labels: Some(BTreeMap::from([(

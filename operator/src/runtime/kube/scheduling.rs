@@ -8,6 +8,8 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use murmur_core::api::{Capacity, SchedulingSpec};
 
+use super::labels::ZONE_LABEL;
+
 /// Node labels that mark spot capacity on the clouds and autoscalers murmur knows. A node
 /// matching any of them is a spot node.
 pub const SPOT_LABELS: &[(&str, &str)] = &[
@@ -105,7 +107,7 @@ pub fn prefer_clique_zone(affinity: Option<Affinity>, clique: [(String, String);
                     match_labels: Some(clique.into_iter().collect()),
                     match_expressions: None,
                 }),
-                topology_key: super::observe::ZONE_LABEL.to_string(),
+                topology_key: ZONE_LABEL.to_string(),
                 ..Default::default()
             },
         });

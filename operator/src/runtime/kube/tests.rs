@@ -2,19 +2,35 @@
 //! makes is answered and logged, and a miniature cluster feeds what was written back into the
 //! watch caches, so scenarios run reconcile after reconcile the way a cluster would.
 
+use super::context::Live;
 use super::observe::tests::exited as terminated;
 use super::*;
+use crate::planner;
+use crate::status::{Hub, Inbound};
 use http::{Request, Response};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret, Service};
 use k8s_openapi::api::core::v1::{NodeCondition, NodeStatus, PodCondition, PodStatus};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::Api;
 use kube::client::Body;
+use kube::runtime::controller::Action;
 use kube::runtime::reflector::store::Writer;
+use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::watcher::Event;
+use kube::{Client, Resource};
+use murmur_core::api::DecentralizedTrainingJob;
 use murmur_core::api::{DecentralizedTrainingJobStatus, parse_manifest};
 use murmur_core::contract::JoinReport;
+use parking_lot::Mutex;
 use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
 
 const MANIFEST: &str = "\
 apiVersion: murmur.dev/v1alpha1

@@ -1,0 +1,237 @@
+//! The operator process: preflight, the status router, leader election, and the controller
+//! until shutdown.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use backon::Retryable;
+use futures::StreamExt;
+use kube::Client;
+use kube::api::Api;
+
+use super::context::Context;
+use super::reconcile::reconcile;
+use super::watch::{Writers, controller, sweep_deleted_jobs};
+use super::writes::error_policy;
+use super::{OperatorMetrics, Settings, access, lease, preflight};
+use crate::status::{Hub, Role};
+
+/// How the operator runs.
+#[derive(Clone, Debug)]
+pub struct OperatorOptions {
+    pub settings: Settings,
+    /// Where the status router (API, dashboard, control endpoint, metrics) listens.
+    pub listen: String,
+    /// Observer reads the status router serves per second (0: unpaced).
+    pub reads_per_second: u32,
+    /// Observers' tokens must be issued for one of these audiences (empty: the API server's).
+    pub token_audiences: Vec<String>,
+    /// Reconciles of different jobs in flight at once.
+    pub concurrency: u16,
+    /// Leader election; None runs without (a single replica).
+    pub lease: Option<LeaseOptions>,
+    pub instance: String,
+    /// How long to wait at start-up for the CRD to be Established.
+    pub crd_wait: Duration,
+    /// The operator's own pod, when it runs in one: labelled while it leads.
+    pub pod: Option<PodName>,
+}
+
+#[derive(Clone, Debug)]
+pub struct PodName {
+    pub namespace: String,
+    pub name: String,
+}
+
+#[derive(Clone, Debug)]
+pub struct LeaseOptions {
+    pub namespace: String,
+    pub name: String,
+    pub duration: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OperatorError {
+    #[error("no Kubernetes configuration (in-cluster service account or kubeconfig): {0}")]
+    Config(#[source] kube::Error),
+    #[error(transparent)]
+    Preflight(#[from] preflight::PreflightError),
+    #[error("cannot listen on {address}: {source}")]
+    Bind {
+        address: String,
+        source: std::io::Error,
+    },
+    #[error("lost the leader lease {0}; exiting so another replica takes over")]
+    LostLease(String),
+    #[error("cannot label the operator's pod {pod}: {source}")]
+    Label { pod: String, source: kube::Error },
+}
+
+/// Run the operator until SIGTERM / Ctrl-C (or until it loses its lease).
+pub async fn run(options: OperatorOptions) -> Result<(), OperatorError> {
+    let client = Client::try_default().await.map_err(OperatorError::Config)?;
+    let shutdown = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("a SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        tracing::info!("shutting down: finishing reconciles in flight");
+    };
+    run_with(client, options, shutdown).await
+}
+
+/// The operator against `client` until `shutdown` completes.
+pub async fn run_with(
+    client: Client,
+    options: OperatorOptions,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) -> Result<(), OperatorError> {
+    preflight::check(
+        &client,
+        options.settings.network_policies.is_some(),
+        options.lease.as_ref().map(|l| l.namespace.as_str()),
+        options.crd_wait,
+    )
+    .await?;
+    let (hub, metrics) = serve_status(&client, &options).await?;
+    // A restarted container keeps its pod's labels: it says it leads only once it does again.
+    let label = options.pod.as_ref().map(|pod| {
+        lease::LeaderLabel::new(Api::namespaced(client.clone(), &pod.namespace), &pod.name)
+    });
+    if let Some(label) = &label {
+        label
+            .set(false)
+            .await
+            .map_err(|source| OperatorError::Label {
+                pod: label.pod().to_string(),
+                source,
+            })?;
+    }
+
+    let elector = options.lease.as_ref().map(|l| {
+        lease::Elector::new(
+            Api::namespaced(client.clone(), &l.namespace),
+            &l.name,
+            &options.instance,
+            l.duration,
+        )
+    });
+    let leadership = match &elector {
+        Some(e) => {
+            // Ready while waiting: a rolling update of the operator replaces the leader only
+            // once its successor is Ready.
+            hub.set_role(Role::Standby);
+            e.acquire().await;
+            tracing::info!(identity = e.identity(), "leading");
+            e.leadership()
+        }
+        None => Arc::new(lease::Leadership::unelected()),
+    };
+
+    let with_policies = options.settings.network_policies.is_some();
+    let (stores, writers) = Writers::new(with_policies);
+    let jobs = stores.jobs.clone();
+    let (ctx, triggered) = Context::new(
+        client.clone(),
+        stores.stores,
+        hub.clone(),
+        metrics,
+        options.settings.clone(),
+        options.instance.clone(),
+        leadership,
+    );
+    // Leading; the Service selects this replica once every cache has listed.
+    let caches = ctx.stores.clone();
+    let leader_label = label.clone();
+    tokio::spawn(async move {
+        caches.ready().await;
+        if let Some(label) = &leader_label {
+            let labelled = || label.set(true);
+            let _ = labelled
+                .retry(backon::ExponentialBuilder::default().without_max_times())
+                .notify(|e, _| tracing::warn!(error = %e, "cannot label this pod as the leader"))
+                .await;
+        }
+        hub.set_role(Role::Leading);
+        tracing::info!("caches synced: leading");
+    });
+    tokio::spawn(sweep_deleted_jobs(
+        Arc::downgrade(&ctx),
+        jobs.clone(),
+        options.settings.resync,
+    ));
+    let controller = controller(&client, writers, jobs, &ctx, options.concurrency)
+        .reconcile_on(futures::stream::unfold(triggered, |mut rx| async move {
+            rx.recv().await.map(|r| (r, rx))
+        }))
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "controller");
+            }
+        });
+    let lost = match &elector {
+        Some(e) => {
+            tokio::select! {
+                _ = controller => false,
+                _ = e.keep() => true,
+            }
+        }
+        None => {
+            controller.await;
+            false
+        }
+    };
+    // Stop being selected by the Service before the next leader can take over.
+    if let Some(label) = &label {
+        let cleared = tokio::time::timeout(Duration::from_secs(2), label.set(false)).await;
+        if !matches!(cleared, Ok(Ok(()))) {
+            tracing::warn!("cannot take the leader label off this pod");
+        }
+    }
+    match &elector {
+        Some(e) if lost => Err(OperatorError::LostLease(e.identity().to_string())),
+        Some(e) => {
+            e.release().await;
+            Ok(())
+        }
+        None => Ok(()),
+    }
+}
+
+/// The status router (API, dashboard, control endpoint, metrics) on `options.listen`, not
+/// Ready until it knows whether it leads. The Service selects the leader's pod by its label
+/// ([`lease::LeaderLabel`]), so trainers' posts and users reach the replica that runs the jobs.
+/// Observers are whom the cluster says they are, and read what RBAC lets them `get`
+/// ([`access`]).
+async fn serve_status(
+    client: &Client,
+    options: &OperatorOptions,
+) -> Result<(Arc<Hub>, Arc<OperatorMetrics>), OperatorError> {
+    let mut hub = Hub::default();
+    let metrics = Arc::new(OperatorMetrics::register(&mut hub.metrics.registry));
+    let hub = Arc::new(hub);
+    hub.set_role(Role::Starting);
+    let listener = crate::status::listen(&options.listen)
+        .await
+        .map_err(|source| OperatorError::Bind {
+            address: options.listen.clone(),
+            source,
+        })?;
+    tracing::info!(address = %options.listen, "status API, dashboard and control endpoint listening");
+    tokio::spawn(crate::status::serve(
+        listener,
+        crate::status::router(
+            hub.clone(),
+            Arc::new(access::ClusterAccess::new(
+                client.clone(),
+                options.token_audiences.clone(),
+            )),
+            options.reads_per_second,
+        ),
+    ));
+    Ok((hub, metrics))
+}

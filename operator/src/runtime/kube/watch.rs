@@ -1,0 +1,361 @@
+//! The watches that fill the caches and wake reconciles: the controller's streams, jobs
+//! decoded one by one (leniently), the owned kinds, and the sweep of deleted jobs.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, ObjectReference, Pod, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::Api;
+use kube::runtime::controller::{Config as ControllerConfig, Controller};
+use kube::runtime::events::{Event as KubeEventSpec, EventType, Recorder};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, predicates, watcher};
+use kube::{Client, Resource, ResourceExt};
+use murmur_core::api::DecentralizedTrainingJob;
+use parking_lot::Mutex;
+
+use super::context::{Context, Stores};
+use super::labels::{LABEL_JOB, MANAGED_SELECTOR};
+use super::{observe, start_events};
+use crate::planner;
+
+/// The watch caches and the writers that fill them.
+pub(super) struct Writers {
+    pods: reflector::store::Writer<Pod>,
+    services: reflector::store::Writer<Service>,
+    config_maps: reflector::store::Writer<ConfigMap>,
+    secrets: reflector::store::Writer<Secret>,
+    nodes: reflector::store::Writer<Node>,
+    jobs: reflector::store::Writer<DecentralizedTrainingJob>,
+    network_policies: Option<reflector::store::Writer<NetworkPolicy>>,
+    disruption_budgets: reflector::store::Writer<PodDisruptionBudget>,
+}
+
+pub(super) struct AllStores {
+    pub(super) stores: Stores,
+    pub(super) jobs: Store<DecentralizedTrainingJob>,
+}
+
+impl Writers {
+    pub(super) fn new(with_policies: bool) -> (AllStores, Self) {
+        let (pods, pod_writer) = reflector::store();
+        let (services, service_writer) = reflector::store();
+        let (config_maps, config_map_writer) = reflector::store();
+        let (secrets, secret_writer) = reflector::store();
+        let (nodes, node_writer) = reflector::store();
+        let (jobs, job_writer) = reflector::store();
+        let (network_policies, network_policy_writer) = reflector::store();
+        let (disruption_budgets, disruption_budget_writer) = reflector::store();
+        let stores = AllStores {
+            stores: Stores {
+                pods,
+                services,
+                config_maps,
+                secrets,
+                nodes,
+                network_policies: with_policies.then_some(network_policies),
+                disruption_budgets,
+                start_events: Default::default(),
+                listed: Default::default(),
+            },
+            jobs,
+        };
+        let writers = Self {
+            pods: pod_writer,
+            services: service_writer,
+            config_maps: config_map_writer,
+            secrets: secret_writer,
+            nodes: node_writer,
+            jobs: job_writer,
+            network_policies: with_policies.then_some(network_policy_writer),
+            disruption_budgets: disruption_budget_writer,
+        };
+        (stores, writers)
+    }
+}
+
+/// The controller over every watch: jobs (only spec changes wake it: its own status writes
+/// change no generation), the objects it owns, and nodes (a node that goes away or NotReady
+/// re-plans the jobs with members on it).
+pub(super) fn controller(
+    client: &Client,
+    w: Writers,
+    jobs: Store<DecentralizedTrainingJob>,
+    ctx: &Arc<Context>,
+    concurrency: u16,
+) -> Controller<DecentralizedTrainingJob> {
+    let managed = watcher::Config::default().labels(MANAGED_SELECTOR);
+    let job_stream = decoded_jobs(client, &jobs, ctx)
+        .reflect(w.jobs)
+        .applied_objects()
+        .predicate_filter(predicates::generation, Default::default());
+    let mut controller = Controller::for_stream(job_stream, jobs)
+        .with_config(ControllerConfig::default().concurrency(concurrency))
+        .owns_stream({
+            // A pod the watch has shown is no longer an expectation, even if it is gone before
+            // any reconcile saw it in the cache (a force deletion right after creation).
+            // A re-list (after the watch was down long enough to lose its place) settles the
+            // rest: what it lacks is gone.
+            let seen = Arc::downgrade(ctx);
+            let listed = Arc::downgrade(ctx);
+            let mut listing_since = None;
+            owned_with(
+                client,
+                &managed,
+                w.pods,
+                observe::keep_what_is_read_of_pod,
+                move |event| {
+                    let Some(ctx) = listed.upgrade() else { return };
+                    match event {
+                        watcher::Event::Init => listing_since = Some((ctx.clock)()),
+                        watcher::Event::InitDone => {
+                            if let Some(since) = listing_since.take() {
+                                ctx.pods_listed(since);
+                            }
+                        }
+                        _ => {}
+                    }
+                },
+            )
+            .inspect_ok(move |pod| {
+                if let Some(ctx) = seen.upgrade() {
+                    ctx.pod_seen(pod);
+                }
+            })
+        })
+        .owns_stream(owned(client, &managed, w.services))
+        .owns_stream(owned(client, &managed, w.config_maps))
+        .owns_stream(owned(client, &managed, w.secrets))
+        .owns_stream(owned(client, &managed, w.disruption_budgets));
+    if let Some(writer) = w.network_policies {
+        controller = controller.owns_stream(owned(client, &managed, writer));
+    }
+    // Nodes cached as what the operator reads of them, and only a change of that wakes the
+    // jobs on a node: a kubelet's heartbeat (every node, every few seconds) does not.
+    let node_stream = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
+        .default_backoff()
+        .modify(observe::keep_what_is_read_of_node)
+        .reflect(w.nodes)
+        .touched_objects()
+        .predicate_filter(observe::node_news, Default::default());
+    let pods = ctx.stores.pods.clone();
+    // A pod's event of interest wakes the pod's job.
+    let job_of_event = move |event: k8s_openapi::api::core::v1::Event| {
+        let pod = &event.involved_object;
+        let namespace = pod.namespace.as_deref()?;
+        let pod = pods.get(&ObjectRef::new(pod.name.as_deref()?).within(namespace))?;
+        let job = pod.labels().get(LABEL_JOB)?;
+        Some(ObjectRef::new(job).within(namespace))
+    };
+    let index = ctx.stores.start_events.clone();
+    let start_event_stream = watcher(
+        Api::<k8s_openapi::api::core::v1::Event>::all(client.clone()),
+        watcher::Config::default().fields(start_events::FIELD_SELECTOR),
+    )
+    .default_backoff()
+    .filter_map(move |event| {
+        futures::future::ready(match event {
+            Ok(e) => index.apply(&e),
+            Err(e) => Some(Err(e)),
+        })
+    });
+    controller = controller.watches_stream(start_event_stream, job_of_event);
+    let pods = ctx.stores.pods.clone();
+    let jobs_on_node = move |node: Node| {
+        let node = node.name_any();
+        let jobs: std::collections::HashSet<ObjectRef<DecentralizedTrainingJob>> = pods
+            .state()
+            .iter()
+            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(&node))
+            .filter_map(|p| {
+                let job = p.labels().get(LABEL_JOB)?;
+                Some(ObjectRef::new(job).within(&p.namespace()?))
+            })
+            .collect();
+        jobs
+    };
+    controller.watches_stream(node_stream, jobs_on_node)
+}
+
+/// The jobs as watch events, each decoded on its own: the watch reads them untyped, so one job
+/// stored under a looser (older) CRD that the types cannot decode costs only itself — an event
+/// and a log name it and its field, and the operator leaves it alone (were it known before, it
+/// is dropped as if deleted) — instead of failing the whole list and every job's reconcile.
+fn decoded_jobs(
+    client: &Client,
+    jobs: &Store<DecentralizedTrainingJob>,
+    ctx: &Context,
+) -> impl futures::Stream<Item = Result<watcher::Event<DecentralizedTrainingJob>, watcher::Error>>
++ Send
++ 'static {
+    use kube::core::{ApiResource, DynamicObject};
+    let resource = ApiResource::erase::<DecentralizedTrainingJob>(&());
+    let api = Api::<DynamicObject>::all_with(client.clone(), &resource);
+    let known = jobs.clone();
+    let recorder = ctx.recorder.clone();
+    let reported = Arc::new(Mutex::new(std::collections::HashSet::<String>::new()));
+    watcher(api, watcher::Config::default())
+        .default_backoff()
+        .filter_map(move |event| {
+            let decoded = event.map(|event| {
+                decode_event(event, &known, &|object, error| {
+                    report_undecodable(&recorder, &reported, object, error)
+                })
+            });
+            futures::future::ready(decoded.transpose())
+        })
+}
+
+/// One watch event of untyped jobs, typed: an object that does not decode is reported and
+/// either left out or, when the cache knew it, turned into its deletion.
+fn decode_event(
+    event: watcher::Event<kube::core::DynamicObject>,
+    known: &Store<DecentralizedTrainingJob>,
+    report: &dyn Fn(&kube::core::DynamicObject, &murmur_core::api::ManifestError),
+) -> Option<watcher::Event<DecentralizedTrainingJob>> {
+    use watcher::Event as E;
+    // Decoded, or reported and None.
+    let decode = |object: &kube::core::DynamicObject| {
+        let origin = format!(
+            "{}/{}",
+            object.metadata.namespace.as_deref().unwrap_or_default(),
+            object.metadata.name.as_deref().unwrap_or_default()
+        );
+        let value = serde_json::to_value(object).unwrap_or_default();
+        murmur_core::api::decode_job(value, &origin)
+            .map_err(|e| report(object, &e))
+            .ok()
+    };
+    // What the cache knew of it: dropped as if deleted once it cannot be read.
+    let previous = |object: &kube::core::DynamicObject| {
+        let name = object.metadata.name.as_deref()?;
+        let namespace = object.metadata.namespace.as_deref()?;
+        known
+            .get(&ObjectRef::new(name).within(namespace))
+            .map(|k| E::Delete(k.as_ref().clone()))
+    };
+    match event {
+        E::Init => Some(E::Init),
+        E::InitDone => Some(E::InitDone),
+        E::InitApply(o) => decode(&o).map(E::InitApply),
+        E::Apply(o) => decode(&o).map(E::Apply).or_else(|| previous(&o)),
+        E::Delete(o) => decode(&o).map(E::Delete).or_else(|| previous(&o)),
+    }
+}
+
+/// Say once per object version that it cannot be decoded: a log line and a Warning Event
+/// regarding it, naming the field.
+fn report_undecodable(
+    recorder: &Recorder,
+    reported: &Mutex<std::collections::HashSet<String>>,
+    object: &kube::core::DynamicObject,
+    error: &murmur_core::api::ManifestError,
+) {
+    let version = format!(
+        "{}/{}",
+        object.metadata.uid.as_deref().unwrap_or_default(),
+        object
+            .metadata
+            .resource_version
+            .as_deref()
+            .unwrap_or_default()
+    );
+    if !reported.lock().insert(version) {
+        return;
+    }
+    tracing::warn!(error = %error, "a DecentralizedTrainingJob cannot be decoded; leaving it alone");
+    let reference = ObjectReference {
+        api_version: Some(DecentralizedTrainingJob::api_version(&()).to_string()),
+        kind: Some(DecentralizedTrainingJob::kind(&()).to_string()),
+        name: object.metadata.name.clone(),
+        namespace: object.metadata.namespace.clone(),
+        uid: object.metadata.uid.clone(),
+        ..Default::default()
+    };
+    let event = KubeEventSpec {
+        type_: EventType::Warning,
+        reason: planner::Reason::Undecodable.as_str().into(),
+        action: planner::Reason::Undecodable.as_str().into(),
+        note: Some(format!(
+            "the operator cannot read this job, so it leaves it alone: {error}; fix the field or recreate the job"
+        )),
+        secondary: None,
+    };
+    let recorder = recorder.clone();
+    tokio::spawn(async move {
+        if let Err(e) = recorder.publish(&event, &reference).await {
+            tracing::warn!(error = %e, "cannot record the Undecodable event");
+        }
+    });
+}
+
+/// A kind of object the operator owns and watches.
+trait OwnedKind:
+    Resource<DynamicType = ()>
+    + Clone
+    + std::fmt::Debug
+    + serde::de::DeserializeOwned
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<K> OwnedKind for K where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static
+{
+}
+
+/// The watch of one kind of object the operator owns, filling its cache.
+fn owned<K: OwnedKind>(
+    client: &Client,
+    managed: &watcher::Config,
+    writer: reflector::store::Writer<K>,
+) -> impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static {
+    owned_with(client, managed, writer, |_| {}, |_| {})
+}
+
+/// [`owned`], with each object trimmed to what is read (managed fields are always dropped),
+/// and `on_event` shown each watch event before the cache applies it.
+fn owned_with<K: OwnedKind>(
+    client: &Client,
+    managed: &watcher::Config,
+    writer: reflector::store::Writer<K>,
+    mut trim: impl FnMut(&mut K) + Send + 'static,
+    mut on_event: impl FnMut(&watcher::Event<K>) + Send + 'static,
+) -> impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static {
+    // Touched, not applied: a deleted (or force-deleted) child wakes its job at once; with
+    // applied objects only, it waited for the next resync.
+    watcher(Api::<K>::all(client.clone()), managed.clone())
+        .default_backoff()
+        .modify(move |o| {
+            o.meta_mut().managed_fields = None;
+            trim(o);
+        })
+        .inspect_ok(move |event| on_event(event))
+        .reflect(writer)
+        .touched_objects()
+}
+
+/// Forget jobs deleted behind the operator's back, once per resync.
+pub(super) async fn sweep_deleted_jobs(
+    ctx: std::sync::Weak<Context>,
+    jobs: Store<DecentralizedTrainingJob>,
+    every: Duration,
+) {
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tick.tick().await;
+        let Some(ctx) = ctx.upgrade() else { return };
+        ctx.forget_deleted(|ns, name| jobs.get(&ObjectRef::new(name).within(ns)).is_some());
+    }
+}

@@ -1,0 +1,300 @@
+//! The writes a decision makes (pods, applied objects, the job's status), its Kubernetes
+//! Events, and the retry policy of a failed reconcile.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, PropagationPolicy};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event as KubeEventSpec, EventType};
+use kube::{Resource, ResourceExt};
+use murmur_core::api::DecentralizedTrainingJob;
+use murmur_core::topology::MemberId;
+use parking_lot::Mutex;
+
+use super::context::{Context, Live};
+use super::decide::Decision;
+use super::error::{Error, kube_err};
+use super::labels::LABEL_CLIQUE;
+use super::{observe, resources};
+use crate::planner;
+
+/// Pods created at once, at most: the batches double from one up to this.
+const CREATE_BATCH_MAX: usize = 64;
+
+/// The decision's pod writes: create, delete, relabel. Creates go in batches that double from
+/// one (as Kubernetes' Job controller starts pods), so a quota or an admission policy that
+/// refuses them costs one request, not one per member: after a batch with a refusal the rest
+/// are not tried, and count as refused with it. Returns the admitted and the refused
+/// (member, attempt[, why]); an error other than a refusal ends the reconcile (kube's client
+/// has already retried 429s and 503s with backoff).
+pub(super) async fn write_pods(
+    ctx: &Context,
+    namespace: &str,
+    live: &Mutex<Live>,
+    d: &Decision,
+    now: Timestamp,
+) -> Result<(Vec<(MemberId, u32)>, Vec<(MemberId, u32, String)>), Error> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
+    let m = &ctx.metrics;
+    // Created, never applied: an attempt's pod is immutable, and an apply onto one that exists
+    // (this reconcile planned it again after a later write failed) with a spec edited meanwhile
+    // is a 422 forever. One that exists already is the one this attempt wants.
+    let create = PostParams {
+        field_manager: Some(ctx.settings.field_manager.clone()),
+        ..Default::default()
+    };
+    let mut accepted = Vec::new();
+    let mut refused: Vec<(MemberId, u32, String)> = Vec::new();
+    let mut failed = None;
+    let mut queue = d
+        .create
+        .iter()
+        .filter_map(|p| Some((observe::member_of(p)?, p)));
+    let mut batch = 1;
+    while refused.is_empty() && failed.is_none() {
+        let chunk: Vec<((MemberId, u32), &Pod)> = queue.by_ref().take(batch).collect();
+        if chunk.is_empty() {
+            break;
+        }
+        // Awaited from before the request (the watch may show the pod before the answer
+        // comes), and stamped with the answer's time: only a re-list begun after the create
+        // was answered can prove the pod gone.
+        {
+            let mut l = live.lock();
+            for (key, _) in &chunk {
+                l.created.insert(*key, Timestamp::MAX);
+            }
+        }
+        let answers =
+            futures::future::join_all(chunk.iter().map(|(key, pod)| async {
+                (*key, pod.name_any(), pods.create(&create, pod).await)
+            }))
+            .await;
+        {
+            let answered = (ctx.clock)().max(now);
+            let mut l = live.lock();
+            for (key, _) in &chunk {
+                if let Some(t) = l.created.get_mut(key) {
+                    *t = answered;
+                }
+            }
+        }
+        for ((member, attempt), object, answer) in answers {
+            match answer {
+                Ok(_) => {
+                    m.wrote("pod", 1);
+                    accepted.push((member, attempt));
+                }
+                Err(kube::Error::Api(e)) if e.code == 409 => accepted.push((member, attempt)),
+                Err(kube::Error::Api(e)) if matches!(e.code, 400 | 403 | 422) => {
+                    live.lock().created.remove(&(member, attempt));
+                    refused.push((member, attempt, format!("{object}: {}", e.message)));
+                }
+                Err(e) => failed = Some(kube_err("create Pod", object)(e)),
+            }
+        }
+        batch = (batch * 2).min(CREATE_BATCH_MAX);
+    }
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    if let Some((_, _, why)) = refused.first().cloned() {
+        for ((member, attempt), pod) in queue {
+            refused.push((
+                member,
+                attempt,
+                format!("{}: not tried after {why}", pod.name_any()),
+            ));
+        }
+    }
+    let mut deletes = Vec::new();
+    for (object, at_once) in &d.delete {
+        let params = DeleteParams {
+            grace_period_seconds: at_once.then_some(0),
+            propagation_policy: Some(PropagationPolicy::Background),
+            ..Default::default()
+        };
+        let (pods, object) = (pods.clone(), object.clone());
+        deletes.push(async move {
+            match pods.delete(&object, &params).await {
+                Ok(_) => Ok(true),
+                Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
+                Err(e) => Err(kube_err("delete Pod", object)(e)),
+            }
+        });
+    }
+    m.wrote("pod_delete", at_most_at_once(deletes).await?);
+    let mut relabels = Vec::new();
+    for (object, clique) in &d.relabel {
+        let patch = serde_json::json!({
+            "metadata": {"labels": {LABEL_CLIQUE: clique.to_string()}}
+        });
+        let (pods, object) = (pods.clone(), object.clone());
+        relabels.push(async move {
+            match pods
+                .patch(&object, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => Ok(true),
+                Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
+                Err(e) => Err(kube_err("label Pod", object)(e)),
+            }
+        });
+    }
+    m.wrote("pod_label", at_most_at_once(relabels).await?);
+    Ok((accepted, refused))
+}
+
+/// Pod writes in flight at once when many are due (deletes, relabels).
+const WRITES_AT_ONCE: usize = 32;
+
+/// Run `writes`, [`WRITES_AT_ONCE`] at a time: how many wrote something (false: nothing to
+/// write, e.g. a 404), or the first error once all are done.
+async fn at_most_at_once<F>(writes: Vec<F>) -> Result<usize, Error>
+where
+    F: std::future::Future<Output = Result<bool, Error>>,
+{
+    use futures::StreamExt;
+    let results: Vec<Result<bool, Error>> = futures::stream::iter(writes)
+        .buffer_unordered(WRITES_AT_ONCE)
+        .collect()
+        .await;
+    let mut wrote = 0;
+    for r in results {
+        wrote += usize::from(r?);
+    }
+    Ok(wrote)
+}
+
+/// Server-side apply one of a job's objects (by its own name), counted as a write of `kind`.
+pub(super) async fn apply_object<K>(
+    ctx: &Context,
+    namespace: &str,
+    object: &K,
+    kind: &'static str,
+) -> Result<K, Error>
+where
+    K: Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::Serialize
+        + serde::de::DeserializeOwned,
+{
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), namespace);
+    let name = object.meta().name.clone().unwrap_or_default();
+    let apply = PatchParams::apply(&ctx.settings.field_manager).force();
+    let applied = api
+        .patch(&name, &apply, &Patch::Apply(object))
+        .await
+        .map_err(kube_err("apply", format!("{} {name}", K::kind(&()))))?;
+    ctx.metrics.wrote(kind, 1);
+    Ok(applied)
+}
+
+/// Server-side apply of the job's status (its own subresource).
+pub(super) async fn apply_status(
+    ctx: &Context,
+    job: &DecentralizedTrainingJob,
+    status: &murmur_core::api::DecentralizedTrainingJobStatus,
+) -> Result<(), Error> {
+    let name = resources::name(job);
+    let jobs: Api<DecentralizedTrainingJob> =
+        Api::namespaced(ctx.client.clone(), &resources::namespace(job));
+    let patch = serde_json::json!({
+        "apiVersion": DecentralizedTrainingJob::api_version(&()),
+        "kind": DecentralizedTrainingJob::kind(&()),
+        "status": status,
+    });
+    let apply = PatchParams::apply(&ctx.settings.field_manager).force();
+    jobs.patch_status(&name, &apply, &Patch::Apply(&patch))
+        .await
+        .map_err(kube_err("apply status of", name))?;
+    ctx.metrics.wrote("status", 1);
+    Ok(())
+}
+
+/// The `reportingController` of every Event the operator writes.
+pub const REPORTING_CONTROLLER: &str = "murmur.dev/operator";
+
+/// A job's event as a Kubernetes Event (events.k8s.io/v1) regarding the job and naming the
+/// member's pod, through kube-runtime's recorder (a repeat within minutes becomes a series).
+/// An event that cannot be written is logged, never fatal: the status API has it already.
+pub(super) async fn record_event(
+    ctx: &Context,
+    job: &DecentralizedTrainingJob,
+    event: &planner::Event,
+    pod: Option<String>,
+) {
+    let namespace = resources::namespace(job);
+    let mut note = event.message.clone();
+    // The API server refuses notes over 1 kB.
+    if note.len() > 1024 {
+        let mut cut = 1021;
+        while !note.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        note.truncate(cut);
+        note.push_str("...");
+    }
+    let reason = event.reason.as_str().to_string();
+    let kube_event = KubeEventSpec {
+        type_: match event.kind {
+            planner::EventKind::Normal => EventType::Normal,
+            planner::EventKind::Warning => EventType::Warning,
+        },
+        action: reason.clone(),
+        reason,
+        note: Some(note),
+        secondary: pod.map(|pod| ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            name: Some(pod),
+            namespace: Some(namespace.clone()),
+            ..Default::default()
+        }),
+    };
+    match ctx
+        .recorder
+        .publish(&kube_event, &job.object_ref(&()))
+        .await
+    {
+        Ok(()) => ctx.metrics.wrote("event", 1),
+        Err(e) => {
+            ctx.metrics.error("event");
+            tracing::warn!(reason = event.reason.as_str(), error = %e, "cannot record event");
+        }
+    }
+}
+
+/// A failed reconcile is retried after a delay that doubles from [`RETRY_FIRST`] with each
+/// failure in a row, up to [`RETRY_MAX`] (with jitter), as controller-runtime's rate limiter
+/// does; a reconcile that succeeds starts the job's sequence again. Any change to the job or
+/// its objects still reconciles it at once.
+pub fn error_policy(
+    job: Arc<DecentralizedTrainingJob>,
+    error: &Error,
+    ctx: Arc<Context>,
+) -> Action {
+    ctx.metrics.error(error.kind());
+    let delay = ctx.retry_delay((resources::namespace(&job), resources::name(&job)));
+    tracing::warn!(namespace = ?job.namespace(), job = %job.name_any(), error = %error, retry_in = ?delay, "reconcile failed; retrying");
+    Action::requeue(delay)
+}
+
+/// The first retry of a failed reconcile.
+pub const RETRY_FIRST: Duration = Duration::from_secs(1);
+/// The longest wait between retries of a job that keeps failing.
+pub const RETRY_MAX: Duration = Duration::from_secs(120);
+
+pub(super) fn retry_delays() -> backon::ExponentialBackoff {
+    use backon::BackoffBuilder;
+    backon::ExponentialBuilder::default()
+        .with_min_delay(RETRY_FIRST)
+        .with_max_delay(RETRY_MAX)
+        .with_jitter()
+        .without_max_times()
+        .build()
+}
