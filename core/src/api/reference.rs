@@ -201,10 +201,14 @@ fn constraints(s: &Value) -> Vec<String> {
             .collect();
         notes.push(format!("One of {}.", values.join(", ")));
     }
+    // An unsigned integer's minimum of 0 is its width too.
+    let width = |key: &str, b: f64| {
+        WIDTH_BOUNDS.contains(&b) || (b == 0.0 && key == "minimum" && is_unsigned(map))
+    };
     let bound = |key: &str| {
-        map.get(key).and_then(Value::as_f64).filter(|b| {
-            !WIDTH_BOUNDS.contains(b) && !(*b == 0.0 && key == "minimum" && is_unsigned(map))
-        })
+        map.get(key)
+            .and_then(Value::as_f64)
+            .filter(|&b| !width(key, b))
     };
     match (bound("minimum"), bound("maximum")) {
         (Some(lo), Some(hi)) => notes.push(format!("From {} to {}.", number(lo), number(hi))),
