@@ -28,11 +28,13 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
-say() { echo "images/build.sh: $*" >&2; }
-die() { say "$*"; exit 1; }
+# shellcheck disable=SC2034 # read by say.sh
+SAY_AS=images/build.sh
+# shellcheck source=../e2e/support/say.sh
+source "$HERE/../e2e/support/say.sh"
 usage() { sed -n '/^#   images\/build.sh \[/,/^# CONTAINER_ENGINE/p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
-BINARIES= LOCAL_BASE=0 RUNTIME_IMAGE= CUDA=0 REPOSITORY=ghcr.io/murmur-dev TAG= SAVE= IMPORT=0
+BINARIES='' LOCAL_BASE=0 RUNTIME_IMAGE='' CUDA=0 REPOSITORY=ghcr.io/murmur-dev TAG='' SAVE='' IMPORT=0
 while (($#)); do
     case $1 in
     --binaries) BINARIES=${2:?--binaries DIR}; shift ;;

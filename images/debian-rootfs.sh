@@ -14,7 +14,9 @@ set -euo pipefail
 IMAGE=${1:?usage: images/debian-rootfs.sh IMAGE [MMDEBSTRAP-OPTION]...}
 shift
 ENGINE=${CONTAINER_ENGINE:-$(command -v podman || command -v docker || echo podman)}
-say() { echo "debian-rootfs.sh: $*" >&2; }
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=../e2e/support/say.sh
+source "$HERE/../e2e/support/say.sh"
 
 "$ENGINE" image inspect "$IMAGE" >/dev/null 2>&1 && exit 0
 command -v mmdebstrap >/dev/null || { say "mmdebstrap is needed (apt-get install mmdebstrap)"; exit 1; }

@@ -15,7 +15,8 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 BINARIES=${1:?usage: e2e/controlplane/images.sh BINARIES}
-say() { echo "images.sh: $*" >&2; }
+# shellcheck source=../support/say.sh
+source "$HERE/../support/say.sh"
 
 for b in murmur murmur-trainer; do
     [[ -x $BINARIES/$b ]] || { say "$BINARIES/$b is missing"; exit 1; }

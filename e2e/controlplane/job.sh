@@ -43,7 +43,8 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
-say() { echo "job.sh: $*" >&2; }
+# shellcheck source=../support/say.sh
+source "$HERE/../support/say.sh"
 usage() { sed -n '/^#   e2e/,/^#  *and a screenshot/p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 # Before the job is applied a failure is only a message; after it, the final JSON still follows.
 APPLIED=0
@@ -53,8 +54,8 @@ die() {
     exit 1
 }
 
-MANIFEST= EVICT=0 DRAIN=0 DELETE_NODE=0 DELETE_OPERATOR=0 UPGRADE_OPERATOR=0 ZONES=2 PER_ZONE=2 ZONE_AWARE=
-NS=murmur-e2e TIMEOUT=900 SEED=${RANDOM} KEEP= SET_STEPS= DASHBOARD=
+MANIFEST='' EVICT=0 DRAIN=0 DELETE_NODE=0 DELETE_OPERATOR=0 UPGRADE_OPERATOR=0 ZONES=2 PER_ZONE=2 ZONE_AWARE=''
+NS=murmur-e2e TIMEOUT=900 SEED=${RANDOM} KEEP='' SET_STEPS='' DASHBOARD=''
 EDITS=()
 while (($#)); do
     case $1 in
@@ -454,13 +455,14 @@ if [[ -n $DASHBOARD ]]; then
     mkdir -p "$DASHBOARD"
     "$MURMUR" dashboard --kubeconfig "$WATCHER_KUBECONFIG" --no-browser -n "$NS" "$JOB" >"$WORK/dashboard.log" 2>&1 &
     forward=$!
-    BACKGROUND+=($forward)
+    BACKGROUND+=("$forward")
     for _ in $(seq 1 100); do
         url=$(sed -n 's/^dashboard: //p' "$WORK/dashboard.log" | head -1)
         [[ -n $url ]] && break
         sleep 0.1
     done
     [[ -n $url ]] || die "murmur dashboard did not start: $(cat "$WORK/dashboard.log")"
+    # shellcheck disable=SC2054 # the commas are in --window-size's value
     chrome=(--headless --no-sandbox --disable-gpu --disable-dev-shm-usage --hide-scrollbars
         --disable-background-networking --disable-component-update --disable-sync --no-first-run
         --window-size=1400,1000 --virtual-time-budget=4000)

@@ -26,8 +26,6 @@ source "$HERE/lib.sh"
 BIN=${MURMUR_CONTROLPLANE_BIN:-$HERE/.bin}
 # shellcheck disable=SC2034 # read by wait_for (lib.sh)
 TIMEOUT=${MURMUR_CONTROLPLANE_TIMEOUT:-180}
-say() { echo "kueue.sh: $*" >&2; }
-die() { say "$*"; exit 1; }
 
 [[ -e $DIR/$MARKER && -f $DIR/kubeconfig ]] || die "no control plane in $DIR: run up.sh first"
 our_pid kube-apiserver >/dev/null || die "the API server of $DIR is not running"

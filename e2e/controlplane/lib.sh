@@ -1,6 +1,9 @@
 # shellcheck shell=bash
 # Shared by up.sh and down.sh (sourced, not run): where an instance lives and how to find and
-# stop exactly the processes it started.
+# stop exactly the processes it started. It brings say and die to the scripts that source it.
+
+# shellcheck source=../support/say.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../support/say.sh"
 
 # The state dir holds everything of one instance: certificates, kubeconfigs, etcd's data, logs,
 # pid files. Two instances (two test processes) need two state dirs.

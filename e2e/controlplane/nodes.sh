@@ -24,8 +24,6 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$HERE/lib.sh"
 TIMEOUT=${MURMUR_CONTROLPLANE_TIMEOUT:-180}
 
-say() { echo "nodes.sh: $*" >&2; }
-die() { say "$*"; exit 1; }
 usage() { sed -n '/^#   nodes.sh add/,/^#  *node image, and the pause/p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 # The node image: Debian's packages only (images/debian-rootfs.sh: mmdebstrap with this
@@ -81,7 +79,7 @@ instance() {
 }
 
 cmd_add() {
-    local name= zone= wait=1 labels=()
+    local name='' zone='' wait=1 labels=()
     while (($#)); do
         case $1 in
         --zone) zone=${2:?--zone ZONE}; shift ;;

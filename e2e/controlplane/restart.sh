@@ -11,8 +11,6 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=lib.sh
 source "$HERE/lib.sh"
-say() { echo "restart.sh: $*" >&2; }
-die() { say "$*"; exit 1; }
 
 DOWN_FOR=0
 NAMES=()

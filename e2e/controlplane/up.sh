@@ -33,8 +33,6 @@ TIMEOUT=${MURMUR_CONTROLPLANE_TIMEOUT:-180}
 # fake by setting it. It is the one kwokctl uses.
 KWOK_ANNOTATION=kwok.x-k8s.io/node=fake
 
-say() { echo "up.sh: $*" >&2; }
-die() { say "$*"; exit 1; }
 
 REAL_NODES=0
 for arg in "$@"; do
@@ -93,7 +91,7 @@ SERVER=https://127.0.0.1:$APISERVER_PORT
 # 200) that no interface and no podman network of this machine uses. The host is 10.X.0.1 (the
 # API server listens there too), node i is 10.X.0.(10+i) and its pods are 10.X.i.0/24; the host
 # routes between the nodes' pod ranges, as a cloud's network does.
-HOST_IP= NODE_PREFIX=
+HOST_IP='' NODE_PREFIX=''
 if ((REAL_NODES)); then
     ((EUID == 0)) || die "--real-nodes needs root (privileged node containers)"
     require_node_tools || die "--real-nodes needs $(require_node_tools 2>&1)"

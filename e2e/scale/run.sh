@@ -30,11 +30,13 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
-say() { echo "scale: $*" >&2; }
-die() { say "$*"; exit 1; }
+# shellcheck disable=SC2034 # read by say.sh
+SAY_AS=scale
+# shellcheck source=../support/say.sh
+source "$HERE/../support/say.sh"
 usage() { sed -n '/^#   e2e\/scale/p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
-MEMBERS= STEADY=120 STATUS_EVERY=10 KEEP= OPERATOR= FOLLOW=view
+MEMBERS='' STEADY=120 STATUS_EVERY=10 KEEP='' OPERATOR='' FOLLOW=view
 while (($#)); do
     case $1 in
     --members) MEMBERS=${2:?}; shift 2 ;;
@@ -54,7 +56,7 @@ ulimit -n 1048576 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 now_ms() { date +%s%3N; }
 WORK=$(mktemp -d /tmp/murmur-scale.XXXXXX)
 export MURMUR_CONTROLPLANE_DIR=$WORK/cp
-OPERATOR_PID= LOADGEN_PID=
+OPERATOR_PID='' LOADGEN_PID=''
 cleanup() {
     local rc=$?
     for pid in $LOADGEN_PID $OPERATOR_PID; do kill "$pid" 2>/dev/null || true; done
