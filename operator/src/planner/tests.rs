@@ -1,4 +1,6 @@
 use super::*;
+use murmur_core::api::FailureAction;
+use murmur_core::api::conditions::KubeletReason;
 use murmur_core::api::parse_manifest;
 use proptest::prelude::*;
 

@@ -1,0 +1,195 @@
+//! The topology: built from the join reports once enough members joined, repaired member by
+//! member afterwards, and members relocated to their clique's zone.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::jiff::Timestamp;
+use murmur_core::api::{AlgorithmKind, DecentralizedTrainingJobSpec, JobPhase};
+use murmur_core::contract::JoinReport;
+use murmur_core::topology::{self, BuildSpec, MemberId, MemberProfile, Topology};
+
+use super::{
+    Action, EventKind, JOIN_GRACE_SECONDS, JobState, Lifecycle, MemberRecord, Observation, Reason,
+    event, seconds_since,
+};
+
+/// The graph a job asks for over `members`: a Moshpit grid for Moshpit averaging, else the
+/// topology spec's family.
+pub fn build_topology(
+    spec: &DecentralizedTrainingJobSpec,
+    members: &[MemberProfile],
+) -> Result<Topology, topology::TopologyError> {
+    match spec.algorithm.kind {
+        AlgorithmKind::Moshpit => topology::moshpit(members, spec.algorithm.group_size()),
+        _ => topology::build(
+            &BuildSpec {
+                zone_aware: spec.scheduling.zone_aware(),
+                ..BuildSpec::from_spec(&spec.topology, spec.training.seed)
+            },
+            members,
+        ),
+    }
+}
+
+/// What the control plane knows of a member: its join report's summaries, and the zone of its
+/// node.
+pub fn profile(report: &JoinReport, zone: Option<String>) -> MemberProfile {
+    MemberProfile {
+        id: report.member_id,
+        histogram: Some(report.label_histogram.iter().map(|&c| c as f64).collect()),
+        proxy: report
+            .proxy_vector
+            .as_ref()
+            .map(|v| v.iter().map(|&x| x as f64).collect()),
+        zone,
+    }
+}
+
+/// Build the topology once enough members joined; afterwards repair it member by member.
+pub(super) fn shape_topology(
+    spec: &DecentralizedTrainingJobSpec,
+    s: &mut JobState,
+    observed: &Observation,
+    now: Timestamp,
+    actions: &mut Vec<Action>,
+) {
+    // Members with a live current attempt that has sent its join report.
+    let joined: Vec<&JoinReport> = s
+        .members
+        .iter()
+        .filter_map(|(&id, r)| observed.live(id, r.attempt))
+        .filter_map(|m| m.join.as_ref())
+        .collect();
+    let zone = |id: MemberId| observed.members.get(&id).and_then(|m| m.zone.clone());
+    let before = s.topology.as_ref().map(|t| t.version);
+    match &mut s.topology {
+        None => {
+            let everyone = joined.len() >= spec.replicas.target as usize;
+            let enough = joined.len() >= spec.replicas.min as usize
+                && seconds_since(s.created_at, now) >= JOIN_GRACE_SECONDS;
+            if !(everyone || enough) {
+                return;
+            }
+            let profiles: Vec<MemberProfile> = joined
+                .iter()
+                .map(|j| profile(j, zone(j.member_id)))
+                .collect();
+            match build_topology(spec, &profiles) {
+                Ok(mut t) => {
+                    t.version = s.last_version + 1;
+                    relocate(&mut t, &mut s.members, &mut s.relocations, actions);
+                    s.topology = Some(t);
+                }
+                Err(e) => {
+                    s.phase = JobPhase::Failed;
+                    s.completed_at = Some(now);
+                    s.message = Some(format!("cannot build the topology: {e}"));
+                    actions.push(event(
+                        EventKind::Warning,
+                        Reason::Failed,
+                        None,
+                        s.message.clone().unwrap_or_default(),
+                    ));
+                    return;
+                }
+            }
+        }
+        Some(t) => {
+            let gone: Vec<(MemberId, u32)> = t
+                .graph
+                .members()
+                .filter_map(|id| {
+                    let record = s.members.get(&id);
+                    let attempt = record.map_or(0, |r| r.attempt);
+                    let gone = observed.live(id, attempt).is_none()
+                        || record.is_some_and(|r| r.lifecycle.is_retired());
+                    gone.then_some((id, attempt))
+                })
+                .collect();
+            for (id, attempt) in gone {
+                if t.graph.member_count() == 1 {
+                    // The last one: nothing to repair. Rebuilt when members rejoin.
+                    s.last_version = t.version;
+                    s.topology = None;
+                    actions.push(event(
+                        EventKind::Warning,
+                        Reason::AllMembersLost,
+                        None,
+                        "every member is gone; the job resumes from checkpoints".into(),
+                    ));
+                    return;
+                }
+                if let Some(record) = s.members.get_mut(&id) {
+                    record.clique = t.clique_of(id);
+                }
+                t.remove_member(id).expect("listed from the graph");
+                actions.push(event(
+                    EventKind::Normal,
+                    Reason::Left,
+                    Some((id, attempt)),
+                    format!("member {id} left the topology; its neighbours were rewired"),
+                ));
+            }
+            for report in joined {
+                if !t.graph.contains(report.member_id) {
+                    // A profile of the right length was checked when the report came in.
+                    let _ = t.add_member(profile(report, zone(report.member_id)));
+                }
+            }
+        }
+    }
+    if let Some(t) = &s.topology
+        && before != Some(t.version)
+    {
+        s.last_version = t.version;
+        actions.push(event(
+            EventKind::Normal,
+            Reason::TopologyChanged,
+            None,
+            format!(
+                "topology version {}: {} members, {} edges",
+                t.version,
+                t.graph.member_count(),
+                t.graph.edge_count()
+            ),
+        ));
+    }
+}
+
+/// Zone-aware cliques cross zones where one zone's members cannot balance the labels. Before
+/// anyone trains, the members outside their clique's zone leave the topology and stop; their next
+/// attempt asks for the clique's zone and, once joined, refills the clique. Once per member.
+fn relocate(
+    t: &mut Topology,
+    members: &mut BTreeMap<MemberId, MemberRecord>,
+    relocations: &mut u32,
+    actions: &mut Vec<Action>,
+) {
+    for m in topology::zones::misplaced(t) {
+        let Some(record) = members.get_mut(&m.member) else {
+            continue;
+        };
+        if record.relocated || !record.lifecycle.is_active() || t.graph.member_count() <= 1 {
+            continue;
+        }
+        let from = t.profiles[&m.member].zone.clone().unwrap_or_default();
+        t.remove_member(m.member).expect("listed from the topology");
+        record.become_(Lifecycle::Retiring);
+        record.relocated = true;
+        record.clique = Some(m.clique);
+        *relocations += 1;
+        actions.push(Action::Stop {
+            member: m.member,
+            attempt: record.attempt,
+        });
+        actions.push(event(
+            EventKind::Normal,
+            Reason::Relocated,
+            Some((m.member, record.attempt)),
+            format!(
+                "member {} moves from {from} to {}, where clique {} trains",
+                m.member, m.zone, m.clique
+            ),
+        ));
+    }
+}
