@@ -2,169 +2,55 @@
 //! shard and averages with its neighbours over the TCP transport, using the same member code as
 //! the simulator; follows the topology at round boundaries; joins by fetching state from a live
 //! neighbour; leaves cleanly on SIGTERM; checkpoints; and reports to the control endpoint.
+//!
+//! Where each concern lives:
+//! - here: [`run`], which sets a member up and starts it; the trainer's state; the training
+//!   loop; reports to the control endpoint; signals, leaving, and lingering after the target;
+//! - `setup.rs`: [`RunSetup`], [`RunOptions`], [`RunError`], [`Outcome`], reading the peer key
+//!   and the job spec, and the allocator settings of the process;
+//! - `membership.rs`: following the topology, state transfer to and from joiners, catching up;
+//! - `persist.rs`: using checkpoints (writing, resuming) and writing the final model;
+//! - `checkpoint.rs`: the checkpoint files themselves;
+//! - `control.rs`: the trainer's side of the control endpoint, and the topology source;
+//! - `observe.rs`: `/healthz`, `/readyz`, `/metrics` and `/status`;
+//! - `plan.rs`: what the job spec means for one member.
 
 mod checkpoint;
 mod control;
+mod membership;
 mod observe;
+mod persist;
 mod plan;
+mod setup;
 
-use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use burn::module::Module;
-use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder, Recorder};
 use burn::tensor::backend::AutodiffBackend;
 use tokio::sync::{Notify, watch};
 
-use murmur_core::api::{
-    AlgorithmKind, DecentralizedTrainingJob, DecentralizedTrainingJobSpec, TopologyKind,
-};
-use murmur_core::contract::view::{edge_agreement, follows_whole_document};
-use murmur_core::contract::{
-    JoinReport, PeerEvent, TopologyDocument, TrainerEnv, TrainerState, TrainerStatus,
-};
+use murmur_core::api::{AlgorithmKind, TopologyKind};
+use murmur_core::contract::view::follows_whole_document;
+use murmur_core::contract::{JoinReport, PeerEvent, TrainerEnv, TrainerState, TrainerStatus};
 use murmur_core::topology::MemberId;
 
 use crate::algorithms::{Exchange, Member, MemberError, Neighbourhood, Payload, Purpose};
-use crate::data::{self, DataError, Dataset};
-use crate::model::{Layout, Model};
-use crate::transport::{Agreements, StateReply, Transport, TransportConfig, frame};
+use crate::data::{self, Dataset};
+use crate::model::Model;
+use crate::transport::{Transport, TransportConfig, frame};
 
 pub use checkpoint::{Checkpoint, CheckpointError, CheckpointMeta, newest_valid};
 pub use control::{ControlClient, Followed, TopologySource};
 pub use observe::Observed;
+pub use persist::write_model;
 pub use plan::MemberPlan;
+pub use setup::{
+    Outcome, RunError, RunOptions, RunSetup, keep_freed_buffers, read_key, spec_from_env,
+};
 
 /// Local steps on a throw-away copy before a member measures its proxy vector.
 pub const PROXY_WARMUP_STEPS: u64 = 20;
-
-#[derive(Clone, Debug)]
-pub struct RunOptions {
-    /// SIGTERM to exit: finish the step, leave, checkpoint. GKE gives 30 s; we aim inside it.
-    pub grace_period: Duration,
-    /// Evaluate on the test split every this many steps (and at the end).
-    pub eval_every: u64,
-    /// How long a starting member waits for its neighbours before training without them.
-    pub startup_timeout: Duration,
-}
-
-impl Default for RunOptions {
-    fn default() -> Self {
-        Self {
-            grace_period: Duration::from_secs(20),
-            eval_every: 25,
-            startup_timeout: Duration::from_secs(30),
-        }
-    }
-}
-
-/// Everything a trainer process starts from.
-pub struct RunSetup {
-    pub env: TrainerEnv,
-    pub spec: DecentralizedTrainingJobSpec,
-    /// The per-job key (from the peer-key file). Never logged.
-    pub key: Vec<u8>,
-    pub options: RunOptions,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum RunError {
-    #[error("{file}: cannot read the peer key: {source}")]
-    KeyFile {
-        file: String,
-        source: std::io::Error,
-    },
-    #[error("{file}: the peer key is empty")]
-    EmptyKey { file: String },
-    #[error("job spec: {0}")]
-    Spec(String),
-    #[error("no topology source: set MURMUR_TOPOLOGY_FILE or MURMUR_CONTROL_ENDPOINT")]
-    NoTopologySource,
-    #[error("cannot listen on {address}: {source}")]
-    Bind {
-        address: String,
-        source: std::io::Error,
-    },
-    #[error(transparent)]
-    Data(#[from] DataError),
-    #[error(transparent)]
-    Member(#[from] MemberError),
-    #[error(transparent)]
-    Checkpoint(#[from] CheckpointError),
-    #[error("{file}: cannot write the final model: {message}")]
-    FinalModel { file: String, message: String },
-}
-
-/// How a run ended; both are a clean exit.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Outcome {
-    /// The stopping target was reached.
-    Done { step: u64, accuracy: f64 },
-    /// SIGTERM: left the job at a round boundary.
-    Left { step: u64 },
-}
-
-/// Keep freed large buffers in the heap instead of returning them to the kernel. A trainer
-/// allocates model-sized buffers every round (received payloads, decoded parameters, averages);
-/// with glibc's defaults each is a fresh mmap whose pages fault in one by one, which cost more
-/// than the network copy itself (measured by benches/peer_exchange.rs: 0.14 s -> 0.09 s per
-/// 10M-parameter exchange). Memory stays at its steady-state peak, which a trainer reaches in
-/// its first round anyway. One arena for all threads: glibc's per-thread arenas grow in heaps
-/// of at most 64 MB and serve anything larger with a fresh mmap whatever the threshold, so the
-/// buffers a runtime worker thread allocated (received models) faulted in anew every round.
-pub fn keep_freed_buffers() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    #[allow(unsafe_code)]
-    // SAFETY: mallopt only sets allocator parameters; called before any other thread exists.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 30);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
-        libc::mallopt(libc::M_ARENA_MAX, 1);
-    }
-}
-
-/// Read the peer key: the file's bytes, less a trailing newline (`echo key > file`).
-pub fn read_key(path: &Path) -> Result<Vec<u8>, RunError> {
-    let file = path.display().to_string();
-    let mut key = std::fs::read(path).map_err(|source| RunError::KeyFile {
-        file: file.clone(),
-        source,
-    })?;
-    while key.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
-        key.pop();
-    }
-    if key.is_empty() {
-        return Err(RunError::EmptyKey { file });
-    }
-    Ok(key)
-}
-
-/// The job spec from `MURMUR_JOB_SPEC` (JSON), checked with the CRD's own rules.
-pub fn spec_from_env(env: &TrainerEnv) -> Result<Option<DecentralizedTrainingJobSpec>, RunError> {
-    let Some(text) = &env.job_spec else {
-        return Ok(None);
-    };
-    let spec: DecentralizedTrainingJobSpec = serde_json::from_str(text).map_err(|e| {
-        RunError::Spec(format!(
-            "{} is not a valid spec: {e}",
-            murmur_core::contract::env::JOB_SPEC
-        ))
-    })?;
-    let job = DecentralizedTrainingJob::new(&env.job, spec);
-    murmur_core::api::validate(&job).map_err(|violations| {
-        RunError::Spec(
-            violations
-                .iter()
-                .map(|v| format!("{}: {}", v.field, v.message))
-                .collect::<Vec<_>>()
-                .join("; "),
-        )
-    })?;
-    Ok(Some(job.spec))
-}
 
 /// SIGTERM or SIGINT seen: leave at the next round boundary.
 #[derive(Default)]
@@ -233,30 +119,6 @@ impl Exchange for Timed<'_> {
     }
 }
 
-/// How many members beyond its neighbourhood a joiner asks for state at a time.
-const STATE_ASK_BATCH: usize = 8;
-
-/// How many rounds a neighbour may be ahead before we take its state: past this, our payloads
-/// are stale to it and its are out of our window, so rounds with it no longer meet.
-const CATCH_UP_ROUNDS: u64 = crate::transport::book::STALE_ROUNDS;
-
-/// The members of `doc` other than `me` and its `neighbours`, in the order a joiner asks them
-/// for state: ids just above its own first, wrapping around, so that joiners spread their asks.
-fn beyond_neighbourhood(
-    doc: &TopologyDocument,
-    me: MemberId,
-    neighbours: &[MemberId],
-) -> Vec<MemberId> {
-    let mut ids: Vec<MemberId> = doc
-        .members
-        .iter()
-        .map(|m| m.id)
-        .filter(|&id| id != me && !neighbours.contains(&id))
-        .collect();
-    ids.sort_by_key(|&id| (id < me, id));
-    ids
-}
-
 /// Everything the loop touches, so helpers stay small.
 struct Trainer<B: AutodiffBackend> {
     env: TrainerEnv,
@@ -290,129 +152,6 @@ impl<B: AutodiffBackend> Trainer<B> {
         format!("{}/{}", self.env.namespace, self.env.job)
     }
 
-    /// Answer joining members with our step and parameters.
-    fn serve_state_requests(&mut self) {
-        let requests = self.transport.take_state_requests();
-        if requests.is_empty() {
-            return;
-        }
-        let parameters = self.member.parameters();
-        for request in requests {
-            tracing::info!(
-                peer = request.from,
-                step = self.step,
-                "sending state to a joining member"
-            );
-            self.transport.reply_state(request, self.step, &parameters);
-        }
-    }
-
-    /// Follow the newest topology, if it includes us. Called at round boundaries only.
-    fn apply_topology(&mut self) -> bool {
-        let latest = self.topology.borrow_and_update().clone();
-        let Some(followed) = latest else {
-            return self.hood.is_some();
-        };
-        if self
-            .followed
-            .as_ref()
-            .is_some_and(|f| f.view.version == followed.view.version)
-        {
-            return self.hood.is_some();
-        }
-        let me = self.env.member_id;
-        let view = &followed.view;
-        let mut addresses: BTreeMap<MemberId, String> = view
-            .neighbours
-            .iter()
-            .filter_map(|n| Some((n.id, n.address.clone()?)))
-            .collect();
-        let agreements = match &followed.document {
-            Some(doc) if self.whole => {
-                addresses.extend(
-                    doc.members
-                        .iter()
-                        .filter(|m| m.id != me)
-                        .filter_map(|m| Some((m.id, m.address.clone()?))),
-                );
-                Agreements::all(doc.version)
-            }
-            _ => Agreements {
-                by_peer: view
-                    .neighbours
-                    .iter()
-                    .map(|n| (n.id, edge_agreement(n.weight)))
-                    .collect(),
-                others: 0,
-            },
-        };
-        self.transport.set_topology(agreements, addresses);
-        let whole = followed.document.as_ref().filter(|_| self.whole);
-        self.hood = Neighbourhood::from_view(view, whole);
-        match &self.hood {
-            Some(hood) => {
-                let neighbours: Vec<MemberId> = hood.neighbours.iter().map(|(id, _)| *id).collect();
-                self.transport.connect(&neighbours);
-                tracing::info!(version = view.version, ?neighbours, "following topology");
-            }
-            None => {
-                tracing::warn!(
-                    version = view.version,
-                    "this member is not in the topology; pausing"
-                );
-                if let (Some(c), Some(report)) = (self.control.clone(), self.join.clone()) {
-                    tokio::spawn(async move { c.post_retrying(&c.join_path(), &report, 3).await });
-                }
-            }
-        }
-        let version = view.version;
-        self.observed.update(|s| s.topology_version = version);
-        self.followed = Some(followed);
-        self.hood.is_some()
-    }
-
-    /// The version of the topology followed (0 before the first).
-    fn topology_version(&self) -> u64 {
-        self.followed.as_ref().map_or(0, |f| f.view.version)
-    }
-
-    /// Whether the job has come further than this member: the step the topology carries is
-    /// ahead of ours.
-    fn job_ahead(&self) -> bool {
-        self.followed
-            .as_ref()
-            .is_some_and(|f| f.view.step > self.step)
-    }
-
-    /// The members beyond our neighbourhood, nearest last, for a joiner whose neighbours have
-    /// not trained: read from the whole document (fetched once for this, when only the view is
-    /// followed), their addresses handed to the transport.
-    async fn members_beyond(&self, neighbours: &[MemberId]) -> Vec<MemberId> {
-        let held = self.followed.as_ref().and_then(|f| f.document.clone());
-        let doc = match (held, &self.control) {
-            (Some(doc), _) => doc,
-            (None, Some(c)) => match c.document_after(0).await {
-                Ok(Some(doc)) => doc,
-                Ok(None) => return Vec::new(),
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot read the whole topology to find members beyond the neighbourhood");
-                    return Vec::new();
-                }
-            },
-            (None, None) => return Vec::new(),
-        };
-        let me = self.env.member_id;
-        self.transport.learn_addresses(
-            doc.members
-                .iter()
-                .filter(|m| m.id != me)
-                .filter_map(|m| Some((m.id, m.address.clone()?))),
-        );
-        let mut beyond = beyond_neighbourhood(&doc, me, neighbours);
-        beyond.reverse(); // popped from the back: nearest first
-        beyond
-    }
-
     async fn post_status(&self, attempts: u32) {
         if let Some(c) = &self.control {
             let status = self.observed.snapshot();
@@ -436,149 +175,6 @@ impl<B: AutodiffBackend> Trainer<B> {
             let status = self.observed.snapshot();
             tokio::spawn(async move { c.post_retrying(&c.status_path(), &status, 5).await });
         }
-    }
-
-    /// Wait (serving state requests) until a topology that includes us arrives.
-    async fn wait_for_topology(&mut self) -> bool {
-        loop {
-            if self.stop.raised() {
-                return false;
-            }
-            if self.apply_topology() {
-                return true;
-            }
-            self.serve_state_requests();
-            let stopped = self.stop.bell.notified();
-            tokio::select! {
-                _ = self.topology.changed() => {}
-                _ = stopped => {}
-                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
-            }
-        }
-    }
-
-    /// Ask the neighbours for their state; adopt the most advanced one if it is ahead of ours.
-    /// Starting members meet here too: it returns once every neighbour is connected and has
-    /// answered, or one is ahead (we are joining a running job), or the startup timeout passes.
-    /// When the topology says the job is under way and no neighbour has trained (a whole clique
-    /// replaced at once), the members beyond the neighbourhood are asked, a few at a time, until
-    /// one is ahead.
-    async fn fetch_state(&mut self, timeout: Duration) -> Result<(), RunError> {
-        let neighbours: Vec<MemberId> = self
-            .hood
-            .as_ref()
-            .map(|h| h.neighbours.iter().map(|(id, _)| *id).collect())
-            .unwrap_or_default();
-        let under_way = self.job_ahead();
-        let mut beyond: Option<Vec<MemberId>> = None;
-        for &n in &neighbours {
-            self.transport.request_state(n);
-        }
-        let mut asked_beyond: Vec<MemberId> = Vec::new();
-        let deadline = Instant::now() + timeout;
-        let mut replies: Vec<StateReply> = Vec::new();
-        loop {
-            self.serve_state_requests();
-            replies.extend(self.transport.take_state_replies());
-            let connected = self.transport.connected_peers();
-            let replied = |n: &MemberId| replies.iter().any(|r| r.from == *n);
-            let everyone = neighbours
-                .iter()
-                .all(|n| connected.contains(n) && replied(n))
-                && asked_beyond.iter().all(replied);
-            let ahead = replies.iter().any(|r| r.step > self.step);
-            if ahead || self.stop.raised() || (everyone && !under_way) {
-                break;
-            }
-            if everyone {
-                if beyond.is_none() {
-                    beyond = Some(self.members_beyond(&neighbours).await);
-                }
-                let beyond = beyond.as_mut().expect("just found");
-                if beyond.is_empty() {
-                    tracing::warn!("the job is under way, but no member that answered has trained");
-                    break;
-                }
-                let batch: Vec<MemberId> =
-                    (0..STATE_ASK_BATCH).map_while(|_| beyond.pop()).collect();
-                tracing::info!(
-                    ?batch,
-                    "no neighbour has trained yet; asking members beyond them"
-                );
-                for &n in &batch {
-                    self.transport.request_state(n);
-                }
-                asked_beyond.extend(batch);
-                continue;
-            }
-            if Instant::now() >= deadline {
-                tracing::warn!(
-                    ?neighbours,
-                    ?connected,
-                    "not every neighbour showed up in time; starting without them"
-                );
-                break;
-            }
-            self.transport
-                .changed(tokio::time::Instant::now() + Duration::from_millis(200))
-                .await;
-        }
-        if let Some((peer, step)) = self.adopt_best(&replies)? {
-            tracing::info!(peer, step, "state transferred from a neighbour");
-        }
-        Ok(())
-    }
-
-    /// Take the state of the most advanced of `replies`, if it is ahead of ours: its peer and
-    /// step.
-    fn adopt_best(&mut self, replies: &[StateReply]) -> Result<Option<(MemberId, u64)>, RunError> {
-        let Some(best) = replies
-            .iter()
-            .filter(|r| r.step > self.step && r.parameters.len() == self.member.layout().len())
-            .max_by_key(|r| r.step)
-        else {
-            return Ok(None);
-        };
-        self.member.set_parameters(&best.parameters)?;
-        self.step = best.step;
-        Ok(Some((best.from, best.step)))
-    }
-
-    /// Rounds with neighbours far ahead of us no longer meet: we wait a round timeout for each
-    /// of their payloads, they for ours, and neither side ever catches up (a member that fell
-    /// behind while a neighbour of it was lost, or while it was starved of CPU). Take the state
-    /// of the most advanced of them, as a joiner does, and go on in step with them.
-    async fn catch_up(&mut self) -> Result<(), RunError> {
-        let ahead = self.transport.far_ahead(CATCH_UP_ROUNDS);
-        if ahead.is_empty() {
-            return Ok(());
-        }
-        for &peer in &ahead {
-            self.transport.request_state(peer);
-        }
-        let deadline = Instant::now() + self.plan.round_timeout;
-        let mut replies: Vec<StateReply> = Vec::new();
-        loop {
-            self.serve_state_requests();
-            replies.extend(self.transport.take_state_replies());
-            let answered = ahead.iter().all(|p| replies.iter().any(|r| r.from == *p));
-            if answered || self.stop.raised() || Instant::now() >= deadline {
-                break;
-            }
-            self.transport
-                .changed(tokio::time::Instant::now() + Duration::from_millis(200))
-                .await;
-        }
-        let behind = self.step;
-        if let Some((peer, step)) = self.adopt_best(&replies)? {
-            tracing::info!(
-                peer,
-                step,
-                behind = step - behind,
-                "caught up with a neighbour far ahead"
-            );
-        }
-        Ok(())
     }
 
     fn report_drops(&self) {
@@ -605,50 +201,6 @@ impl<B: AutodiffBackend> Trainer<B> {
         }
     }
 
-    fn checkpoint(&self) -> Result<(), RunError> {
-        let Some(dir) = &self.env.checkpoint_dir else {
-            return Ok(());
-        };
-        let (model, optimizer) = self.member.records()?;
-        let path = Checkpoint {
-            meta: CheckpointMeta {
-                job: self.job_key(),
-                member_id: self.env.member_id,
-                step: self.step,
-                topology_version: self.topology_version(),
-                layout_fingerprint: self.member.layout().fingerprint(),
-            },
-            model,
-            optimizer,
-        }
-        .save(dir)?;
-        tracing::info!(step = self.step, file = %path.display(), "checkpoint written");
-        Ok(())
-    }
-
-    fn restore_checkpoint(&mut self) -> Result<(), RunError> {
-        let Some(dir) = self.env.checkpoint_dir.clone() else {
-            return Ok(());
-        };
-        let (best, skipped) =
-            newest_valid(&dir, &self.job_key(), self.member.layout().fingerprint());
-        for e in skipped {
-            tracing::warn!(error = %e, "skipping a checkpoint");
-        }
-        if let Some((path, c)) = best {
-            match self.member.restore(c.model, c.optimizer) {
-                Ok(()) => {
-                    self.step = c.meta.step;
-                    tracing::info!(step = self.step, file = %path.display(), "resumed from checkpoint");
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, file = %path.display(), "skipping a checkpoint")
-                }
-            }
-        }
-        Ok(())
-    }
-
     fn evaluate(&mut self) -> f64 {
         let (accuracy, _) = self.member.evaluate(&self.test);
         self.observed
@@ -663,20 +215,6 @@ impl<B: AutodiffBackend> Trainer<B> {
         self.post_status(2).await;
         tracing::info!(step = self.step, "left the job");
         Ok(Outcome::Left { step: self.step })
-    }
-
-    /// The lowest member of the topology writes the final model.
-    fn write_final_model(&mut self) -> Result<(), RunError> {
-        let Some(dir) = self.env.model_dir().map(Path::to_path_buf) else {
-            return Ok(());
-        };
-        if !self.followed.as_ref().is_some_and(|f| f.view.writes_model) {
-            return Ok(());
-        }
-        let parameters = self.member.parameters();
-        write_model(self.member.model(), self.member.layout(), &parameters, &dir)?;
-        tracing::info!(dir = %dir.display(), "final model written (model.mpk, model.safetensors)");
-        Ok(())
     }
 
     /// Asynchronous gossip, stopping target reached: keep answering neighbours that still train
@@ -821,51 +359,6 @@ impl<B: AutodiffBackend> Trainer<B> {
             accuracy,
         })
     }
-}
-
-/// Write the model as a burn record (`model.mpk`) and as safetensors (`model.safetensors`).
-pub fn write_model<B: AutodiffBackend>(
-    model: &Model<B>,
-    layout: &Layout,
-    parameters: &[f32],
-    dir: &Path,
-) -> Result<(), RunError> {
-    let fail = |file: &Path, message: String| RunError::FinalModel {
-        file: file.display().to_string(),
-        message,
-    };
-    std::fs::create_dir_all(dir).map_err(|e| fail(dir, e.to_string()))?;
-    let record_path = dir.join("model");
-    Recorder::<B>::record(
-        &NamedMpkFileRecorder::<FullPrecisionSettings>::new(),
-        model.clone().into_record(),
-        record_path.clone(),
-    )
-    .map_err(|e| fail(&record_path.with_extension("mpk"), e.to_string()))?;
-    let bytes: Vec<Vec<u8>> = layout
-        .slots
-        .iter()
-        .map(|slot| {
-            parameters[slot.offset..slot.offset + slot.len()]
-                .iter()
-                .flat_map(|v| v.to_le_bytes())
-                .collect()
-        })
-        .collect();
-    let tensors: Vec<(String, safetensors::tensor::TensorView<'_>)> = layout
-        .slots
-        .iter()
-        .zip(&bytes)
-        .map(|(slot, data)| {
-            safetensors::tensor::TensorView::new(safetensors::Dtype::F32, slot.shape.clone(), data)
-                .map(|view| (slot.path.clone(), view))
-        })
-        .collect::<Result<_, _>>()
-        .map_err(|e| fail(&dir.join("model.safetensors"), e.to_string()))?;
-    let path = dir.join("model.safetensors");
-    safetensors::tensor::serialize_to_file(tensors, None, &path)
-        .map_err(|e| fail(&path, e.to_string()))?;
-    Ok(())
 }
 
 /// Run one member to the end. Call inside a multi-threaded tokio runtime's `block_on`: the

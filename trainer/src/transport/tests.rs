@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::frame::Reject;
+use super::sessions::{skip_kind, skip_purpose};
 use super::*;
 
 const TIMEOUT: Duration = Duration::from_secs(5);

@@ -1,0 +1,307 @@
+//! Following the topology and moving state between members: applying a new topology, waiting
+//! for one, the joiner's state fetch, catching up with neighbours far ahead, answering joiners.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use burn::tensor::backend::AutodiffBackend;
+
+use murmur_core::contract::TopologyDocument;
+use murmur_core::contract::view::edge_agreement;
+use murmur_core::topology::MemberId;
+
+use super::{RunError, Trainer};
+use crate::algorithms::Neighbourhood;
+use crate::transport::{Agreements, StateReply};
+
+/// How many members beyond its neighbourhood a joiner asks for state at a time.
+const STATE_ASK_BATCH: usize = 8;
+
+/// How many rounds a neighbour may be ahead before we take its state: past this, our payloads
+/// are stale to it and its are out of our window, so rounds with it no longer meet.
+const CATCH_UP_ROUNDS: u64 = crate::transport::book::STALE_ROUNDS;
+
+/// The members of `doc` other than `me` and its `neighbours`, in the order a joiner asks them
+/// for state: ids just above its own first, wrapping around, so that joiners spread their asks.
+fn beyond_neighbourhood(
+    doc: &TopologyDocument,
+    me: MemberId,
+    neighbours: &[MemberId],
+) -> Vec<MemberId> {
+    let mut ids: Vec<MemberId> = doc
+        .members
+        .iter()
+        .map(|m| m.id)
+        .filter(|&id| id != me && !neighbours.contains(&id))
+        .collect();
+    ids.sort_by_key(|&id| (id < me, id));
+    ids
+}
+
+impl<B: AutodiffBackend> Trainer<B> {
+    /// Answer joining members with our step and parameters.
+    pub(super) fn serve_state_requests(&mut self) {
+        let requests = self.transport.take_state_requests();
+        if requests.is_empty() {
+            return;
+        }
+        let parameters = self.member.parameters();
+        for request in requests {
+            tracing::info!(
+                peer = request.from,
+                step = self.step,
+                "sending state to a joining member"
+            );
+            self.transport.reply_state(request, self.step, &parameters);
+        }
+    }
+
+    /// Follow the newest topology, if it includes us. Called at round boundaries only.
+    pub(super) fn apply_topology(&mut self) -> bool {
+        let latest = self.topology.borrow_and_update().clone();
+        let Some(followed) = latest else {
+            return self.hood.is_some();
+        };
+        if self
+            .followed
+            .as_ref()
+            .is_some_and(|f| f.view.version == followed.view.version)
+        {
+            return self.hood.is_some();
+        }
+        let me = self.env.member_id;
+        let view = &followed.view;
+        let mut addresses: BTreeMap<MemberId, String> = view
+            .neighbours
+            .iter()
+            .filter_map(|n| Some((n.id, n.address.clone()?)))
+            .collect();
+        let agreements = match &followed.document {
+            Some(doc) if self.whole => {
+                addresses.extend(
+                    doc.members
+                        .iter()
+                        .filter(|m| m.id != me)
+                        .filter_map(|m| Some((m.id, m.address.clone()?))),
+                );
+                Agreements::all(doc.version)
+            }
+            _ => Agreements {
+                by_peer: view
+                    .neighbours
+                    .iter()
+                    .map(|n| (n.id, edge_agreement(n.weight)))
+                    .collect(),
+                others: 0,
+            },
+        };
+        self.transport.set_topology(agreements, addresses);
+        let whole = followed.document.as_ref().filter(|_| self.whole);
+        self.hood = Neighbourhood::from_view(view, whole);
+        match &self.hood {
+            Some(hood) => {
+                let neighbours: Vec<MemberId> = hood.neighbours.iter().map(|(id, _)| *id).collect();
+                self.transport.connect(&neighbours);
+                tracing::info!(version = view.version, ?neighbours, "following topology");
+            }
+            None => {
+                tracing::warn!(
+                    version = view.version,
+                    "this member is not in the topology; pausing"
+                );
+                if let (Some(c), Some(report)) = (self.control.clone(), self.join.clone()) {
+                    tokio::spawn(async move { c.post_retrying(&c.join_path(), &report, 3).await });
+                }
+            }
+        }
+        let version = view.version;
+        self.observed.update(|s| s.topology_version = version);
+        self.followed = Some(followed);
+        self.hood.is_some()
+    }
+
+    /// The version of the topology followed (0 before the first).
+    pub(super) fn topology_version(&self) -> u64 {
+        self.followed.as_ref().map_or(0, |f| f.view.version)
+    }
+
+    /// Whether the job has come further than this member: the step the topology carries is
+    /// ahead of ours.
+    pub(super) fn job_ahead(&self) -> bool {
+        self.followed
+            .as_ref()
+            .is_some_and(|f| f.view.step > self.step)
+    }
+
+    /// The members beyond our neighbourhood, nearest last, for a joiner whose neighbours have
+    /// not trained: read from the whole document (fetched once for this, when only the view is
+    /// followed), their addresses handed to the transport.
+    async fn members_beyond(&self, neighbours: &[MemberId]) -> Vec<MemberId> {
+        let held = self.followed.as_ref().and_then(|f| f.document.clone());
+        let doc = match (held, &self.control) {
+            (Some(doc), _) => doc,
+            (None, Some(c)) => match c.document_after(0).await {
+                Ok(Some(doc)) => doc,
+                Ok(None) => return Vec::new(),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the whole topology to find members beyond the neighbourhood");
+                    return Vec::new();
+                }
+            },
+            (None, None) => return Vec::new(),
+        };
+        let me = self.env.member_id;
+        self.transport.learn_addresses(
+            doc.members
+                .iter()
+                .filter(|m| m.id != me)
+                .filter_map(|m| Some((m.id, m.address.clone()?))),
+        );
+        let mut beyond = beyond_neighbourhood(&doc, me, neighbours);
+        beyond.reverse(); // popped from the back: nearest first
+        beyond
+    }
+
+    /// Wait (serving state requests) until a topology that includes us arrives.
+    pub(super) async fn wait_for_topology(&mut self) -> bool {
+        loop {
+            if self.stop.raised() {
+                return false;
+            }
+            if self.apply_topology() {
+                return true;
+            }
+            self.serve_state_requests();
+            let stopped = self.stop.bell.notified();
+            tokio::select! {
+                _ = self.topology.changed() => {}
+                _ = stopped => {}
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            }
+        }
+    }
+
+    /// Ask the neighbours for their state; adopt the most advanced one if it is ahead of ours.
+    /// Starting members meet here too: it returns once every neighbour is connected and has
+    /// answered, or one is ahead (we are joining a running job), or the startup timeout passes.
+    /// When the topology says the job is under way and no neighbour has trained (a whole clique
+    /// replaced at once), the members beyond the neighbourhood are asked, a few at a time, until
+    /// one is ahead.
+    pub(super) async fn fetch_state(&mut self, timeout: Duration) -> Result<(), RunError> {
+        let neighbours: Vec<MemberId> = self
+            .hood
+            .as_ref()
+            .map(|h| h.neighbours.iter().map(|(id, _)| *id).collect())
+            .unwrap_or_default();
+        let under_way = self.job_ahead();
+        let mut beyond: Option<Vec<MemberId>> = None;
+        for &n in &neighbours {
+            self.transport.request_state(n);
+        }
+        let mut asked_beyond: Vec<MemberId> = Vec::new();
+        let deadline = Instant::now() + timeout;
+        let mut replies: Vec<StateReply> = Vec::new();
+        loop {
+            self.serve_state_requests();
+            replies.extend(self.transport.take_state_replies());
+            let connected = self.transport.connected_peers();
+            let replied = |n: &MemberId| replies.iter().any(|r| r.from == *n);
+            let everyone = neighbours
+                .iter()
+                .all(|n| connected.contains(n) && replied(n))
+                && asked_beyond.iter().all(replied);
+            let ahead = replies.iter().any(|r| r.step > self.step);
+            if ahead || self.stop.raised() || (everyone && !under_way) {
+                break;
+            }
+            if everyone {
+                if beyond.is_none() {
+                    beyond = Some(self.members_beyond(&neighbours).await);
+                }
+                let beyond = beyond.as_mut().expect("just found");
+                if beyond.is_empty() {
+                    tracing::warn!("the job is under way, but no member that answered has trained");
+                    break;
+                }
+                let batch: Vec<MemberId> =
+                    (0..STATE_ASK_BATCH).map_while(|_| beyond.pop()).collect();
+                tracing::info!(
+                    ?batch,
+                    "no neighbour has trained yet; asking members beyond them"
+                );
+                for &n in &batch {
+                    self.transport.request_state(n);
+                }
+                asked_beyond.extend(batch);
+                continue;
+            }
+            if Instant::now() >= deadline {
+                tracing::warn!(
+                    ?neighbours,
+                    ?connected,
+                    "not every neighbour showed up in time; starting without them"
+                );
+                break;
+            }
+            self.transport
+                .changed(tokio::time::Instant::now() + Duration::from_millis(200))
+                .await;
+        }
+        if let Some((peer, step)) = self.adopt_best(&replies)? {
+            tracing::info!(peer, step, "state transferred from a neighbour");
+        }
+        Ok(())
+    }
+
+    /// Take the state of the most advanced of `replies`, if it is ahead of ours: its peer and
+    /// step.
+    fn adopt_best(&mut self, replies: &[StateReply]) -> Result<Option<(MemberId, u64)>, RunError> {
+        let Some(best) = replies
+            .iter()
+            .filter(|r| r.step > self.step && r.parameters.len() == self.member.layout().len())
+            .max_by_key(|r| r.step)
+        else {
+            return Ok(None);
+        };
+        self.member.set_parameters(&best.parameters)?;
+        self.step = best.step;
+        Ok(Some((best.from, best.step)))
+    }
+
+    /// Rounds with neighbours far ahead of us no longer meet: we wait a round timeout for each
+    /// of their payloads, they for ours, and neither side ever catches up (a member that fell
+    /// behind while a neighbour of it was lost, or while it was starved of CPU). Take the state
+    /// of the most advanced of them, as a joiner does, and go on in step with them.
+    pub(super) async fn catch_up(&mut self) -> Result<(), RunError> {
+        let ahead = self.transport.far_ahead(CATCH_UP_ROUNDS);
+        if ahead.is_empty() {
+            return Ok(());
+        }
+        for &peer in &ahead {
+            self.transport.request_state(peer);
+        }
+        let deadline = Instant::now() + self.plan.round_timeout;
+        let mut replies: Vec<StateReply> = Vec::new();
+        loop {
+            self.serve_state_requests();
+            replies.extend(self.transport.take_state_replies());
+            let answered = ahead.iter().all(|p| replies.iter().any(|r| r.from == *p));
+            if answered || self.stop.raised() || Instant::now() >= deadline {
+                break;
+            }
+            self.transport
+                .changed(tokio::time::Instant::now() + Duration::from_millis(200))
+                .await;
+        }
+        let behind = self.step;
+        if let Some((peer, step)) = self.adopt_best(&replies)? {
+            tracing::info!(
+                peer,
+                step,
+                behind = step - behind,
+                "caught up with a neighbour far ahead"
+            );
+        }
+        Ok(())
+    }
+}
