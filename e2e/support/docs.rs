@@ -221,6 +221,40 @@ pub fn commands(markdown: &str, program: &str) -> Vec<(usize, Vec<String>)> {
     found
 }
 
+/// Every `program` command of every page, checked with `parse` (its error, if it does not
+/// parse): how many there are, and `page:line: command` with the error for each that fails.
+pub fn unparsable(
+    workspace: &Path,
+    program: &str,
+    parse: impl Fn(&[String]) -> Option<String>,
+) -> (usize, Vec<String>) {
+    let mut seen = 0;
+    let mut bad = Vec::new();
+    for page in pages(workspace) {
+        let text = std::fs::read_to_string(&page).unwrap();
+        for (line, words) in commands(&text, program) {
+            seen += 1;
+            if let Some(error) = parse(&words) {
+                bad.push(format!(
+                    "{}:{line}: {}\n{error}",
+                    page.display(),
+                    words.join(" ")
+                ));
+            }
+        }
+    }
+    (seen, bad)
+}
+
+/// What clap says of `words` as a command line of `P`, unless it parses (or asks for help).
+pub fn clap_error<P: clap::Parser>(words: &[String]) -> Option<String> {
+    use clap::error::ErrorKind::{DisplayHelp, DisplayVersion};
+    P::try_parse_from(words)
+        .err()
+        .filter(|e| !matches!(e.kind(), DisplayHelp | DisplayVersion))
+        .map(|e| e.to_string())
+}
+
 /// The words of one simple command if it runs `program`.
 fn command_words(piece: &str, program: &str) -> Option<Vec<String>> {
     let piece = piece.split(['|', '>', '<', '&']).next().unwrap_or("");

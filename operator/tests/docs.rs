@@ -1,12 +1,12 @@
-//! The README and `docs/` stay true: every relative link resolves, every `murmur` command they
-//! show parses with the current command line, and the API reference is what the CRD generates.
+//! The README and `docs/` stay true: every relative link resolves, and every `murmur` command
+//! they show parses with the current command line (`tests/cli.rs` checks the generated API
+//! reference against the CRD).
 
 #[path = "../../e2e/support/docs.rs"]
 mod docs;
 
 use std::path::{Path, PathBuf};
 
-use clap::Parser;
 use murmur::cli::Cli;
 
 fn workspace() -> PathBuf {
@@ -24,24 +24,7 @@ fn every_relative_link_in_the_readme_and_docs_resolves() {
 
 #[test]
 fn every_murmur_command_in_the_readme_and_docs_parses() {
-    let mut seen = 0;
-    let mut bad = Vec::new();
-    for page in docs::pages(&workspace()) {
-        let text = std::fs::read_to_string(&page).unwrap();
-        for (line, words) in docs::commands(&text, "murmur") {
-            seen += 1;
-            if let Err(e) = Cli::try_parse_from(&words) {
-                use clap::error::ErrorKind::{DisplayHelp, DisplayVersion};
-                if !matches!(e.kind(), DisplayHelp | DisplayVersion) {
-                    bad.push(format!(
-                        "{}:{line}: {}\n{e}",
-                        page.display(),
-                        words.join(" ")
-                    ));
-                }
-            }
-        }
-    }
+    let (seen, bad) = docs::unparsable(&workspace(), "murmur", docs::clap_error::<Cli>);
     assert!(
         seen >= 5,
         "only {seen} murmur commands found: is the scanner reading the pages?"
