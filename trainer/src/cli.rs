@@ -7,8 +7,8 @@ use crate::compression::Compression;
 use crate::data::{self, DataError, partition::Partition};
 use crate::runtime::{self, RunError, RunOptions, RunSetup};
 use crate::simulator::{self, SimulationConfig, SimulationError, TopologyChoice, output};
-use clap::{Parser, Subcommand, ValueEnum};
-use murmur_core::api::{AlgorithmKind, ModelKind, OptimizerKind};
+use clap::{Parser, Subcommand};
+use murmur_core::api::{AlgorithmKind, Backend, ModelKind, OptimizerKind};
 use murmur_core::contract::TrainerEnv;
 use murmur_core::topology::TopologyOptions;
 
@@ -65,35 +65,6 @@ struct RunArgs {
     startup_timeout: murmur_core::api::Duration,
 }
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum Model {
-    Logistic,
-    Mlp,
-    GnLenet,
-}
-
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum Algorithm {
-    Auto,
-    Dpsgd,
-    Gossip,
-    CliqueAveraging,
-    Moshpit,
-    AsyncGossip,
-}
-
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum Backend {
-    Cpu,
-    Cuda,
-}
-
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum Optim {
-    Sgd,
-    Adam,
-}
-
 #[derive(clap::Args, Debug)]
 struct SimulateArgs {
     #[arg(long, default_value_t = 100)]
@@ -110,10 +81,11 @@ struct SimulateArgs {
     #[arg(long, default_value = "classes-per-member:1")]
     partition: String,
     #[arg(long, value_enum, default_value = "logistic")]
-    model: Model,
-    /// auto: clique averaging on dcliques and proxy-clumps, Moshpit on moshpit, D-PSGD elsewhere.
-    #[arg(long, value_enum, default_value = "auto")]
-    algorithm: Algorithm,
+    model: ModelKind,
+    /// Unset: clique averaging on dcliques and proxy-clumps, Moshpit on moshpit, D-PSGD
+    /// elsewhere.
+    #[arg(long, value_enum)]
+    algorithm: Option<AlgorithmKind>,
     #[arg(long, default_value_t = 500)]
     steps: u64,
     #[arg(long, default_value_t = 50)]
@@ -123,7 +95,7 @@ struct SimulateArgs {
     #[arg(long, default_value_t = 0.05)]
     learning_rate: f64,
     #[arg(long, value_enum, default_value = "sgd")]
-    optimizer: Optim,
+    optimizer: OptimizerKind,
     #[arg(long, default_value_t = 0.9)]
     momentum: f64,
     /// Steps between averaging rounds (1 or more), or auto: each edge at its own pace, by how
@@ -409,12 +381,12 @@ fn run_member(args: RunArgs) -> Result<(), CliError> {
         .build()
         .expect("a tokio runtime");
     let outcome = match backend {
-        murmur_core::api::Backend::Cpu => tokio.block_on(runtime::run::<crate::backend::Cpu>(
+        Backend::Cpu => tokio.block_on(runtime::run::<crate::backend::Cpu>(
             setup,
             Default::default(),
         ))?,
         #[cfg(feature = "cuda")]
-        murmur_core::api::Backend::Cuda => {
+        Backend::Cuda => {
             cuda_driver_present()?;
             tokio.block_on(
                 runtime::run::<burn::backend::Autodiff<burn::backend::Cuda>>(
@@ -424,7 +396,7 @@ fn run_member(args: RunArgs) -> Result<(), CliError> {
             )?
         }
         #[cfg(not(feature = "cuda"))]
-        murmur_core::api::Backend::Cuda => {
+        Backend::Cuda => {
             return Err(CliError::Flag(
                 "MURMUR_BACKEND=cuda: this murmur-trainer was built without CUDA; rebuild with `cargo build --release -p murmur-trainer --features cuda`".into(),
             ));
@@ -469,29 +441,15 @@ fn simulate(args: SimulateArgs) -> Result<(), CliError> {
     let config = SimulationConfig {
         members: args.members,
         topologies,
-        algorithm: match args.algorithm {
-            Algorithm::Auto => None,
-            Algorithm::Dpsgd => Some(AlgorithmKind::Dpsgd),
-            Algorithm::Gossip => Some(AlgorithmKind::Gossip),
-            Algorithm::CliqueAveraging => Some(AlgorithmKind::CliqueAveraging),
-            Algorithm::Moshpit => Some(AlgorithmKind::Moshpit),
-            Algorithm::AsyncGossip => Some(AlgorithmKind::AsyncGossip),
-        },
+        algorithm: args.algorithm,
         partition: Partition::parse(&args.partition)
             .map_err(|e| CliError::Flag(format!("--partition: {e}")))?,
-        model: match args.model {
-            Model::Logistic => ModelKind::LogisticRegression,
-            Model::Mlp => ModelKind::Mlp,
-            Model::GnLenet => ModelKind::GnLenet,
-        },
+        model: args.model,
         steps: args.steps,
         eval_every: args.eval_every,
         batch_size: args.batch_size,
         learning_rate: args.learning_rate,
-        optimizer: match args.optimizer {
-            Optim::Sgd => OptimizerKind::Sgd,
-            Optim::Adam => OptimizerKind::Adam,
-        },
+        optimizer: args.optimizer,
         momentum: args.momentum,
         averaging: averaging(&args)?,
         compression: compression(&args.compression)?,

@@ -182,6 +182,7 @@ impl TopologySpec {
     pub const DEFAULT_CLIQUE_SIZE: u32 = 10;
 }
 
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 #[serde(rename_all = "camelCase")]
 pub enum AlgorithmKind {
@@ -396,9 +397,14 @@ pub struct CompressionSpec {
     pub ratio: Option<f64>,
 }
 
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[serde(rename_all = "camelCase")]
 pub enum ModelKind {
+    #[cfg_attr(
+        feature = "cli",
+        value(name = "logistic", alias = "logistic-regression")
+    )]
     LogisticRegression,
     Mlp,
     GnLenet,
@@ -503,6 +509,7 @@ pub struct PartitionSpec {
     pub k: Option<u32>,
 }
 
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 #[serde(rename_all = "camelCase")]
 pub enum OptimizerKind {
@@ -523,6 +530,7 @@ pub struct OptimizerSpec {
     pub momentum: Option<f64>,
 }
 
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 #[serde(rename_all = "camelCase")]
 pub enum Backend {
