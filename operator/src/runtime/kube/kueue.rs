@@ -9,7 +9,6 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::resources;
 use murmur_core::api::DecentralizedTrainingJob;
 
 /// The job label naming its Kueue LocalQueue; copied to every member's pod.
@@ -39,7 +38,8 @@ pub fn group_name(job: &DecentralizedTrainingJob) -> String {
         .filter(char::is_ascii_alphanumeric)
         .take(8)
         .collect();
-    format!("{}-{uid}", resources::name(job))
+    let name = job.metadata.name.as_deref().unwrap_or_default();
+    format!("{name}-{uid}")
 }
 
 /// Make a member's pod (its metadata) part of the job's pod group, if the job names a queue.
