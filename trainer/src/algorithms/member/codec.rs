@@ -1,0 +1,111 @@
+//! Payloads: encoding values for peers, decoding what they sent, and sharing them through an
+//! [`Exchange`].
+
+use burn::tensor::backend::AutodiffBackend;
+
+use murmur_core::topology::MemberId;
+
+use super::Member;
+use crate::algorithms::{Exchange, Payload, Purpose, cadence};
+use crate::compression::{Compression, Decoded};
+
+impl<B: AutodiffBackend> Member<B> {
+    /// Payloads of `values` for each of `peers`. Top-k keeps codec state per destination, so its
+    /// estimates stay exact; the other codecs keep receivers stateless, so one encoding is shared
+    /// by all (int8's sender-side carry belongs to that one stream).
+    /// `trailer` (the cadence's, possibly empty) follows each encoding.
+    pub(super) fn encode(
+        &mut self,
+        peers: &[MemberId],
+        purpose: Purpose,
+        compression: Compression,
+        values: &[f32],
+        trailer: &[u8],
+    ) -> Vec<(MemberId, Payload)> {
+        let with_trailer = |mut bytes: Vec<u8>| {
+            bytes.extend_from_slice(trailer);
+            Payload::new(bytes)
+        };
+        let outgoing: Vec<(MemberId, Payload)> = match compression {
+            Compression::TopK { .. } => peers
+                .iter()
+                .map(|&to| {
+                    let bytes = self
+                        .encoders
+                        .entry((to, purpose))
+                        .or_default()
+                        .encode(compression, values);
+                    (to, with_trailer(bytes))
+                })
+                .collect(),
+            Compression::None | Compression::Fp16 | Compression::Int8 => {
+                let shared = with_trailer(
+                    self.shared_encoders
+                        .entry(purpose)
+                        .or_default()
+                        .encode(compression, values),
+                );
+                peers.iter().map(|&to| (to, shared.clone())).collect()
+            }
+        };
+        for (to, bytes) in &outgoing {
+            self.bytes_sent += bytes.len() as u64;
+            *self.bytes_sent_to.entry(*to).or_default() += bytes.len() as u64;
+        }
+        outgoing
+    }
+
+    /// Decoded payloads, with the gap each sender's cadence trailer (when `trailer`) gave me.
+    pub(super) fn decode_all(
+        &mut self,
+        purpose: Purpose,
+        compression: Compression,
+        received: Vec<(MemberId, Payload)>,
+        trailer: bool,
+    ) -> Vec<(MemberId, Decoded, Option<u64>)> {
+        let values = self.layout.len();
+        let me = self.id;
+        received
+            .into_iter()
+            .filter_map(|(from, bytes)| {
+                self.bytes_received += bytes.len() as u64;
+                // A payload that does not decode is dropped like a missing neighbour.
+                let (body, announced) = if trailer {
+                    let (body, entries) = cadence::read_trailer(&bytes)?;
+                    let mine = entries.iter().find(|(id, _)| *id == me).map(|(_, e)| *e);
+                    (body, mine)
+                } else {
+                    (bytes.len(), None)
+                };
+                let x = self
+                    .decoders
+                    .entry((from, purpose))
+                    .or_default()
+                    .decode_payload(compression, bytes, body, values)
+                    .ok()?;
+                Some((from, x, announced))
+            })
+            .collect()
+    }
+
+    /// Send `values` to `to` and receive from `from` (the same members, except on a one-peer
+    /// schedule); `trailer` (auto averaging) follows each payload.
+    pub(super) async fn share<E: Exchange>(
+        &mut self,
+        ex: &mut E,
+        round: u64,
+        purpose: Purpose,
+        (to, from): (&[MemberId], &[MemberId]),
+        values: &[f32],
+        trailer: Option<&[u8]>,
+    ) -> Vec<(MemberId, Decoded, Option<u64>)> {
+        // Gradients are never top-k'd: an estimate of a gradient stream is meaningless.
+        let compression = match (purpose, self.config.compression) {
+            (Purpose::Gradients, Compression::TopK { .. }) => Compression::None,
+            (_, c) => c,
+        };
+        let outgoing = self.encode(to, purpose, compression, values, trailer.unwrap_or(&[]));
+        let received = ex.exchange(round, purpose, outgoing, from).await;
+        self.decode_all(purpose, compression, received, trailer.is_some())
+    }
+}

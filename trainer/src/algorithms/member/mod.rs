@@ -1,0 +1,277 @@
+//! One member: its model, optimizer, shard and codec state, and the step that every algorithm
+//! shares — local gradient, (clique-averaged gradient,) optimizer step, averaging round.
+//!
+//! - here: the member's configuration, errors, optimizer, state and its access (parameters,
+//!   checkpoint records);
+//! - [`local`]: mini-batches, loss and gradients, and the step on local data only;
+//! - [`eval`]: forward passes that train nothing — test evaluation, proxy vectors, neighbours'
+//!   skews;
+//! - [`codec`]: payloads — encoding, decoding and sharing them through an [`Exchange`];
+//! - [`rounds`]: the synchronous step and its averaging rounds (D-PSGD, gossip, clique
+//!   averaging, Moshpit);
+//! - [`async_step`]: asynchronous gossip's step through a [`Mailbox`].
+//!
+//! [`Exchange`]: super::Exchange
+//! [`Mailbox`]: super::Mailbox
+
+mod async_step;
+mod codec;
+mod eval;
+mod local;
+mod rounds;
+
+use std::collections::BTreeMap;
+
+use burn::module::Module;
+use burn::optim::adaptor::OptimizerAdaptor;
+use burn::optim::{Adam, AdamConfig, GradientsParams, Optimizer};
+use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{Int, Tensor};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+use murmur_core::api::{AlgorithmKind, OptimizerKind};
+use murmur_core::topology::MemberId;
+
+use super::Purpose;
+use super::async_gossip::Requests;
+use super::cadence::{Averaging, Cadence};
+use super::sgd::InPlaceSgd;
+use crate::compression::{Compression, Decoder, Encoder};
+use crate::data::Dataset;
+use crate::model::{self, FlatError, Layout, Model};
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct MemberConfig {
+    pub algorithm: AlgorithmKind,
+    pub averaging: Averaging,
+    pub compression: Compression,
+    pub optimizer: OptimizerKind,
+    pub momentum: f64,
+    pub learning_rate: f64,
+    pub batch_size: usize,
+    pub seed: u64,
+    /// Moshpit grid side.
+    pub group_size: usize,
+    /// Asynchronous gossip: replies to requests older than this many steps are dropped.
+    pub max_staleness: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum MemberError {
+    #[error(transparent)]
+    Flat(#[from] FlatError),
+    #[error("member {member} has no training examples")]
+    EmptyShard { member: MemberId },
+    #[error("{what} record: {message}")]
+    Record { what: &'static str, message: String },
+}
+
+fn record_error(what: &'static str) -> impl Fn(burn::record::RecorderError) -> MemberError {
+    move |e| MemberError::Record {
+        what,
+        message: e.to_string(),
+    }
+}
+
+pub enum Optim<B: AutodiffBackend> {
+    Sgd(OptimizerAdaptor<InPlaceSgd, Model<B>, B>),
+    Adam(OptimizerAdaptor<Adam, Model<B>, B>),
+}
+
+impl<B: AutodiffBackend> Optim<B> {
+    fn new(kind: OptimizerKind, momentum: f64) -> Self {
+        match kind {
+            OptimizerKind::Sgd => Optim::Sgd(InPlaceSgd::new(momentum.max(0.0)).init()),
+            OptimizerKind::Adam => Optim::Adam(AdamConfig::new().init()),
+        }
+    }
+
+    fn step(&mut self, lr: f64, model: Model<B>, grads: GradientsParams) -> Model<B> {
+        match self {
+            Optim::Sgd(o) => o.step(lr, model, grads),
+            Optim::Adam(o) => o.step(lr, model, grads),
+        }
+    }
+
+    /// The optimizer state (momentum, Adam moments) as bytes, keyed by parameter id.
+    fn to_bytes(&self) -> Result<Vec<u8>, MemberError> {
+        let recorder = NamedMpkBytesRecorder::<FullPrecisionSettings>::new();
+        match self {
+            Optim::Sgd(o) => Recorder::<B>::record(&recorder, o.to_record(), ()),
+            Optim::Adam(o) => Recorder::<B>::record(&recorder, o.to_record(), ()),
+        }
+        .map_err(record_error("optimizer"))
+    }
+
+    fn load_bytes(self, bytes: Vec<u8>, device: &B::Device) -> Result<Self, MemberError> {
+        let recorder = NamedMpkBytesRecorder::<FullPrecisionSettings>::new();
+        Ok(match self {
+            Optim::Sgd(o) => Optim::Sgd(
+                o.load_record(
+                    recorder
+                        .load(bytes, device)
+                        .map_err(record_error("optimizer"))?,
+                ),
+            ),
+            Optim::Adam(o) => Optim::Adam(
+                o.load_record(
+                    recorder
+                        .load(bytes, device)
+                        .map_err(record_error("optimizer"))?,
+                ),
+            ),
+        })
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepReport {
+    pub loss: f64,
+    /// Peers that delivered in this step's rounds.
+    pub heard_from: usize,
+    /// Whether this step exchanged anything at all (not so between rounds).
+    pub exchanged: bool,
+    /// Distance from this member's parameters to the mean of its own and what its peers sent,
+    /// when an averaging round took place: what one member can see of the consensus distance.
+    pub local_disagreement: Option<f64>,
+}
+
+pub struct Member<B: AutodiffBackend> {
+    pub id: MemberId,
+    config: MemberConfig,
+    model: Option<Model<B>>,
+    optim: Optim<B>,
+    layout: Layout,
+    shard: Dataset,
+    order: Vec<usize>,
+    cursor: usize,
+    rng: ChaCha8Rng,
+    /// Top-k: one encoder per destination.
+    encoders: BTreeMap<(MemberId, Purpose), Encoder>,
+    /// The other codecs: one encoding for every destination (int8 carries its rounding error).
+    shared_encoders: BTreeMap<Purpose, Encoder>,
+    decoders: BTreeMap<(MemberId, Purpose), Decoder>,
+    /// Auto averaging: each edge's schedule.
+    cadence: Option<Cadence>,
+    /// Auto averaging: this step's mini-batch, on which neighbours' models are scored.
+    last_batch: Option<Batch<B::InnerBackend>>,
+    /// Asynchronous gossip: requests waiting for their replies.
+    requests: Requests,
+    pub bytes_sent: u64,
+    /// `bytes_sent` by destination: what crossed each link (cross-zone traffic is summed from it).
+    pub bytes_sent_to: BTreeMap<MemberId, u64>,
+    pub bytes_received: u64,
+    device: B::Device,
+    scratch: Vec<f32>,
+}
+
+/// A mini-batch: images and their labels.
+type Batch<B> = (Tensor<B, 2>, Tensor<B, 1, Int>);
+
+impl<B: AutodiffBackend> Member<B> {
+    pub fn new(
+        id: MemberId,
+        config: MemberConfig,
+        initial: Model<B>,
+        shard: Dataset,
+        device: B::Device,
+    ) -> Result<Self, MemberError> {
+        if shard.is_empty() {
+            return Err(MemberError::EmptyShard { member: id });
+        }
+        let layout = model::layout(&initial);
+        let rng = ChaCha8Rng::seed_from_u64(config.seed ^ (u64::from(id) << 32) ^ 0x5eed);
+        let cadence = match config.averaging {
+            Averaging::Auto(policy) => Some(Cadence::new(id, policy)),
+            Averaging::Every(_) => None,
+        };
+        Ok(Self {
+            cadence,
+            last_batch: None,
+            requests: Requests::default(),
+            id,
+            optim: Optim::new(config.optimizer, config.momentum),
+            config,
+            model: Some(initial),
+            layout,
+            order: (0..shard.len()).collect(),
+            cursor: usize::MAX,
+            shard,
+            rng,
+            encoders: BTreeMap::new(),
+            shared_encoders: BTreeMap::new(),
+            decoders: BTreeMap::new(),
+            bytes_sent: 0,
+            bytes_sent_to: BTreeMap::new(),
+            bytes_received: 0,
+            device,
+            scratch: Vec::new(),
+        })
+    }
+
+    pub fn model(&self) -> &Model<B> {
+        self.model.as_ref().expect("model present between steps")
+    }
+
+    pub fn parameters(&mut self) -> Vec<f32> {
+        let (model, values, _) = model::export(self.model.take().expect("model present"));
+        self.model = Some(model);
+        values
+    }
+
+    /// Replace the parameters (state transfer from a peer); the optimizer state stays.
+    pub fn set_parameters(&mut self, values: &[f32]) -> Result<(), MemberError> {
+        let model = self.model.take().expect("model present");
+        match model::import(model.clone(), values, &self.layout) {
+            Ok(m) => {
+                self.model = Some(m);
+                Ok(())
+            }
+            Err(e) => {
+                self.model = Some(model);
+                Err(e.into())
+            }
+        }
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// Model and optimizer state as burn records (named MessagePack), for checkpoints.
+    pub fn records(&self) -> Result<(Vec<u8>, Vec<u8>), MemberError> {
+        let recorder = NamedMpkBytesRecorder::<FullPrecisionSettings>::new();
+        let model = Recorder::<B>::record(&recorder, self.model().clone().into_record(), ())
+            .map_err(record_error("model"))?;
+        Ok((model, self.optim.to_bytes()?))
+    }
+
+    /// Restore what [`records`](Self::records) wrote. Parameter ids come back with the model,
+    /// so the optimizer state, keyed by them, attaches again.
+    pub fn restore(&mut self, model: Vec<u8>, optimizer: Vec<u8>) -> Result<(), MemberError> {
+        let recorder = NamedMpkBytesRecorder::<FullPrecisionSettings>::new();
+        let record = recorder
+            .load(model, &self.device)
+            .map_err(record_error("model"))?;
+        let restored = self.model().clone().load_record(record);
+        if model::layout(&restored) != self.layout {
+            return Err(MemberError::Record {
+                what: "model",
+                message: "its parameter shapes differ from this model's".into(),
+            });
+        }
+        let optim = std::mem::replace(
+            &mut self.optim,
+            Optim::new(self.config.optimizer, self.config.momentum),
+        );
+        self.optim = optim.load_bytes(optimizer, &self.device)?;
+        self.model = Some(restored);
+        Ok(())
+    }
+
+    pub fn label_histogram(&self) -> Vec<u64> {
+        self.shard.label_histogram()
+    }
+}
