@@ -289,8 +289,6 @@ impl JobDriver {
                 Action::Stop { .. } => work.push(action),
             }
         }
-        // How far the job has come, for joiners: published once per version, with it.
-        let step = self.statuses.values().map(|(_, s)| s.progress.step).max();
         let document = state.topology.as_ref().map(|t| {
             self.document_of(t, |id| {
                 address(id, state.members.get(&id).map_or(0, |r| r.attempt))
@@ -306,7 +304,8 @@ impl JobDriver {
             events,
             observed,
             document,
-            step: step.unwrap_or(0),
+            // How far the job has come, for joiners: published once per version, with it.
+            step: self.furthest_step,
             view,
         }
     }
