@@ -13,7 +13,8 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
-use murmur::driver::{JobDriver, MemberFacts, Memory};
+use murmur::driver::{JobDriver, Memory};
+use murmur::member::ObservedMember;
 use murmur::runtime::kube::resources;
 use murmur::status::{Hub, Inbound};
 use murmur_core::api::{DecentralizedTrainingJob, STATUS_MEMBERS_MAX};
@@ -46,12 +47,12 @@ fn written(
             "member-{id}-{attempt}.big-peers.{NAMESPACE}.svc.cluster.local:7070"
         ))
     };
-    let facts = |d: &JobDriver| -> BTreeMap<MemberId, MemberFacts> {
+    let facts = |d: &JobDriver| -> BTreeMap<MemberId, ObservedMember> {
         d.state()
             .members
             .iter()
             .map(|(&id, r)| {
-                let facts = MemberFacts {
+                let facts = ObservedMember {
                     attempt: r.attempt,
                     address: address(id, r.attempt),
                     node: Some(format!("gke-spot-pool-{:02}-a1b2c3", id % 50)),

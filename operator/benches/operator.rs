@@ -22,7 +22,8 @@ use kube::client::Body;
 use kube::runtime::reflector::{self, store::Writer};
 use kube::runtime::watcher::Event;
 use murmur::driver::{JobDriver, Memory};
-use murmur::planner::{self, Exit};
+use murmur::member::Exit;
+use murmur::planner;
 use murmur::runtime::kube::decide::Decision;
 use murmur::runtime::kube::{
     Context, Inputs, OperatorMetrics, Settings, Stores, decide, lease, observe, reconcile,

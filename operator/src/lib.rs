@@ -5,6 +5,7 @@
 
 pub mod cli;
 pub mod driver;
+pub mod member;
 pub mod planner;
 pub mod runtime;
 pub mod status;

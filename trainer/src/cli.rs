@@ -6,11 +6,11 @@ use crate::algorithms::{AutoPolicy, Averaging};
 use crate::compression::Compression;
 use crate::data::{self, DataError, partition::Partition};
 use crate::runtime::{self, RunError, RunOptions, RunSetup};
-use crate::simulator::{self, SimulationConfig, SimulationError, TopologyChoice, output};
+use crate::simulator::{self, SimulationConfig, SimulationError, output};
 use clap::{Parser, Subcommand};
 use murmur_core::api::{AlgorithmKind, Backend, ModelKind, OptimizerKind};
 use murmur_core::contract::TrainerEnv;
-use murmur_core::topology::TopologyOptions;
+use murmur_core::topology::{GraphChoice, TopologyOptions};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -69,14 +69,15 @@ struct RunArgs {
 struct SimulateArgs {
     #[arg(long, default_value_t = 100)]
     members: usize,
-    /// Comma-separated: ring, fully-connected, exponential, dcliques, proxy-clumps, moshpit,
-    /// random-regular:DEGREE.
+    /// Comma-separated: ring, fully-connected, exponential, exponential-one-peer, dcliques,
+    /// proxy-clumps, moshpit, random-regular:DEGREE.
     #[arg(
         long,
         value_delimiter = ',',
+        value_parser = str::parse::<GraphChoice>,
         default_value = "dcliques,fully-connected,ring"
     )]
-    topology: Vec<String>,
+    topology: Vec<GraphChoice>,
     /// iid, shards:N, dirichlet:ALPHA or classes-per-member:K.
     #[arg(long, default_value = "classes-per-member:1")]
     partition: String,
@@ -411,36 +412,20 @@ fn run_member(args: RunArgs) -> Result<(), CliError> {
 
 /// In a pod: tell the operator how this member ended (see `TERMINATION_LOG`). Best effort — an
 /// operator that cannot read it falls back to the member's last posted status.
-fn write_termination_message(outcome: &runtime::Outcome) {
-    use murmur_core::contract::{TERMINATION_LOG, TerminationMessage, TerminationOutcome};
-    let Some(path) = std::env::var_os(TERMINATION_LOG) else {
+fn write_termination_message(message: &murmur_core::contract::TerminationMessage) {
+    let Some(path) = std::env::var_os(murmur_core::contract::TERMINATION_LOG) else {
         return;
     };
-    let message = match *outcome {
-        runtime::Outcome::Done { step, .. } => TerminationMessage {
-            outcome: TerminationOutcome::Done,
-            step,
-        },
-        runtime::Outcome::Left { step } => TerminationMessage {
-            outcome: TerminationOutcome::Left,
-            step,
-        },
-    };
-    let text = serde_json::to_string(&message).expect("a termination message serializes");
+    let text = serde_json::to_string(message).expect("a termination message serializes");
     if let Err(e) = std::fs::write(&path, text) {
         tracing::warn!(path = %std::path::Path::new(&path).display(), error = %e, "cannot write the termination message");
     }
 }
 
 fn simulate(args: SimulateArgs) -> Result<(), CliError> {
-    let topologies = args
-        .topology
-        .iter()
-        .map(|t| TopologyChoice::parse(t).map_err(|e| CliError::Flag(format!("--topology: {e}"))))
-        .collect::<Result<Vec<_>, _>>()?;
     let config = SimulationConfig {
         members: args.members,
-        topologies,
+        topologies: args.topology.clone(),
         algorithm: args.algorithm,
         partition: Partition::parse(&args.partition)
             .map_err(|e| CliError::Flag(format!("--partition: {e}")))?,

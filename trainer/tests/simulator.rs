@@ -1,17 +1,17 @@
 //! The simulator end to end, on small jobs: same member code, in-process exchange.
 
-use murmur_core::api::{CliqueMix, InterClique, ModelKind, OptimizerKind};
-use murmur_core::topology::TopologyOptions;
+use murmur_core::api::{CliqueMix, InterClique, ModelKind, OptimizerKind, TopologyKind};
+use murmur_core::topology::{GraphChoice, TopologyOptions};
 use murmur_trainer::algorithms::{AutoPolicy, Averaging};
 use murmur_trainer::compression::Compression;
 use murmur_trainer::data::{self, partition::Partition};
-use murmur_trainer::simulator::{SimulationConfig, TopologyChoice, simulate};
+use murmur_trainer::simulator::{SimulationConfig, simulate};
 
 type B = murmur_trainer::backend::Cpu;
 
 fn config(
     members: usize,
-    topologies: Vec<TopologyChoice>,
+    topologies: Vec<GraphChoice>,
     partition: Partition,
     steps: u64,
 ) -> SimulationConfig {
@@ -56,7 +56,7 @@ fn fully_connected_dpsgd_keeps_every_member_identical() {
     let data = data::embedded();
     let cfg = config(
         6,
-        vec![TopologyChoice::FullyConnected],
+        vec![GraphChoice::Family(TopologyKind::FullyConnected)],
         Partition::ClassesPerMember { k: 1 },
         20,
     );
@@ -80,13 +80,13 @@ fn fully_connected_dpsgd_keeps_every_member_identical() {
 fn every_topology_and_codec_trains() {
     let data = data::embedded();
     let topologies = vec![
-        TopologyChoice::DCliques,
-        TopologyChoice::ProxyClumps,
-        TopologyChoice::Ring,
-        TopologyChoice::Moshpit,
-        TopologyChoice::RandomRegular { degree: 3 },
-        TopologyChoice::Exponential,
-        TopologyChoice::ExponentialOnePeer,
+        GraphChoice::Family(TopologyKind::DCliques),
+        GraphChoice::Family(TopologyKind::ProxyClumps),
+        GraphChoice::Family(TopologyKind::Ring),
+        GraphChoice::Moshpit,
+        GraphChoice::RandomRegular { degree: 3 },
+        GraphChoice::Family(TopologyKind::Exponential),
+        GraphChoice::Family(TopologyKind::ExponentialOnePeer),
     ];
     let mut cfg = config(10, topologies, Partition::Iid, 30);
     cfg.compression = Compression::Int8;
@@ -105,7 +105,12 @@ fn every_topology_and_codec_trains() {
     }
     // int8 sends about a quarter of f32 bytes.
     let dense = simulate::<B>(
-        &config(10, vec![TopologyChoice::Ring], Partition::Iid, 30),
+        &config(
+            10,
+            vec![GraphChoice::Family(TopologyKind::Ring)],
+            Partition::Iid,
+            30,
+        ),
         &data,
         &Default::default(),
         |_, _| {},
@@ -122,8 +127,8 @@ fn one_peer_exponential_sends_one_model_a_round_and_trains() {
     let cfg = config(
         8,
         vec![
-            TopologyChoice::Exponential,
-            TopologyChoice::ExponentialOnePeer,
+            GraphChoice::Family(TopologyKind::Exponential),
+            GraphChoice::Family(TopologyKind::ExponentialOnePeer),
         ],
         Partition::ClassesPerMember { k: 2 },
         60,
@@ -152,7 +157,7 @@ fn one_peer_exponential_sends_one_model_a_round_and_trains() {
 #[test]
 fn auto_averaging_saves_bytes_where_models_agree_and_none_where_they_cannot() {
     let data = data::embedded();
-    let run = |topology: TopologyChoice, averaging: Averaging| {
+    let run = |topology: GraphChoice, averaging: Averaging| {
         let mut cfg = config(10, vec![topology], Partition::ClassesPerMember { k: 2 }, 60);
         cfg.topology.inter_clique = Some(InterClique::Ring);
         cfg.averaging = averaging;
@@ -160,9 +165,12 @@ fn auto_averaging_saves_bytes_where_models_agree_and_none_where_they_cannot() {
             .unwrap()
             .remove(0)
     };
-    let every_step = run(TopologyChoice::DCliques, Averaging::Every(1));
+    let every_step = run(
+        GraphChoice::Family(TopologyKind::DCliques),
+        Averaging::Every(1),
+    );
     let auto = run(
-        TopologyChoice::DCliques,
+        GraphChoice::Family(TopologyKind::DCliques),
         Averaging::Auto(AutoPolicy::default()),
     );
     assert!(
@@ -179,12 +187,12 @@ fn auto_averaging_saves_bytes_where_models_agree_and_none_where_they_cannot() {
         last.mean_accuracy
     );
 
-    let ring = run(TopologyChoice::Ring, Averaging::Every(1));
+    let ring = run(GraphChoice::Family(TopologyKind::Ring), Averaging::Every(1));
     let strict = Averaging::Auto(AutoPolicy {
         max_every: 16,
         target_skew: 1e-9,
     });
-    let ring_strict = run(TopologyChoice::Ring, strict);
+    let ring_strict = run(GraphChoice::Family(TopologyKind::Ring), strict);
     // An edge's first gap may double once from the common start; after that, every step. The
     // trailers add a few bytes.
     assert!(
@@ -198,7 +206,12 @@ fn auto_averaging_saves_bytes_where_models_agree_and_none_where_they_cannot() {
 #[test]
 fn gossip_top_k_and_adam_train_too() {
     let data = data::embedded();
-    let mut cfg = config(8, vec![TopologyChoice::Ring], Partition::Iid, 30);
+    let mut cfg = config(
+        8,
+        vec![GraphChoice::Family(TopologyKind::Ring)],
+        Partition::Iid,
+        30,
+    );
     cfg.algorithm = Some(murmur_core::api::AlgorithmKind::Gossip);
     cfg.compression = Compression::TopK { ratio: 0.2 };
     cfg.optimizer = OptimizerKind::Adam;
@@ -216,7 +229,7 @@ fn same_seed_same_curves() {
     let data = data::embedded();
     let cfg = config(
         5,
-        vec![TopologyChoice::DCliques],
+        vec![GraphChoice::Family(TopologyKind::DCliques)],
         Partition::ClassesPerMember { k: 2 },
         10,
     );
@@ -230,7 +243,10 @@ fn the_thread_count_changes_nothing_but_the_wall_time() {
     let data = data::embedded();
     let mut cfg = config(
         10,
-        vec![TopologyChoice::DCliques, TopologyChoice::Ring],
+        vec![
+            GraphChoice::Family(TopologyKind::DCliques),
+            GraphChoice::Family(TopologyKind::Ring),
+        ],
         Partition::ClassesPerMember { k: 2 },
         12,
     );
@@ -254,7 +270,12 @@ fn the_thread_count_changes_nothing_but_the_wall_time() {
 #[test]
 fn a_slow_member_holds_up_synchronous_rounds_but_not_asynchronous_gossip() {
     let data = data::embedded();
-    let mut cfg = config(8, vec![TopologyChoice::Ring], Partition::Iid, 40);
+    let mut cfg = config(
+        8,
+        vec![GraphChoice::Family(TopologyKind::Ring)],
+        Partition::Iid,
+        40,
+    );
     cfg.eval_every = 20;
     cfg.slow = vec![(3, 4.0)];
     cfg.target_accuracy = Some(0.5);
@@ -286,7 +307,7 @@ fn asynchronous_gossip_is_deterministic_and_mixes_models() {
     let data = data::embedded();
     let mut cfg = config(
         6,
-        vec![TopologyChoice::Ring],
+        vec![GraphChoice::Family(TopologyKind::Ring)],
         Partition::ClassesPerMember { k: 2 },
         30,
     );
@@ -319,7 +340,12 @@ fn asynchronous_gossip_is_deterministic_and_mixes_models() {
 #[test]
 fn asynchronous_gossip_refuses_top_k_auto_averaging_and_bad_slow_members() {
     let data = data::embedded();
-    let mut cfg = config(4, vec![TopologyChoice::Ring], Partition::Iid, 2);
+    let mut cfg = config(
+        4,
+        vec![GraphChoice::Family(TopologyKind::Ring)],
+        Partition::Iid,
+        2,
+    );
     cfg.algorithm = Some(murmur_core::api::AlgorithmKind::AsyncGossip);
     cfg.compression = Compression::TopK { ratio: 0.1 };
     let err = simulate::<B>(&cfg, &data, &Default::default(), |_, _| {}).unwrap_err();
@@ -337,7 +363,7 @@ fn asynchronous_gossip_refuses_top_k_auto_averaging_and_bad_slow_members() {
 #[test]
 fn averaging_alone_is_exact_in_d_rounds_on_a_full_moshpit_grid_and_slower_with_holes() {
     let data = data::embedded();
-    let rounds = |members: usize, departed: usize, choice: TopologyChoice, algorithm| {
+    let rounds = |members: usize, departed: usize, choice: GraphChoice, algorithm| {
         let mut cfg = config(members, vec![choice], Partition::Iid, 40);
         cfg.algorithm = Some(algorithm);
         cfg.eval_every = 1;
@@ -358,18 +384,26 @@ fn averaging_alone_is_exact_in_d_rounds_on_a_full_moshpit_grid_and_slower_with_h
     };
     use murmur_core::api::AlgorithmKind::{Dpsgd, Moshpit};
     // A 3x3x3 grid (group size 3): the exact average after 3 rounds.
-    assert_eq!(rounds(27, 0, TopologyChoice::Moshpit, Moshpit), Some(3));
+    assert_eq!(rounds(27, 0, GraphChoice::Moshpit, Moshpit), Some(3));
     // Two of the 27 gone: the groups are uneven, the average is no longer exact in 3 rounds.
-    let holes = rounds(25, 2, TopologyChoice::Moshpit, Moshpit).expect("reached in 40 rounds");
+    let holes = rounds(25, 2, GraphChoice::Moshpit, Moshpit).expect("reached in 40 rounds");
     assert!(holes > 3, "{holes}");
     // D-PSGD on a ring of 25 is far from it after 40 rounds.
-    assert_eq!(rounds(25, 0, TopologyChoice::Ring, Dpsgd), None);
+    assert_eq!(
+        rounds(25, 0, GraphChoice::Family(TopologyKind::Ring), Dpsgd),
+        None
+    );
 }
 
 #[test]
 fn departed_members_are_refused_on_topologies_built_from_data() {
     let data = data::embedded();
-    let mut cfg = config(8, vec![TopologyChoice::DCliques], Partition::Iid, 2);
+    let mut cfg = config(
+        8,
+        vec![GraphChoice::Family(TopologyKind::DCliques)],
+        Partition::Iid,
+        2,
+    );
     cfg.departed = 2;
     let err = simulate::<B>(&cfg, &data, &Default::default(), |_, _| {}).unwrap_err();
     assert!(err.to_string().contains("--departed"), "{err}");
@@ -381,7 +415,7 @@ fn zone_aware_cliques_keep_clique_traffic_inside_zones() {
     let run = |zone_aware| {
         let mut cfg = config(
             20,
-            vec![TopologyChoice::DCliques],
+            vec![GraphChoice::Family(TopologyKind::DCliques)],
             Partition::ClassesPerMember { k: 2 },
             10,
         );
@@ -405,7 +439,12 @@ fn zone_aware_cliques_keep_clique_traffic_inside_zones() {
     assert_eq!(blind.bytes_sent, aware.bytes_sent);
     assert_eq!(blind.edges, aware.edges);
     // Without zones nothing is counted.
-    let mut cfg = config(4, vec![TopologyChoice::Ring], Partition::Iid, 2);
+    let mut cfg = config(
+        4,
+        vec![GraphChoice::Family(TopologyKind::Ring)],
+        Partition::Iid,
+        2,
+    );
     cfg.zones = 0;
     let r = simulate::<B>(&cfg, &data, &Default::default(), |_, _| {}).unwrap();
     assert_eq!(r[0].cross_zone_bytes, None);

@@ -31,14 +31,24 @@ pub enum MemberCapacity {
 
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum MemberPhase {
+    /// Created, not yet heard from (waiting for a node, starting, or its pod refused for now).
     #[default]
     Pending,
+    /// Starting: reporting itself and waiting for its place in the topology.
     Joining,
+    /// Training its shard and averaging with its neighbours.
     Training,
+    /// Out of the current topology, waiting to be placed in one again.
     Paused,
+    /// Leaving the job: on a spot notice, or stopped by murmur.
     Leaving,
+    /// Stopped because the job no longer needed it (finishing, suspended, scaled down, moved to its clique's zone): counts as nothing.
+    Retired,
+    /// Reached the stopping target.
     Done,
+    /// Lost to spot reclaim, eviction or node loss: never counted as a failure.
     Preempted,
+    /// Crashed: counted as `recovery.failurePolicy` says.
     Failed,
 }
 

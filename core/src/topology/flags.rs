@@ -9,7 +9,7 @@ use super::BuildSpec;
 #[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct TopologyOptions {
     /// dcliques: members per clique.
-    #[cfg_attr(feature = "cli", arg(long, default_value_t = 10))]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = crate::api::TopologySpec::DEFAULT_CLIQUE_SIZE as usize))]
     pub clique_size: usize,
     /// dcliques and proxy-clumps: how cliques are linked (default small-world).
     #[cfg_attr(feature = "cli", arg(long, value_enum))]
@@ -35,6 +35,21 @@ pub struct TopologyOptions {
     /// moshpit: grid side (members per group).
     #[cfg_attr(feature = "cli", arg(long, default_value_t = crate::api::AlgorithmSpec::DEFAULT_GROUP_SIZE as usize))]
     pub group_size: usize,
+}
+
+/// The flags' defaults.
+impl Default for TopologyOptions {
+    fn default() -> Self {
+        Self {
+            clique_size: crate::api::TopologySpec::DEFAULT_CLIQUE_SIZE as usize,
+            inter_clique: None,
+            clumps: None,
+            clique_mix: CliqueMix::default(),
+            zone_aware: false,
+            zone_mix_skew: super::dcliques::ZONE_MIX_SKEW,
+            group_size: crate::api::AlgorithmSpec::DEFAULT_GROUP_SIZE as usize,
+        }
+    }
 }
 
 impl TopologyOptions {

@@ -1,6 +1,8 @@
 //! The topology engine: pure graph builders, Metropolis–Hastings weights, elastic repair and graph
-//! measures. Used by the planner, the `murmur topology` CLI and the trainer's simulator. No I/O.
+//! measures. Used by the planner, the `murmur topology` CLI and the trainer's simulator, which all
+//! choose their graph through [`Recipe`]. No I/O.
 
+mod choice;
 mod cliques;
 pub mod dcliques;
 mod flags;
@@ -20,6 +22,7 @@ use std::collections::BTreeMap;
 use crate::api::{CliqueMix, InterClique, TopologyKind};
 use crate::contract::{DocumentEdge, DocumentMember, TopologyDocument};
 
+pub use choice::{GraphChoice, Recipe};
 pub use cliques::{Bridge, CliqueFlavour, CliqueLayout};
 pub use flags::TopologyOptions;
 pub use graph::{Graph, MemberId};

@@ -362,12 +362,14 @@ fn members_outside_their_cliques_zone_are_the_ones_to_move() {
     let Shape::Cliques(layout) = &t.shape else {
         unreachable!()
     };
-    let mut moved = t.profiles.clone();
     for m in &moves {
         assert_eq!(t.clique_of(m.member), Some(m.clique));
         assert_ne!(t.profiles[&m.member].zone.as_deref(), Some(m.zone.as_str()));
-        moved.get_mut(&m.member).unwrap().zone = Some(m.zone.clone());
     }
+    let mut after = t.clone();
+    assert_eq!(zones::move_to_their_cliques(&mut after), moves);
+    assert!(zones::misplaced(&after).is_empty());
+    let moved = after.profiles;
     for (c, ms) in &layout.cliques {
         let zones: BTreeSet<_> = ms.iter().map(|m| &moved[m].zone).collect();
         assert_eq!(

@@ -140,6 +140,19 @@ pub fn misplaced(t: &Topology) -> Vec<Misplaced> {
     out
 }
 
+/// The topology once every [`misplaced`] member runs in its clique's zone: the graph a zone-aware
+/// job trains on after the operator moved them (a member's data moves with it, so only its zone
+/// changes). Returns the moves.
+pub fn move_to_their_cliques(t: &mut Topology) -> Vec<Misplaced> {
+    let moves = misplaced(t);
+    for m in &moves {
+        if let Some(p) = t.profiles.get_mut(&m.member) {
+            p.zone = Some(m.zone.clone());
+        }
+    }
+    moves
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

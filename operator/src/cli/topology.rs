@@ -4,23 +4,12 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
-use murmur_core::api::TopologyKind;
 use murmur_core::contract::{JoinReport, TopologyDocument};
 use murmur_core::topology::{
-    self, Measures, MemberProfile, Topology, TopologyError, TopologyOptions, render,
+    self, GraphChoice, Measures, MemberProfile, Recipe, Topology, TopologyError, TopologyOptions,
+    render,
 };
 use serde::{Deserialize, Serialize};
-
-#[derive(Clone, Copy, Debug, ValueEnum)]
-pub enum Kind {
-    Ring,
-    FullyConnected,
-    Exponential,
-    ExponentialOnePeer,
-    Dcliques,
-    ProxyClumps,
-    Moshpit,
-}
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum Format {
@@ -32,9 +21,10 @@ pub enum Format {
 
 #[derive(Args, Debug)]
 pub struct TopologyArgs {
-    /// Graph family.
-    #[arg(long, value_enum)]
-    kind: Kind,
+    /// Graph family: ring, fully-connected, exponential, exponential-one-peer, dcliques,
+    /// proxy-clumps, moshpit or random-regular:DEGREE.
+    #[arg(long, value_parser = str::parse::<GraphChoice>)]
+    kind: GraphChoice,
     /// Number of members (taken from --histograms when that is given).
     #[arg(long)]
     members: Option<u32>,
@@ -117,14 +107,7 @@ fn load_profiles(path: &PathBuf) -> Result<Vec<MemberProfile>, TopologyCliError>
         HistogramFile::Histograms(hs) => MemberProfile::from_histograms(hs),
         HistogramFile::Reports(rs) => rs
             .into_iter()
-            .map(|r| MemberProfile {
-                id: r.member_id,
-                histogram: Some(r.label_histogram.iter().map(|&c| c as f64).collect()),
-                proxy: r
-                    .proxy_vector
-                    .map(|v| v.iter().map(|&x| f64::from(x)).collect()),
-                zone: None,
-            })
+            .map(|r| MemberProfile::from_join(&r, None))
             .collect(),
     };
     for (k, p) in profiles.iter().enumerate() {
@@ -172,22 +155,9 @@ pub fn build(args: &TopologyArgs) -> Result<Topology, TopologyCliError> {
             m.zone = Some(topology::zones::zone_name(z));
         }
     }
-    let kind = match args.kind {
-        Kind::Moshpit => {
-            let mut t = topology::moshpit(&members, args.topology.group_size)?;
-            remove(&mut t, &args.remove)?;
-            return Ok(t);
-        }
-        Kind::Ring => TopologyKind::Ring,
-        Kind::FullyConnected => TopologyKind::FullyConnected,
-        Kind::Exponential => TopologyKind::Exponential,
-        Kind::ExponentialOnePeer => TopologyKind::ExponentialOnePeer,
-        Kind::Dcliques => TopologyKind::DCliques,
-        Kind::ProxyClumps => TopologyKind::ProxyClumps,
-    };
-    let mut spec = args.topology.build_spec(kind, args.seed);
-    spec.swap_steps = args.swap_steps;
-    let mut t = topology::build(&spec, &members)?;
+    let mut recipe = Recipe::from_flags(args.kind, &args.topology, args.seed);
+    recipe.spec.swap_steps = args.swap_steps;
+    let mut t = recipe.build(&members)?;
     remove(&mut t, &args.remove)?;
     Ok(t)
 }

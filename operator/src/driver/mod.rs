@@ -2,13 +2,13 @@
 //! planner's memory and what the trainers post (join reports, statuses), plans, and publishes
 //! the topology document, the events and the status view on the status hub. The runtimes under
 //! it only create, stop and observe members — `runtime::local` as processes, `runtime::kube` as
-//! pods — and persist its [`Memory`] (files; the job's ConfigMap).
+//! pods, each seen as an [`ObservedMember`] whose end [`crate::member::classify`] reads — and
+//! persist its [`Memory`] (files; the job's ConfigMap).
 //!
 //! A step is two calls: [`JobDriver::plan`] decides (pure: nothing changes), the runtime carries
 //! the plan out, and [`JobDriver::commit`] makes it the job's memory and publishes it. A runtime
 //! whose writes fail does not commit, and plans again from the same memory.
 
-pub mod exit;
 pub mod memory;
 
 use std::collections::BTreeMap;
@@ -20,33 +20,11 @@ use murmur_core::contract::{TopologyDocument, TrainerState, TrainerStatus};
 use murmur_core::topology::{MemberId, Topology};
 use tokio::sync::mpsc;
 
-pub use exit::{Ended, Ending, classify};
 pub use memory::{Memory, MemoryError, StoredJoin};
 
-use crate::planner::{
-    self, Action, Event, Exit, JobState, NotStarting, Observation, ObservedMember,
-};
+use crate::member::ObservedMember;
+use crate::planner::{self, Action, Event, JobState, Observation};
 use crate::status::{Hub, Inbound, JobEvent, JobHandle, JobView, view};
-
-/// What a runtime sees of one member: its newest attempt's process or pod.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct MemberFacts {
-    pub attempt: u32,
-    /// `host:port` of its peer listener, once known.
-    pub address: Option<String>,
-    /// The node it runs on (pods; processes leave it unset).
-    pub node: Option<String>,
-    /// That node's zone (`topology.kubernetes.io/zone`), when it has one.
-    pub zone: Option<String>,
-    /// Since when it has waited for a node (pods; processes never wait).
-    pub pending_since: Option<Timestamp>,
-    /// Set once it ended.
-    pub exit: Option<Exit>,
-    /// Why its container cannot start, while it cannot (pods only).
-    pub not_starting: Option<NotStarting>,
-    /// The scheduling gates that hold its pod back, while they do (pods only).
-    pub gated_by: Option<String>,
-}
 
 /// One planning step, decided but not yet carried out.
 #[derive(Clone, Debug)]
@@ -213,53 +191,37 @@ impl JobDriver {
             .map(|(_, s)| s.state)
     }
 
-    /// What the planner sees: the runtime's facts with the join report and status of the same
-    /// attempt.
-    pub fn observation(&self, facts: BTreeMap<MemberId, MemberFacts>) -> Observation {
-        let members = facts
-            .into_iter()
-            .map(|(id, f)| {
-                let join = self
-                    .memory
-                    .joins
-                    .get(&id)
-                    .filter(|j| j.attempt == f.attempt)
-                    .map(|j| j.report.clone());
-                let status = self
-                    .statuses
-                    .get(&id)
-                    .filter(|(a, _)| *a == f.attempt)
-                    .map(|(_, s)| s.clone());
-                let m = ObservedMember {
-                    attempt: f.attempt,
-                    address: f.address,
-                    join,
-                    status,
-                    exit: f.exit,
-                    node: f.node,
-                    zone: f.zone,
-                    pending_since: f.pending_since,
-                    not_starting: f.not_starting,
-                    gated_by: f.gated_by,
-                };
-                (id, m)
-            })
-            .collect();
+    /// What the planner sees: the members as the runtime sees them, each with the join report
+    /// and status of the same attempt (whatever the runtime set there).
+    pub fn observation(&self, mut members: BTreeMap<MemberId, ObservedMember>) -> Observation {
+        for (id, m) in &mut members {
+            m.join = self
+                .memory
+                .joins
+                .get(id)
+                .filter(|j| j.attempt == m.attempt)
+                .map(|j| j.report.clone());
+            m.status = self
+                .statuses
+                .get(id)
+                .filter(|(a, _)| *a == m.attempt)
+                .map(|(_, s)| s.clone());
+        }
         Observation { members }
     }
 
-    /// Decide the next step from what the runtime sees. `problems`: why the spec is invalid,
-    /// if it is (nothing is planned then). `address`: a member attempt's peer address, for the
-    /// topology document (and for members this step creates).
+    /// Decide the next step from `members` as the runtime sees them. `problems`: why the spec is
+    /// invalid, if it is (nothing is planned then). `address`: a member attempt's peer address,
+    /// for the topology document (and for members this step creates).
     pub fn plan(
         &self,
         spec: &DecentralizedTrainingJobSpec,
         problems: Option<&str>,
-        facts: BTreeMap<MemberId, MemberFacts>,
+        members: BTreeMap<MemberId, ObservedMember>,
         address: &dyn Fn(MemberId, u32) -> Option<String>,
         now: Timestamp,
     ) -> Plan {
-        let mut observed = self.observation(facts);
+        let mut observed = self.observation(members);
         let (state, actions) = match problems {
             Some(problems) => {
                 observed = Observation::default();
@@ -360,14 +322,14 @@ impl JobDriver {
             .push_event(JobEvent::new(event, self.memory.state.created_at, now));
     }
 
-    /// The status view of the job as it stands, with `facts` as the runtime sees them now.
+    /// The status view of the job as it stands, with `members` as the runtime sees them now.
     pub fn view(
         &self,
         spec: &DecentralizedTrainingJobSpec,
-        facts: BTreeMap<MemberId, MemberFacts>,
+        members: BTreeMap<MemberId, ObservedMember>,
         now: Timestamp,
     ) -> JobView {
-        self.job_view(spec, &self.memory.state, &self.observation(facts), now)
+        self.job_view(spec, &self.memory.state, &self.observation(members), now)
     }
 
     /// The status view, its step no lower than the furthest any attempt reported.

@@ -60,14 +60,14 @@ fn status(id: MemberId, state: TrainerState, step: u64) -> TrainerStatus {
 }
 
 /// Every created member live, as a runtime would show it.
-fn facts(d: &JobDriver) -> BTreeMap<MemberId, MemberFacts> {
+fn facts(d: &JobDriver) -> BTreeMap<MemberId, ObservedMember> {
     d.state()
         .members
         .iter()
         .map(|(&id, r)| {
             (
                 id,
-                MemberFacts {
+                ObservedMember {
                     attempt: r.attempt,
                     address: address(id, r.attempt),
                     ..Default::default()
@@ -294,7 +294,7 @@ fn the_jobs_step_holds_when_the_member_ahead_is_lost() {
     // Member 1's node dies before the others report step 50: the job got that far all the
     // same (its neighbours averaged with it), and `kubectl get` must not show the step going
     // back.
-    f.get_mut(&1).unwrap().exit = Some(crate::planner::Exit::Preempted {
+    f.get_mut(&1).unwrap().exit = Some(crate::member::Exit::Preempted {
         reason: "node lost".into(),
     });
     assert_eq!(step_of(&d.view(&spec(), f.clone(), at(5))), Some(50));

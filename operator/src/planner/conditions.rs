@@ -8,7 +8,8 @@ use murmur_core::api::conditions::{
 use murmur_core::api::{DecentralizedTrainingJobSpec, JobPhase};
 use murmur_core::topology::MemberId;
 
-use super::{JobState, NotStarting, Observation};
+use super::{JobState, Observation};
+use crate::member::NotStarting;
 
 /// Members live in the topology.
 pub fn live_in_topology(s: &JobState, observed: &Observation) -> usize {

@@ -10,9 +10,9 @@ use murmur_core::api::{DecentralizedTrainingJobSpec, FailureAction, JobPhase};
 use murmur_core::topology::MemberId;
 
 use super::{
-    Action, End, EventKind, Exit, JobState, Lifecycle, MAX_BACKOFF_SECONDS, Observation,
-    Preemption, Reason, after, event,
+    Action, EventKind, JobState, MAX_BACKOFF_SECONDS, Observation, Preemption, Reason, after, event,
 };
+use crate::member::{End, Exit, Lifecycle};
 
 /// A refused pod's next try waits this long, doubling with each refusal in a row.
 pub const REFUSAL_BACKOFF_SECONDS: f64 = 5.0;
@@ -107,11 +107,9 @@ pub(super) fn settle_ended_members(
             record.become_(Lifecycle::Ended { how: End::Retired });
             continue;
         }
+        record.become_(Lifecycle::Ended { how: exit.end() });
         match exit {
             Exit::Completed => {
-                record.become_(Lifecycle::Ended {
-                    how: End::Completed,
-                });
                 actions.push(event(
                     EventKind::Normal,
                     Reason::MemberCompleted,
@@ -120,9 +118,6 @@ pub(super) fn settle_ended_members(
                 ));
             }
             Exit::Preempted { reason } => {
-                record.become_(Lifecycle::Ended {
-                    how: End::Preempted,
-                });
                 s.record_preemption(Preemption {
                     member: id,
                     attempt: m.attempt,
@@ -141,7 +136,6 @@ pub(super) fn settle_ended_members(
                 code,
                 conditions,
             } => {
-                record.become_(Lifecycle::Ended { how: End::Failed });
                 let action = spec.recovery.action_for(*code, conditions);
                 let counted = action != FailureAction::Ignore;
                 if counted {

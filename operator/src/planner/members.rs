@@ -7,10 +7,8 @@ use k8s_openapi::jiff::Timestamp;
 use murmur_core::api::{Capacity, DecentralizedTrainingJobSpec, JobPhase};
 use murmur_core::topology::MemberId;
 
-use super::{
-    Action, End, EventKind, JobState, Lifecycle, NotStarting, Observation, Reason, event,
-    seconds_since,
-};
+use super::{Action, EventKind, JobState, Observation, Reason, event, seconds_since};
+use crate::member::{End, Lifecycle, NotStarting};
 
 /// Lifecycle events of the current attempts: placed on a node, joined, waiting too long, kept
 /// from starting.

@@ -14,9 +14,11 @@
 //!   [`next_deadline`], which run the steps below in order;
 //! - `ended`: attempts that ended — exits, restart budgets, refused pods ([`creates_answered`]);
 //! - `members`: noting, creating, falling back, suspending and retiring members;
-//! - `shaping`: building, repairing and relocating the topology ([`build_topology`], [`profile`]);
+//! - `shaping`: building, repairing and relocating the topology;
 //! - `conditions`: the job's phase and status conditions ([`live_in_topology`]);
-//! - `lifecycle`: one member id's state machine; `event`: the events the planner emits.
+//! - `event`: the events the planner emits.
+//!
+//! A member's record, lifecycle and exits, and what is observed of it, live in [`crate::member`].
 
 use std::collections::BTreeMap;
 
@@ -26,14 +28,14 @@ use murmur_core::api::conditions::{
     ConditionReason, ConditionType, condition_is_true, set_condition,
 };
 use murmur_core::api::{DecentralizedTrainingJobSpec, JobPhase};
-use murmur_core::contract::{JoinReport, TrainerStatus};
 use murmur_core::topology::{MemberId, Topology};
 use serde::{Deserialize, Serialize};
+
+use crate::member::{Lifecycle, MemberRecord, ObservedMember};
 
 mod conditions;
 mod ended;
 mod event;
-mod lifecycle;
 mod members;
 mod shaping;
 #[cfg(test)]
@@ -42,8 +44,6 @@ mod tests;
 pub use conditions::live_in_topology;
 pub use ended::{REFUSAL_BACKOFF_MAX_SECONDS, REFUSAL_BACKOFF_SECONDS, creates_answered};
 pub use event::{Event, EventKind, Reason};
-pub use lifecycle::{End, Lifecycle, MemberRecord};
-pub use shaping::{build_topology, profile};
 
 use conditions::{phase, update_conditions};
 use ended::settle_ended_members;
@@ -59,83 +59,7 @@ pub const PREEMPTIONS_KEPT: usize = 100;
 /// Crash backoff doubles per crash of the same member up to this.
 pub const MAX_BACKOFF_SECONDS: f64 = 300.0;
 
-/// How a member's process or pod ended.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Exit {
-    /// It reached the stopping target.
-    Completed,
-    /// Spot reclaim, eviction, node loss, or a spot notice it honoured. Never a failure.
-    Preempted { reason: String },
-    /// It crashed: counted as `recovery.failurePolicy` says (by default against the member's
-    /// and the job's restart budgets). `code`: the trainer's exit code, if it exited with one;
-    /// `conditions`: its pod's conditions (type, status), where pods run it.
-    Failed {
-        reason: String,
-        code: Option<i32>,
-        conditions: Vec<(String, String)>,
-    },
-}
-
-/// Why a member's container has not started, in the kubelet's words: its reason
-/// (`ImagePullBackOff`, `ErrImagePull`, `CreateContainerConfigError`, `FailedMount`, ...) and
-/// message. The attempt lives on (the kubelet keeps trying); people are told.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NotStarting {
-    pub reason: String,
-    pub message: String,
-}
-
-impl NotStarting {
-    /// The problem, whatever stage of retrying the kubelet is in: a pull that failed and the
-    /// back-off before the next one are one problem, said once.
-    pub fn kind(&self) -> &str {
-        match self.reason.as_str() {
-            "ImagePullBackOff" => "ErrImagePull",
-            other => other,
-        }
-    }
-}
-
-impl std::fmt::Display for NotStarting {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.message.is_empty() {
-            f.write_str(&self.reason)
-        } else {
-            write!(f, "{}: {}", self.reason, self.message)
-        }
-    }
-}
-
-/// What a runtime sees of one member: its newest attempt.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct ObservedMember {
-    pub attempt: u32,
-    /// `host:port` of its peer listener, once known.
-    pub address: Option<String>,
-    pub join: Option<JoinReport>,
-    /// The newest status it reported (posted, or read from its `/status`).
-    pub status: Option<TrainerStatus>,
-    /// Set once it ended.
-    pub exit: Option<Exit>,
-    /// The node it runs on, once scheduled (the operator; local processes leave it unset).
-    pub node: Option<String>,
-    /// That node's zone, when it has one: zone-aware cliques form inside zones.
-    pub zone: Option<String>,
-    /// Since when it has waited for a node (the operator; local processes never wait).
-    pub pending_since: Option<Timestamp>,
-    /// Why its container cannot start, while it cannot (pods only).
-    pub not_starting: Option<NotStarting>,
-    /// The scheduling gates that hold its pod back from scheduling, while they do (a queue's
-    /// admission, such as Kueue's). A gated member waits for admission, not for a node.
-    pub gated_by: Option<String>,
-}
-
-impl ObservedMember {
-    pub fn is_live(&self) -> bool {
-        self.exit.is_none()
-    }
-}
-
+/// What a runtime sees of every member, with what their trainers posted.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Observation {
     pub members: BTreeMap<MemberId, ObservedMember>,

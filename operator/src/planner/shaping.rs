@@ -1,49 +1,18 @@
-//! The topology: built from the join reports once enough members joined, repaired member by
-//! member afterwards, and members relocated to their clique's zone.
+//! The topology: built from the join reports once enough members joined (the graph and its
+//! options are core's [`Recipe`] for the job), repaired member by member afterwards, and members
+//! relocated to their clique's zone.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::jiff::Timestamp;
-use murmur_core::api::{AlgorithmKind, DecentralizedTrainingJobSpec, JobPhase};
+use murmur_core::api::{DecentralizedTrainingJobSpec, JobPhase};
 use murmur_core::contract::JoinReport;
-use murmur_core::topology::{self, BuildSpec, MemberId, MemberProfile, Topology};
+use murmur_core::topology::{self, MemberId, MemberProfile, Recipe, Topology};
 
 use super::{
-    Action, EventKind, JOIN_GRACE_SECONDS, JobState, Lifecycle, MemberRecord, Observation, Reason,
-    event, seconds_since,
+    Action, EventKind, JOIN_GRACE_SECONDS, JobState, Observation, Reason, event, seconds_since,
 };
-
-/// The graph a job asks for over `members`: a Moshpit grid for Moshpit averaging, else the
-/// topology spec's family.
-pub fn build_topology(
-    spec: &DecentralizedTrainingJobSpec,
-    members: &[MemberProfile],
-) -> Result<Topology, topology::TopologyError> {
-    match spec.algorithm.kind {
-        AlgorithmKind::Moshpit => topology::moshpit(members, spec.algorithm.group_size()),
-        _ => topology::build(
-            &BuildSpec {
-                zone_aware: spec.scheduling.zone_aware(),
-                ..BuildSpec::from_spec(&spec.topology, spec.training.seed)
-            },
-            members,
-        ),
-    }
-}
-
-/// What the control plane knows of a member: its join report's summaries, and the zone of its
-/// node.
-pub fn profile(report: &JoinReport, zone: Option<String>) -> MemberProfile {
-    MemberProfile {
-        id: report.member_id,
-        histogram: Some(report.label_histogram.iter().map(|&c| c as f64).collect()),
-        proxy: report
-            .proxy_vector
-            .as_ref()
-            .map(|v| v.iter().map(|&x| x as f64).collect()),
-        zone,
-    }
-}
+use crate::member::{Lifecycle, MemberRecord};
 
 /// Build the topology once enough members joined; afterwards repair it member by member.
 pub(super) fn shape_topology(
@@ -72,9 +41,9 @@ pub(super) fn shape_topology(
             }
             let profiles: Vec<MemberProfile> = joined
                 .iter()
-                .map(|j| profile(j, zone(j.member_id)))
+                .map(|j| MemberProfile::from_join(j, zone(j.member_id)))
                 .collect();
-            match build_topology(spec, &profiles) {
+            match Recipe::for_job(spec).build(&profiles) {
                 Ok(mut t) => {
                     t.version = s.last_version + 1;
                     relocate(&mut t, &mut s.members, &mut s.relocations, actions);
@@ -133,7 +102,7 @@ pub(super) fn shape_topology(
             for report in joined {
                 if !t.graph.contains(report.member_id) {
                     // A profile of the right length was checked when the report came in.
-                    let _ = t.add_member(profile(report, zone(report.member_id)));
+                    let _ = t.add_member(MemberProfile::from_join(report, zone(report.member_id)));
                 }
             }
         }

@@ -2,7 +2,10 @@ use super::*;
 use murmur_core::api::FailureAction;
 use murmur_core::api::conditions::KubeletReason;
 use murmur_core::api::parse_manifest;
+use murmur_core::contract::{JoinReport, TrainerStatus};
 use proptest::prelude::*;
+
+use crate::member::{End, Exit, Lifecycle, NotStarting, ObservedMember};
 
 const MANIFEST: &str = "\
 apiVersion: murmur.dev/v1alpha1

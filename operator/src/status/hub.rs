@@ -20,6 +20,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::replay::{Heard, Refused};
 use super::view::{JobEvent, JobView, SeriesPoint};
+use crate::member::Health;
 use murmur_core::contract::control::Envelope;
 
 /// What a job's trainers told the control plane.
@@ -320,7 +321,7 @@ impl Metrics {
         let live = view
             .members
             .iter()
-            .filter(|m| m.in_topology && m.health != super::view::Health::Down)
+            .filter(|m| m.in_topology && m.health != Health::Down)
             .count();
         let progress = view.status.progress.clone().unwrap_or_default();
         self.members.get_or_create(&labels).set(live as i64);

@@ -10,7 +10,8 @@ use murmur_core::contract::{JoinReport, MemberView, TopologyDocument, control};
 use murmur_core::topology::MemberProfile;
 
 use super::*;
-use crate::planner::{self, JobState, Observation, ObservedMember};
+use crate::member::ObservedMember;
+use crate::planner::{self, JobState, Observation};
 
 const KEY: &[u8] = b"the job key";
 
@@ -954,7 +955,8 @@ fn a_large_job_lists_the_members_that_need_attention_first_and_counts_the_rest()
 
 #[test]
 fn cross_zone_bytes_count_what_a_member_sent_to_peers_in_other_zones() {
-    use crate::planner::{Observation, ObservedMember};
+    use crate::member::ObservedMember;
+    use crate::planner::Observation;
     let member = |zone: Option<&str>, sent_to: &[(u32, u64)]| ObservedMember {
         zone: zone.map(str::to_string),
         status: Some(murmur_core::contract::TrainerStatus {

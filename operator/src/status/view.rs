@@ -8,27 +8,11 @@ use murmur_core::api::{
     JobPhase, MemberCapacity, MemberPhase, MemberStatus, Progress, Replicas, STATUS_MEMBERS_MAX,
     TopologyKind,
 };
-use murmur_core::contract::TrainerState;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::planner::{
-    Event, Exit, JobState, Observation, ObservedMember, live_in_topology, seconds_since,
-};
-
-/// A member at a glance, for the dashboard's colours.
-#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub enum Health {
-    /// Training, and heard from its neighbours in its last round.
-    Healthy,
-    /// Live but not averaging: starting, joining, paused, or its last round heard no one.
-    Degraded,
-    /// Gone (preempted or crashed) and not yet replaced.
-    Down,
-    /// Reached the stopping target.
-    Done,
-}
+use crate::member::{self, Health, ObservedMember};
+use crate::planner::{Event, JobState, Observation, live_in_topology, seconds_since};
 
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -190,7 +174,12 @@ pub fn listed_members(mut members: Vec<MemberStatus>) -> (Vec<MemberStatus>, u32
     if members.len() <= STATUS_MEMBERS_MAX {
         return (members, 0);
     }
-    let routine = |m: &MemberStatus| matches!(m.phase, MemberPhase::Training | MemberPhase::Done);
+    let routine = |m: &MemberStatus| {
+        matches!(
+            m.phase,
+            MemberPhase::Training | MemberPhase::Done | MemberPhase::Retired
+        )
+    };
     members.sort_by_key(|m| (routine(m), m.id));
     let omitted = members.split_off(STATUS_MEMBERS_MAX);
     members.sort_by_key(|m| m.id);
@@ -240,27 +229,8 @@ pub fn job_view(
         };
         let status = m.status.as_ref();
         let in_topology = topology.is_some_and(|t| t.graph.contains(id));
-        let (phase, health) = match (&m.exit, status.map(|s| s.state)) {
-            (Some(Exit::Completed), _) => (MemberPhase::Done, Health::Done),
-            (Some(Exit::Preempted { .. }), _) => (MemberPhase::Preempted, Health::Down),
-            (Some(Exit::Failed { .. }), _) => (MemberPhase::Failed, Health::Down),
-            (None, None) if m.join.is_some() => (MemberPhase::Joining, Health::Degraded),
-            (None, None) => (MemberPhase::Pending, Health::Degraded),
-            (None, Some(TrainerState::Joining)) => (MemberPhase::Joining, Health::Degraded),
-            (None, Some(TrainerState::Paused)) => (MemberPhase::Paused, Health::Degraded),
-            (None, Some(TrainerState::Leaving)) => (MemberPhase::Leaving, Health::Degraded),
-            (None, Some(TrainerState::Done)) => (MemberPhase::Done, Health::Done),
-            (None, Some(TrainerState::Training)) => {
-                let heard = status.is_some_and(|s| !s.neighbours_seen.is_empty());
-                let alone = topology.is_some_and(|t| t.graph.degree(id) == 0);
-                let health = if in_topology && (heard || alone) {
-                    Health::Healthy
-                } else {
-                    Health::Degraded
-                };
-                (MemberPhase::Training, health)
-            }
-        };
+        let alone = topology.is_some_and(|t| t.graph.degree(id) == 0);
+        let (phase, health) = member::seen(record.lifecycle, m, in_topology, alone);
         members.push(MemberView {
             id,
             attempt: m.attempt,

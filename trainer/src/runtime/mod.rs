@@ -6,7 +6,7 @@
 //! Where each concern lives:
 //! - here: [`run`], which sets a member up and starts it; the trainer's state; the training
 //!   loop; reports to the control endpoint; signals, leaving, and lingering after the target;
-//! - `setup.rs`: [`RunSetup`], [`RunOptions`], [`RunError`], [`Outcome`], reading the peer key
+//! - `setup.rs`: [`RunSetup`], [`RunOptions`], [`RunError`], reading the peer key
 //!   and the job spec, and the allocator settings of the process;
 //! - `membership.rs`: following the topology, state transfer to and from joiners, catching up;
 //! - `persist.rs`: using checkpoints (writing, resuming) and writing the final model;
@@ -32,7 +32,10 @@ use tokio::sync::{Notify, watch};
 
 use murmur_core::api::{AlgorithmKind, TopologyKind};
 use murmur_core::contract::view::follows_whole_document;
-use murmur_core::contract::{JoinReport, PeerEvent, TrainerEnv, TrainerState, TrainerStatus};
+use murmur_core::contract::{
+    JoinReport, PeerEvent, TerminationMessage, TerminationOutcome, TrainerEnv, TrainerState,
+    TrainerStatus,
+};
 use murmur_core::topology::MemberId;
 
 use crate::algorithms::{Exchange, Member, MemberError, Neighbourhood, Payload, Purpose};
@@ -45,9 +48,7 @@ pub use control::{ControlClient, Followed, TopologySource};
 pub use observe::Observed;
 pub use persist::write_model;
 pub use plan::MemberPlan;
-pub use setup::{
-    Outcome, RunError, RunOptions, RunSetup, keep_freed_buffers, read_key, spec_from_env,
-};
+pub use setup::{RunError, RunOptions, RunSetup, keep_freed_buffers, read_key, spec_from_env};
 
 /// Local steps on a throw-away copy before a member measures its proxy vector.
 pub const PROXY_WARMUP_STEPS: u64 = 20;
@@ -208,13 +209,16 @@ impl<B: AutodiffBackend> Trainer<B> {
         accuracy
     }
 
-    async fn leave(&mut self) -> Result<Outcome, RunError> {
+    async fn leave(&mut self) -> Result<TerminationMessage, RunError> {
         self.set_state(TrainerState::Leaving);
         self.transport.leave(Duration::from_secs(2)).await;
         self.checkpoint()?;
         self.post_status(2).await;
         tracing::info!(step = self.step, "left the job");
-        Ok(Outcome::Left { step: self.step })
+        Ok(TerminationMessage {
+            outcome: TerminationOutcome::Left,
+            step: self.step,
+        })
     }
 
     /// Asynchronous gossip, stopping target reached: keep answering neighbours that still train
@@ -245,7 +249,7 @@ impl<B: AutodiffBackend> Trainer<B> {
         Ok(())
     }
 
-    async fn train(&mut self) -> Result<Outcome, RunError> {
+    async fn train(&mut self) -> Result<TerminationMessage, RunError> {
         self.observed.set_ready(true);
         self.set_state(TrainerState::Training);
         let eval_every = self.eval_every.max(1);
@@ -354,9 +358,9 @@ impl<B: AutodiffBackend> Trainer<B> {
         self.transport.leave(Duration::from_secs(5)).await;
         self.post_status(5).await;
         tracing::info!(step = self.step, accuracy, "done");
-        Ok(Outcome::Done {
+        Ok(TerminationMessage {
+            outcome: TerminationOutcome::Done,
             step: self.step,
-            accuracy,
         })
     }
 }
@@ -366,7 +370,7 @@ impl<B: AutodiffBackend> Trainer<B> {
 pub async fn run<B: AutodiffBackend>(
     setup: RunSetup,
     device: B::Device,
-) -> Result<Outcome, RunError> {
+) -> Result<TerminationMessage, RunError> {
     let RunSetup {
         env,
         spec,

@@ -68,15 +68,6 @@ pub enum RunError {
     FinalModel { file: String, message: String },
 }
 
-/// How a run ended; both are a clean exit.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Outcome {
-    /// The stopping target was reached.
-    Done { step: u64, accuracy: f64 },
-    /// SIGTERM: left the job at a round boundary.
-    Left { step: u64 },
-}
-
 /// Keep freed large buffers in the heap instead of returning them to the kernel. A trainer
 /// allocates model-sized buffers every round (received payloads, decoded parameters, averages);
 /// with glibc's defaults each is a fresh mmap whose pages fault in one by one, which cost more

@@ -21,7 +21,10 @@ use burn::tensor::backend::AutodiffBackend;
 use serde::{Deserialize, Serialize};
 
 use murmur_core::api::{AlgorithmKind, ModelKind, OptimizerKind, TopologyKind};
-use murmur_core::topology::{self, MemberId, MemberProfile, Topology, TopologyOptions};
+use murmur_core::contract::JoinReport;
+use murmur_core::topology::{
+    self, GraphChoice, MemberId, MemberProfile, Recipe, Topology, TopologyOptions,
+};
 
 use crate::algorithms::mixing::consensus_distance;
 use crate::algorithms::{
@@ -34,72 +37,10 @@ use crate::model::Model;
 
 pub use exchange::{LocalExchange, Mailboxes};
 
-/// A graph to simulate on.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum TopologyChoice {
-    Ring,
-    FullyConnected,
-    Exponential,
-    ExponentialOnePeer,
-    DCliques,
-    ProxyClumps,
-    Moshpit,
-    RandomRegular { degree: usize },
-}
-
-impl TopologyChoice {
-    pub fn parse(text: &str) -> Result<Self, String> {
-        Ok(match text {
-            "ring" => TopologyChoice::Ring,
-            "fully-connected" => TopologyChoice::FullyConnected,
-            "exponential" => TopologyChoice::Exponential,
-            "exponential-one-peer" => TopologyChoice::ExponentialOnePeer,
-            "dcliques" => TopologyChoice::DCliques,
-            "proxy-clumps" => TopologyChoice::ProxyClumps,
-            "moshpit" => TopologyChoice::Moshpit,
-            _ => match text
-                .strip_prefix("random-regular:")
-                .map(str::parse::<usize>)
-            {
-                Some(Ok(degree)) if degree >= 1 => TopologyChoice::RandomRegular { degree },
-                _ => {
-                    return Err(format!(
-                        "unknown topology {text:?}: use ring, fully-connected, exponential, exponential-one-peer, dcliques, proxy-clumps, moshpit or random-regular:DEGREE"
-                    ));
-                }
-            },
-        })
-    }
-
-    pub fn name(&self) -> String {
-        match self {
-            TopologyChoice::Ring => "ring".into(),
-            TopologyChoice::FullyConnected => "fully-connected".into(),
-            TopologyChoice::Exponential => "exponential".into(),
-            TopologyChoice::ExponentialOnePeer => "exponential-one-peer".into(),
-            TopologyChoice::DCliques => "dcliques".into(),
-            TopologyChoice::ProxyClumps => "proxy-clumps".into(),
-            TopologyChoice::Moshpit => "moshpit".into(),
-            TopologyChoice::RandomRegular { degree } => format!("random-regular:{degree}"),
-        }
-    }
-
-    /// The algorithm a topology is meant for: clique averaging on cliques, Moshpit on its grid.
-    pub fn default_algorithm(&self) -> AlgorithmKind {
-        match self {
-            TopologyChoice::DCliques | TopologyChoice::ProxyClumps => {
-                AlgorithmKind::CliqueAveraging
-            }
-            TopologyChoice::Moshpit => AlgorithmKind::Moshpit,
-            _ => AlgorithmKind::Dpsgd,
-        }
-    }
-}
-
 #[derive(Clone, Debug, PartialEq)]
 pub struct SimulationConfig {
     pub members: usize,
-    pub topologies: Vec<TopologyChoice>,
+    pub topologies: Vec<GraphChoice>,
     /// None: each topology's own algorithm (see `default_algorithm`).
     pub algorithm: Option<AlgorithmKind>,
     pub partition: Partition,
@@ -283,87 +224,53 @@ impl Collector {
 
 fn build_topology<B: AutodiffBackend>(
     config: &SimulationConfig,
-    choice: TopologyChoice,
+    choice: GraphChoice,
     shards: &[Dataset],
     proxy_batch: &Dataset,
     initials: &[Model<B>],
     device: &B::Device,
 ) -> Result<Topology, SimulationError> {
-    let ids: Vec<MemberId> = (0..config.members as MemberId).collect();
     let zone_of = topology::zones::scatter(config.members, config.zones, config.seed);
-    // What the control plane would learn from join reports: histograms, and for proxy clumps the
+    let proxy_clumps = choice == GraphChoice::Family(TopologyKind::ProxyClumps);
+    // What the control plane learns from join reports: histograms, and for proxy clumps the
     // mean softmax on a shared proxy batch after a short local warm-up.
-    let mut profiles: Vec<MemberProfile> = ids
-        .iter()
-        .map(|&id| MemberProfile {
-            id,
-            histogram: Some(
-                shards[id as usize]
-                    .label_histogram()
-                    .iter()
-                    .map(|&c| c as f64)
-                    .collect(),
-            ),
-            proxy: None,
-            zone: (config.zones > 0).then(|| topology::zones::zone_name(zone_of[id as usize])),
-        })
-        .collect();
+    let mut profiles = Vec::with_capacity(config.members + config.departed);
+    for id in 0..config.members {
+        let proxy_vector = if proxy_clumps {
+            let mut warm = Member::new(
+                id as MemberId,
+                member_config(config, AlgorithmKind::Dpsgd),
+                initials[id].clone(),
+                shards[id].clone(),
+                device.clone(),
+            )?;
+            for _ in 0..config.proxy_warmup_steps {
+                warm.local_step();
+            }
+            Some(warm.proxy_vector(proxy_batch))
+        } else {
+            None
+        };
+        let report = JoinReport {
+            member_id: id as MemberId,
+            label_histogram: shards[id].label_histogram(),
+            proxy_vector,
+        };
+        let zone = (config.zones > 0).then(|| topology::zones::zone_name(zone_of[id]));
+        profiles.push(MemberProfile::from_join(&report, zone));
+    }
     if config.departed > 0 {
         // The departed hold no data; in a seeded order, so they leave holes anywhere.
         let total = (config.members + config.departed) as MemberId;
         profiles.extend((config.members as MemberId..total).map(MemberProfile::bare));
         profiles.shuffle(&mut ChaCha8Rng::seed_from_u64(config.seed));
     }
-    let spec = |kind| config.topology.build_spec(kind, config.seed);
-    let mut topology = match choice {
-        TopologyChoice::Ring => topology::build(&spec(TopologyKind::Ring), &profiles)?,
-        TopologyChoice::FullyConnected => {
-            topology::build(&spec(TopologyKind::FullyConnected), &profiles)?
-        }
-        TopologyChoice::Exponential => {
-            topology::build(&spec(TopologyKind::Exponential), &profiles)?
-        }
-        TopologyChoice::ExponentialOnePeer => {
-            topology::build(&spec(TopologyKind::ExponentialOnePeer), &profiles)?
-        }
-        TopologyChoice::DCliques => topology::build(&spec(TopologyKind::DCliques), &profiles)?,
-        TopologyChoice::Moshpit => topology::moshpit(&profiles, config.topology.group_size)?,
-        TopologyChoice::RandomRegular { degree } => {
-            topology::random_regular(&profiles, degree, config.seed)?
-        }
-        TopologyChoice::ProxyClumps => {
-            for p in &mut profiles {
-                let member_config = member_config(config, AlgorithmKind::Dpsgd);
-                let mut warm = Member::new(
-                    p.id,
-                    member_config,
-                    initials[p.id as usize].clone(),
-                    shards[p.id as usize].clone(),
-                    device.clone(),
-                )?;
-                for _ in 0..config.proxy_warmup_steps {
-                    warm.local_step();
-                }
-                p.proxy = Some(
-                    warm.proxy_vector(proxy_batch)
-                        .into_iter()
-                        .map(f64::from)
-                        .collect(),
-                );
-            }
-            topology::build(&spec(TopologyKind::ProxyClumps), &profiles)?
-        }
-    };
+    let mut topology =
+        Recipe::from_flags(choice, &config.topology, config.seed).build(&profiles)?;
     for id in config.members..config.members + config.departed {
         topology.remove_member(id as MemberId)?;
     }
-    // As the operator does before training: members outside their clique's zone move there
-    // (their data with them), so only bridges cross zones.
-    for m in topology::zones::misplaced(&topology) {
-        if let Some(p) = topology.profiles.get_mut(&m.member) {
-            p.zone = Some(m.zone);
-        }
-    }
+    topology::zones::move_to_their_cliques(&mut topology);
     Ok(topology)
 }
 
@@ -407,7 +314,7 @@ pub fn simulate<B: AutodiffBackend>(
         && config
             .topologies
             .iter()
-            .any(|t| matches!(t, TopologyChoice::DCliques | TopologyChoice::ProxyClumps))
+            .any(|t| t.default_algorithm() == AlgorithmKind::CliqueAveraging)
     {
         return Err(SimulationError::Config(
             "--departed builds a topology with members that hold no data: use it with ring, fully-connected, exponential, exponential-one-peer, moshpit or random-regular, not dcliques or proxy-clumps".into(),
@@ -470,7 +377,7 @@ pub fn simulate<B: AutodiffBackend>(
             && (matches!(
                 algorithm,
                 AlgorithmKind::Gossip | AlgorithmKind::Moshpit | AlgorithmKind::AsyncGossip
-            ) || choice == TopologyChoice::ExponentialOnePeer)
+            ) || choice == GraphChoice::Family(TopologyKind::ExponentialOnePeer))
         {
             return Err(SimulationError::Config(format!(
                 "--average-every auto paces the edges of a static graph under D-PSGD or clique averaging, not {algorithm:?} on {}",

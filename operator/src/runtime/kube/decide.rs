@@ -16,8 +16,9 @@ use murmur_core::topology::MemberId;
 use super::labels::LABEL_CLIQUE;
 use super::observe::{self, NodeState};
 use super::resources::{self, Settings};
-use crate::driver::{JobDriver, MemberFacts, Memory, MemoryError, Plan};
-use crate::planner::{self, Action, Exit, Lifecycle, NotStarting};
+use crate::driver::{JobDriver, Memory, MemoryError, Plan};
+use crate::member::{Exit, Lifecycle, NotStarting, ObservedMember};
+use crate::planner::{self, Action};
 
 /// A job's memory as the operator keeps it: from its ConfigMap when there is one, else fresh —
 /// seeded from the pods it owns (an operator that lost its ConfigMap), and starting each member
@@ -294,8 +295,8 @@ pub fn decide(i: &Inputs) -> Decision {
         }
         return d;
     }
-    let (facts, lost) = observe(i);
-    let plan = i.driver.plan(&job.spec, None, facts, &address, i.now);
+    let (seen, lost) = observe(i);
+    let plan = i.driver.plan(&job.spec, None, seen, &address, i.now);
     let mut d = Decision::new(plan, i.settings);
     children(i, &mut d);
     members(i, &mut d);
@@ -545,7 +546,7 @@ fn requeue(i: &Inputs, d: &mut Decision) {
 
 /// What the cluster shows of each member: its newest attempt's pod (or the pod just created),
 /// and the pods lost with their nodes.
-fn observe(i: &Inputs) -> (BTreeMap<MemberId, MemberFacts>, Vec<String>) {
+fn observe(i: &Inputs) -> (BTreeMap<MemberId, ObservedMember>, Vec<String>) {
     let job = i.job;
     let mut newest: BTreeMap<MemberId, (u32, &Pod)> = BTreeMap::new();
     for pod in i.pods {
@@ -556,46 +557,34 @@ fn observe(i: &Inputs) -> (BTreeMap<MemberId, MemberFacts>, Vec<String>) {
             newest.insert(member, (attempt, *pod));
         }
     }
-    let mut facts = BTreeMap::new();
+    let mut members = BTreeMap::new();
     let mut lost = Vec::new();
     for (&id, record) in &i.driver.state().members {
         if record.lifecycle == Lifecycle::New {
             continue;
         }
-        let mut f = MemberFacts {
-            attempt: record.attempt,
-            address: Some(resources::member_address(
-                job,
-                id,
-                record.attempt,
-                i.settings,
-            )),
-            ..Default::default()
-        };
-        match newest.get(&id) {
+        let mut m = match newest.get(&id) {
             Some((attempt, pod)) if *attempt == record.attempt => {
-                let pod_facts = observe::pod_facts(
+                let facts = observe::pod_facts(
                     pod,
                     i.node,
                     i.driver.last_state(id, record.attempt),
                     i.now,
                     i.settings.node_lost_after,
                 );
-                if pod_facts.node_lost
+                if facts.node_lost
                     && let Some(name) = &pod.metadata.name
                 {
                     lost.push(name.clone());
                 }
-                f.zone = pod_facts.node.as_deref().and_then(i.zone);
-                f.node = pod_facts.node;
-                f.pending_since = pod_facts.pending_since;
-                f.gated_by = pod_facts.gated_by;
-                f.exit = pod_facts.exit;
-                f.not_starting = pod_facts.not_starting.or_else(|| {
+                let mut m = facts.member;
+                m.zone = m.node.as_deref().and_then(i.zone);
+                m.not_starting = m.not_starting.or_else(|| {
                     observe::creating(pod)
                         .then(|| (i.start_event)(pod))
                         .flatten()
                 });
+                m
             }
             _ => match i.created.get(&(id, record.attempt)) {
                 // Just created: the cache has not caught up.
@@ -603,18 +592,29 @@ fn observe(i: &Inputs) -> (BTreeMap<MemberId, MemberFacts>, Vec<String>) {
                     if planner::seconds_since(t, i.now)
                         < i.settings.creation_grace.as_secs_f64() =>
                 {
-                    f.pending_since = Some(t);
+                    ObservedMember {
+                        pending_since: Some(t),
+                        ..Default::default()
+                    }
                 }
-                _ => {
-                    f.exit = Some(Exit::Preempted {
+                _ => ObservedMember {
+                    exit: Some(Exit::Preempted {
                         reason: "pod deleted".into(),
-                    })
-                }
+                    }),
+                    ..Default::default()
+                },
             },
-        }
-        facts.insert(id, f);
+        };
+        m.attempt = record.attempt;
+        m.address = Some(resources::member_address(
+            job,
+            id,
+            record.attempt,
+            i.settings,
+        ));
+        members.insert(id, m);
     }
-    (facts, lost)
+    (members, lost)
 }
 
 /// `current` carries every owner reference `desired` sets (the job's uid).

@@ -28,12 +28,13 @@ pub struct PhaseLabels {
     pub phase: String,
 }
 
-const MEMBER_PHASES: [MemberPhase; 8] = [
+const MEMBER_PHASES: [MemberPhase; 9] = [
     MemberPhase::Pending,
     MemberPhase::Joining,
     MemberPhase::Training,
     MemberPhase::Paused,
     MemberPhase::Leaving,
+    MemberPhase::Retired,
     MemberPhase::Done,
     MemberPhase::Preempted,
     MemberPhase::Failed,

@@ -9,8 +9,8 @@ use murmur_core::topology::MemberId;
 
 pub use super::labels::ZONE_LABEL;
 use super::labels::{LABEL_ATTEMPT, LABEL_MEMBER};
-use crate::driver::{Ended, Ending, classify, exit};
-use crate::planner::{Exit, NotStarting, seconds_since};
+use crate::member::{Ending, Exit, NotStarting, ObservedMember, Termination, classify, exit};
+use crate::planner::seconds_since;
 
 /// Reasons of the `DisruptionTarget` pod condition: the pod is going away for reasons outside
 /// the trainer — a preemption, whatever the exit code.
@@ -211,15 +211,10 @@ pub fn node_state(node: Option<&Node>) -> NodeState {
 /// What one pod tells the planner.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PodFacts {
-    pub node: Option<String>,
-    pub pending_since: Option<Timestamp>,
-    pub exit: Option<Exit>,
-    /// Why its container cannot start (image pull errors, bad config), in the kubelet's words.
-    pub not_starting: Option<NotStarting>,
-    /// The scheduling gates that hold it back (Kueue's admission gate until its queue admits
-    /// the pod group), comma-separated. A gated pod waits for admission, not for a node: it has
-    /// no `pending_since`.
-    pub gated_by: Option<String>,
+    /// Its member as the pod shows it: `node`, `pending_since` (none while gated: a gated pod
+    /// waits for admission, not for a node), `exit`, `not_starting` and `gated_by` (Kueue's
+    /// admission gate until its queue admits the pod group). The caller sets the rest.
+    pub member: ObservedMember,
     /// Its exit is its node's: gone, or not ready for longer than `node_lost_after`. No kubelet
     /// will finish a graceful deletion of it.
     pub node_lost: bool,
@@ -333,7 +328,7 @@ pub fn pod_facts(
 ) -> PodFacts {
     let node_name = pod.spec.as_ref().and_then(|s| s.node_name.clone());
     let gated_by = scheduling_gates(pod);
-    let mut facts = PodFacts {
+    let mut member = ObservedMember {
         node: node_name.clone(),
         pending_since: (node_name.is_none() && gated_by.is_none()).then(|| {
             pod.metadata
@@ -341,19 +336,19 @@ pub fn pod_facts(
                 .as_ref()
                 .map_or(now, |t| t.0)
         }),
-        exit: None,
+        exit: exit(pod, last),
         not_starting: waiting_problem(pod),
         gated_by,
-        node_lost: false,
+        ..Default::default()
     };
-    facts.exit = exit(pod, last);
-    if facts.exit.is_none()
+    let mut node_lost = false;
+    if member.exit.is_none()
         && let Some(name) = node_name.as_deref()
     {
-        facts.exit = lost_node(name, node(name), now, node_lost_after);
-        facts.node_lost = facts.exit.is_some();
+        member.exit = lost_node(name, node(name), now, node_lost_after);
+        node_lost = member.exit.is_some();
     }
-    facts
+    PodFacts { member, node_lost }
 }
 
 /// How a pod ended, from the pod alone (its node's state aside).
@@ -392,7 +387,7 @@ fn exit(pod: &Pod, last: Option<TrainerState>) -> Option<Exit> {
             && KILLED_EXIT_CODES.contains(&t.exit_code))
         .then(|| "pod deleted".to_string());
         return Some(classify(&Ending {
-            ended: Some(Ended::Code(t.exit_code)),
+            ended: Some(Termination::Code(t.exit_code)),
             said,
             last,
             cause: disruption.or(node_reason).or(deleted),
@@ -658,7 +653,7 @@ pub(super) mod tests {
     }
 
     fn exit(pod: &Pod) -> Option<Exit> {
-        facts(pod, NodeState::Ready, None).exit
+        facts(pod, NodeState::Ready, None).member.exit
     }
 
     fn is_preemption(e: &Option<Exit>) -> bool {
@@ -668,9 +663,9 @@ pub(super) mod tests {
     #[test]
     fn a_running_pod_on_a_ready_node_is_live() {
         let f = facts(&running(), NodeState::Ready, None);
-        assert_eq!(f.exit, None);
-        assert_eq!(f.node.as_deref(), Some("n1"));
-        assert_eq!(f.pending_since, None);
+        assert_eq!(f.member.exit, None);
+        assert_eq!(f.member.node.as_deref(), Some("n1"));
+        assert_eq!(f.member.pending_since, None);
     }
 
     #[test]
@@ -680,7 +675,7 @@ pub(super) mod tests {
         pod.status.as_mut().unwrap().phase = Some("Pending".into());
         let f = facts(&pod, NodeState::Ready, None);
         assert_eq!(
-            (f.exit, f.node, f.pending_since),
+            (f.member.exit, f.member.node, f.member.pending_since),
             (None, None, Some(at(100)))
         );
     }
@@ -734,7 +729,7 @@ pub(super) mod tests {
         assert!(!facts(&pod, NodeState::Gone, None).node_lost);
         let f = facts(&running(), NodeState::Gone, None);
         assert_eq!(
-            f.exit,
+            f.member.exit,
             Some(Exit::Preempted {
                 reason: "node n1 is gone".into()
             })
@@ -743,11 +738,11 @@ pub(super) mod tests {
         // NotReady: only beyond the timeout.
         let briefly = NodeState::NotReady { since: at(950) };
         let f = facts(&running(), briefly, None);
-        assert_eq!((f.exit, f.node_lost), (None, false));
+        assert_eq!((f.member.exit, f.node_lost), (None, false));
         let long = NodeState::NotReady { since: at(900) };
         let f = facts(&running(), long, None);
         assert_eq!(
-            f.exit,
+            f.member.exit,
             Some(Exit::Preempted {
                 reason: "node n1 not ready for 100 s".into()
             })
@@ -771,12 +766,18 @@ pub(super) mod tests {
         });
         pod.status.as_mut().unwrap().phase = Some("Pending".into());
         let f = facts(&pod, NodeState::Ready, None);
-        assert_eq!(f.gated_by.as_deref(), Some("kueue.x-k8s.io/admission"));
-        assert_eq!((f.pending_since, f.exit), (None, None));
+        assert_eq!(
+            f.member.gated_by.as_deref(),
+            Some("kueue.x-k8s.io/admission")
+        );
+        assert_eq!((f.member.pending_since, f.member.exit), (None, None));
         // Ungated, it waits for a node since its creation.
         pod.spec.as_mut().unwrap().scheduling_gates = Some(vec![]);
         let f = facts(&pod, NodeState::Ready, None);
-        assert_eq!((f.gated_by, f.pending_since), (None, Some(at(100))));
+        assert_eq!(
+            (f.member.gated_by, f.member.pending_since),
+            (None, Some(at(100)))
+        );
     }
 
     #[test]
@@ -853,7 +854,7 @@ pub(super) mod tests {
         let pod = terminated("Succeeded", 0, "Completed", None);
         assert!(is_preemption(&exit(&pod)));
         let f = facts(&pod, NodeState::Ready, Some(TrainerState::Done));
-        assert_eq!(f.exit, Some(Exit::Completed));
+        assert_eq!(f.member.exit, Some(Exit::Completed));
     }
 
     #[test]
@@ -872,13 +873,13 @@ pub(super) mod tests {
         }]);
         let f = facts(&pod, NodeState::Ready, None);
         assert_eq!(
-            f.not_starting,
+            f.member.not_starting,
             Some(NotStarting {
                 reason: "ImagePullBackOff".into(),
                 message: "pull access denied".into(),
             })
         );
-        assert_eq!(f.exit, None);
+        assert_eq!(f.member.exit, None);
         assert!(!creating(&pod), "past creating: it says why it waits");
     }
 
@@ -908,6 +909,7 @@ pub(super) mod tests {
         pod.status.as_mut().unwrap().container_statuses = waiting("ImagePullBackOff", kubelets);
         assert_eq!(
             facts(&pod, NodeState::Ready, None)
+                .member
                 .not_starting
                 .unwrap()
                 .message,
@@ -917,6 +919,7 @@ pub(super) mod tests {
         pod.status.as_mut().unwrap().container_statuses = waiting("ErrImagePull", "not found");
         assert_eq!(
             facts(&pod, NodeState::Ready, None)
+                .member
                 .not_starting
                 .unwrap()
                 .message,
@@ -927,6 +930,7 @@ pub(super) mod tests {
             waiting("CreateContainerConfigError", "secret \"k\" not found");
         assert_eq!(
             facts(&pod, NodeState::Ready, None)
+                .member
                 .not_starting
                 .unwrap()
                 .message,

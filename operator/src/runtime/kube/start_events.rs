@@ -11,7 +11,7 @@ use kube::runtime::watcher;
 use parking_lot::Mutex;
 
 use super::observe::START_EVENT_REASONS;
-use crate::planner::NotStarting;
+use crate::member::NotStarting;
 
 /// The field selector of the watch that feeds the index: Warning events about pods.
 pub const FIELD_SELECTOR: &str = "involvedObject.kind=Pod,type=Warning";

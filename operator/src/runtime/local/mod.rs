@@ -23,7 +23,8 @@ use nix::unistd::Pid;
 use serde::Serialize;
 use tokio::sync::mpsc;
 
-use crate::driver::{Ended, Ending, JobDriver, MemberFacts, Memory, classify, exit};
+use crate::driver::{JobDriver, Memory};
+use crate::member::{Ending, Health, ObservedMember, Termination, classify, exit};
 use crate::planner::{Action, Event, Reason};
 use crate::status::{self, Hub, Inbound, JobView};
 
@@ -170,7 +171,7 @@ enum Happened {
     Ended {
         member: u32,
         attempt: u32,
-        ended: Ended,
+        ended: Termination,
     },
     Scraped {
         member: u32,
@@ -190,7 +191,7 @@ struct Local {
     control_url: String,
     driver: JobDriver,
     /// What the processes show: each member's newest attempt.
-    facts: BTreeMap<MemberId, MemberFacts>,
+    members: BTreeMap<MemberId, ObservedMember>,
     processes: BTreeMap<(MemberId, u32), Process>,
     /// The driver's memory as last written to `state/`.
     persisted: BTreeMap<String, String>,
@@ -257,7 +258,7 @@ pub async fn run(
         key_file,
         control_url: status_url.clone(),
         driver,
-        facts: BTreeMap::new(),
+        members: BTreeMap::new(),
         processes: BTreeMap::new(),
         persisted: BTreeMap::new(),
         next_port: 20_000 + (std::process::id() % 100) as u16 * 100,
@@ -407,7 +408,7 @@ impl Local {
                     return;
                 };
                 let exit = classify(&self.ending(member, attempt, &p, ended));
-                if let Some(f) = self.facts.get_mut(&member)
+                if let Some(f) = self.members.get_mut(&member)
                     && f.attempt == attempt
                 {
                     f.exit = Some(exit);
@@ -428,15 +429,15 @@ impl Local {
 
     /// What is known of an ended process: what it wrote to its termination log first, then
     /// what it last reported and what murmur sent it.
-    fn ending(&self, member: MemberId, attempt: u32, p: &Process, ended: Ended) -> Ending {
+    fn ending(&self, member: MemberId, attempt: u32, p: &Process, ended: Termination) -> Ending {
         let said = std::fs::read_to_string(&p.termination_log)
             .ok()
             .and_then(|text| exit::said(&text));
         // A signal murmur sent explains the end only if the process honoured it (a clean exit)
         // or died of it; a crash while leaving is still a crash.
         let cause = p.sent.and_then(|s| match ended {
-            Ended::Code(0) => Some(format!("{s} sent by murmur; left the job cleanly")),
-            Ended::Signal(n) if n == s as i32 => Some(format!("{s} sent by murmur")),
+            Termination::Code(0) => Some(format!("{s} sent by murmur; left the job cleanly")),
+            Termination::Signal(n) if n == s as i32 => Some(format!("{s} sent by murmur")),
             _ => None,
         });
         Ending {
@@ -454,14 +455,14 @@ impl Local {
     fn step(&mut self) -> Result<(), LocalError> {
         let now = Timestamp::now();
         let addresses: BTreeMap<MemberId, String> = self
-            .facts
+            .members
             .iter()
             .filter_map(|(id, f)| Some((*id, f.address.clone()?)))
             .collect();
         let plan = self.driver.plan(
             &self.spec,
             None,
-            self.facts.clone(),
+            self.members.clone(),
             &|id, _| addresses.get(&id).cloned(),
             now,
         );
@@ -516,7 +517,7 @@ impl Local {
     fn publish(&self) -> JobView {
         let view = self
             .driver
-            .view(&self.spec, self.facts.clone(), Timestamp::now());
+            .view(&self.spec, self.members.clone(), Timestamp::now());
         self.driver.publish(view.clone());
         view
     }
@@ -591,9 +592,9 @@ impl Local {
                 sent: None,
             },
         );
-        self.facts.insert(
+        self.members.insert(
             member,
-            MemberFacts {
+            ObservedMember {
                 attempt,
                 address: Some(listen_address),
                 ..Default::default()
@@ -602,8 +603,8 @@ impl Local {
         let happened = self.happened.clone();
         tokio::spawn(async move {
             let ended = match child.wait().await {
-                Ok(status) => Ended::from(status),
-                Err(_) => Ended::Code(-1),
+                Ok(status) => Termination::from(status),
+                Err(_) => Termination::Code(-1),
             };
             let _ = happened.send(Happened::Ended {
                 member,
@@ -663,7 +664,7 @@ impl Local {
             return;
         }
         let candidates: Vec<(u32, u32)> = self
-            .facts
+            .members
             .iter()
             .filter(|(id, f)| {
                 f.exit.is_none()
@@ -688,7 +689,7 @@ impl Local {
         let done: Vec<f64> = view
             .members
             .iter()
-            .filter(|m| m.health == status::view::Health::Done)
+            .filter(|m| m.health == Health::Done)
             .filter_map(|m| m.progress.accuracy)
             .collect();
         let mean = (!done.is_empty()).then(|| done.iter().sum::<f64>() / done.len() as f64);

@@ -5,31 +5,60 @@
 //! spot notice, however its last status post raced its exit.
 
 use murmur_core::contract::{TerminationMessage, TerminationOutcome, TrainerState};
+use serde::{Deserialize, Serialize};
 
-use crate::planner::Exit;
+use super::End;
 
-/// What the OS (or the kubelet) says: an exit code, or the signal that ended the process.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Ended {
-    Code(i32),
-    Signal(i32),
+/// How a member's process or pod ended, classified ([`classify`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Exit {
+    /// It reached the stopping target.
+    Completed,
+    /// Spot reclaim, eviction, node loss, or a spot notice it honoured. Never a failure.
+    Preempted { reason: String },
+    /// It crashed: counted as `recovery.failurePolicy` says (by default against the member's
+    /// and the job's restart budgets). `code`: the trainer's exit code, if it exited with one;
+    /// `conditions`: its pod's conditions (type, status), where pods run it.
+    Failed {
+        reason: String,
+        code: Option<i32>,
+        conditions: Vec<(String, String)>,
+    },
 }
 
-impl From<std::process::ExitStatus> for Ended {
-    fn from(status: std::process::ExitStatus) -> Self {
-        use std::os::unix::process::ExitStatusExt;
-        match (status.code(), status.signal()) {
-            (Some(code), _) => Ended::Code(code),
-            (None, Some(signal)) => Ended::Signal(signal),
-            (None, None) => Ended::Code(-1),
+impl Exit {
+    /// The end the planner settles an attempt with that ended so, unless it was retiring.
+    pub fn end(&self) -> End {
+        match self {
+            Exit::Completed => End::Completed,
+            Exit::Preempted { .. } => End::Preempted,
+            Exit::Failed { .. } => End::Failed,
         }
     }
 }
 
-/// Everything known about one ended trainer.
+/// What the OS (or the kubelet) says: an exit code, or the signal that ended the process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Termination {
+    Code(i32),
+    Signal(i32),
+}
+
+impl From<std::process::ExitStatus> for Termination {
+    fn from(status: std::process::ExitStatus) -> Self {
+        use std::os::unix::process::ExitStatusExt;
+        match (status.code(), status.signal()) {
+            (Some(code), _) => Termination::Code(code),
+            (None, Some(signal)) => Termination::Signal(signal),
+            (None, None) => Termination::Code(-1),
+        }
+    }
+}
+
+/// Everything known about one ended trainer, unclassified.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Ending {
-    pub ended: Option<Ended>,
+    pub ended: Option<Termination>,
     /// What the trainer wrote to its termination log, if anything (parse it with [`said`]).
     pub said: Option<TerminationOutcome>,
     /// The newest state it reported (for a trainer too old to write a termination message).
@@ -64,8 +93,8 @@ pub fn classify(e: &Ending) -> Exit {
     let preempted = |fallback: &str| Exit::Preempted {
         reason: e.cause.clone().unwrap_or_else(|| fallback.to_string()),
     };
-    match e.ended.unwrap_or(Ended::Code(-1)) {
-        Ended::Code(0) => match (e.said, e.last) {
+    match e.ended.unwrap_or(Termination::Code(-1)) {
+        Termination::Code(0) => match (e.said, e.last) {
             (Some(TerminationOutcome::Done), _) | (None, Some(TrainerState::Done)) => {
                 Exit::Completed
             }
@@ -76,7 +105,7 @@ pub fn classify(e: &Ending) -> Exit {
         },
         _ if e.cause.is_some() => preempted(""),
         // Stopped from outside without a chance to leave: the local picture of node loss.
-        Ended::Signal(s)
+        Termination::Signal(s)
             if [SIGKILL, SIGTERM, SIGINT, SIGHUP]
                 .iter()
                 .any(|&sig| sig as i32 == s) =>
@@ -85,12 +114,12 @@ pub fn classify(e: &Ending) -> Exit {
                 reason: format!("{} from outside murmur (node loss)", signal_name(s)),
             }
         }
-        Ended::Signal(s) => Exit::Failed {
+        Termination::Signal(s) => Exit::Failed {
             reason: format!("crashed with {}", signal_name(s)),
             code: None,
             conditions: e.conditions.clone(),
         },
-        Ended::Code(code) => Exit::Failed {
+        Termination::Code(code) => Exit::Failed {
             reason: match &e.detail {
                 Some(detail) => format!("exit code {code} ({detail})"),
                 None => format!("exited with code {code}"),
@@ -106,7 +135,11 @@ mod tests {
     use super::*;
     use nix::sys::signal::Signal::{SIGKILL, SIGSEGV, SIGTERM};
 
-    fn ended(ended: Ended, said: Option<TerminationOutcome>, last: Option<TrainerState>) -> Ending {
+    fn ended(
+        ended: Termination,
+        said: Option<TerminationOutcome>,
+        last: Option<TrainerState>,
+    ) -> Ending {
         Ending {
             ended: Some(ended),
             said,
@@ -123,28 +156,28 @@ mod tests {
     #[test]
     fn only_a_trainer_that_said_or_reported_done_completed() {
         assert_eq!(
-            classify(&ended(Ended::Code(0), None, Some(TrainerState::Done))),
+            classify(&ended(Termination::Code(0), None, Some(TrainerState::Done))),
             Exit::Completed
         );
         // The termination message wins over a last status that lagged behind.
         assert_eq!(
             classify(&ended(
-                Ended::Code(0),
+                Termination::Code(0),
                 Some(TerminationOutcome::Done),
                 Some(TrainerState::Training)
             )),
             Exit::Completed
         );
         assert!(matches!(
-            classify(&by_murmur(ended(Ended::Code(0), Some(TerminationOutcome::Left), Some(TrainerState::Leaving)), SIGTERM)),
+            classify(&by_murmur(ended(Termination::Code(0), Some(TerminationOutcome::Left), Some(TrainerState::Leaving)), SIGTERM)),
             Exit::Preempted { reason } if reason.contains("SIGTERM sent by murmur")
         ));
         assert!(matches!(
-            classify(&ended(Ended::Code(0), None, Some(TrainerState::Training))),
+            classify(&ended(Termination::Code(0), None, Some(TrainerState::Training))),
             Exit::Preempted { reason } if reason.contains("spot notice")
         ));
         assert!(matches!(
-            classify(&ended(Ended::Code(0), Some(TerminationOutcome::Left), None)),
+            classify(&ended(Termination::Code(0), Some(TerminationOutcome::Left), None)),
             Exit::Preempted { reason } if reason.contains("spot notice")
         ));
     }
@@ -152,24 +185,24 @@ mod tests {
     #[test]
     fn kills_are_preemptions_and_crashes_are_failures() {
         assert!(matches!(
-            classify(&by_murmur(ended(Ended::Signal(SIGKILL as i32), None, None), SIGKILL)),
+            classify(&by_murmur(ended(Termination::Signal(SIGKILL as i32), None, None), SIGKILL)),
             Exit::Preempted { reason } if reason.contains("SIGKILL sent by murmur")
         ));
         assert!(matches!(
-            classify(&ended(Ended::Signal(SIGKILL as i32), None, Some(TrainerState::Training))),
+            classify(&ended(Termination::Signal(SIGKILL as i32), None, Some(TrainerState::Training))),
             Exit::Preempted { reason } if reason.contains("node loss")
         ));
         assert!(matches!(
-            classify(&ended(Ended::Signal(SIGSEGV as i32), None, Some(TrainerState::Training))),
+            classify(&ended(Termination::Signal(SIGSEGV as i32), None, Some(TrainerState::Training))),
             Exit::Failed { reason, .. } if reason == "crashed with SIGSEGV"
         ));
         assert!(matches!(
-            classify(&ended(Ended::Code(2), None, None)),
+            classify(&ended(Termination::Code(2), None, None)),
             Exit::Failed { reason, .. } if reason == "exited with code 2"
         ));
         let oom = Ending {
             detail: Some("OOMKilled".into()),
-            ..ended(Ended::Code(137), None, None)
+            ..ended(Termination::Code(137), None, None)
         };
         assert!(
             matches!(classify(&oom), Exit::Failed { reason, .. } if reason == "exit code 137 (OOMKilled)")
@@ -177,7 +210,7 @@ mod tests {
         // Exit code 0 after reporting done is success even if murmur had signalled it.
         assert_eq!(
             classify(&by_murmur(
-                ended(Ended::Code(0), None, Some(TrainerState::Done)),
+                ended(Termination::Code(0), None, Some(TrainerState::Done)),
                 SIGTERM
             )),
             Exit::Completed
@@ -185,7 +218,7 @@ mod tests {
         // A disrupted pod is preempted whatever its exit code.
         let disrupted = Ending {
             cause: Some("EvictionByEvictionAPI".into()),
-            ..ended(Ended::Code(143), None, None)
+            ..ended(Termination::Code(143), None, None)
         };
         assert_eq!(
             classify(&disrupted),
@@ -193,6 +226,21 @@ mod tests {
                 reason: "EvictionByEvictionAPI".into()
             }
         );
+    }
+
+    #[test]
+    fn each_exit_settles_as_its_end() {
+        assert_eq!(Exit::Completed.end(), End::Completed);
+        let preempted = Exit::Preempted {
+            reason: "spot".into(),
+        };
+        assert_eq!(preempted.end(), End::Preempted);
+        let failed = Exit::Failed {
+            reason: "exited with code 1".into(),
+            code: Some(1),
+            conditions: Vec::new(),
+        };
+        assert_eq!(failed.end(), End::Failed);
     }
 
     #[test]
