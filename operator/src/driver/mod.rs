@@ -97,6 +97,18 @@ impl JobDriver {
         (driver, inbox)
     }
 
+    /// Carry on from the step the job's status last showed (a restarted operator reads it
+    /// back): the job's step never goes back below it, even if the member that got there is
+    /// lost before it reports to this driver.
+    pub fn resume_step(&mut self, step: u64) {
+        self.furthest_step = self.furthest_step.max(step);
+    }
+
+    /// Whether any trainer's status reached this driver (a restarted operator has heard none).
+    pub fn heard_from_trainers(&self) -> bool {
+        !self.statuses.is_empty()
+    }
+
     pub fn memory(&self) -> &Memory {
         &self.memory
     }

@@ -209,13 +209,16 @@ impl Context {
             .and_then(|s| s.data.as_ref()?.get(resources::SECRET_KEY).cloned())
             .and_then(|b| String::from_utf8(b.0).ok())
             .unwrap_or_else(crate::runtime::new_job_key);
-        let (driver, inbox) = JobDriver::start(
+        let (mut driver, inbox) = JobDriver::start(
             self.hub.clone(),
             &key.0,
             &key.1,
             key_hex.clone().into_bytes(),
             memory,
         );
+        if let Some(progress) = job.status.as_ref().and_then(|s| s.progress.as_ref()) {
+            driver.resume_step(progress.step);
+        }
         let live = Arc::new(Mutex::new(Live {
             uid,
             driver,

@@ -466,10 +466,8 @@ fn status(i: &Inputs, d: &mut Decision) {
     d.plan.view.status.trainer_image = Some(resources::trainer_image(i.job, i.settings));
     // An operator that just started has heard from no trainer yet: the progress it knows is
     // nothing, not step 0. Keep what the status said until a trainer reports.
-    let heard_nothing = d.plan.view.status.progress.as_ref().is_none_or(|p| {
-        p.step == 0 && p.loss.is_none() && p.accuracy.is_none() && p.consensus_distance.is_none()
-    });
-    if heard_nothing && let Some(previous) = i.job.status.as_ref().and_then(|s| s.progress.clone())
+    if !i.driver.heard_from_trainers()
+        && let Some(previous) = i.job.status.as_ref().and_then(|s| s.progress.clone())
     {
         d.plan.view.status.progress = Some(previous);
     }

@@ -1766,6 +1766,47 @@ async fn a_restarted_operator_keeps_the_progress_until_a_trainer_reports_again()
 }
 
 #[tokio::test]
+async fn a_restarted_operator_never_shows_the_step_going_back() {
+    let mut c = Cluster::running().await;
+    let report = |c: &Cluster, id: u32, step: u64| {
+        let handle = c.ctx.hub.job("ml", "mnist").expect("registered");
+        assert!(
+            handle.deliver(Inbound::Status(murmur_core::contract::TrainerStatus {
+                progress: murmur_core::api::Progress {
+                    step,
+                    ..Default::default()
+                },
+                topology_version: 1,
+                ..murmur_core::contract::TrainerStatus::new(
+                    id,
+                    murmur_core::contract::TrainerState::Training,
+                )
+            }))
+        );
+    };
+    report(&c, 0, 90);
+    report(&c, 1, 120);
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    c.advance(5);
+    c.reconcile().await;
+    assert_eq!(c.status().progress.as_ref().unwrap().step, 120);
+    // Member 1, the one ahead, is lost during the leader change: the new operator hears only
+    // from the members behind it. The job got to step 120 all the same.
+    c.restart_operator();
+    c.advance(5);
+    c.reconcile().await;
+    report(&c, 0, 100);
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    c.advance(60);
+    c.reconcile().await;
+    assert_eq!(c.status().progress.as_ref().unwrap().step, 120);
+}
+
+#[tokio::test]
 async fn a_restarted_operator_carries_on_with_the_same_topology_and_writes_nothing() {
     let mut c = Cluster::running().await;
     c.advance(30);
