@@ -44,6 +44,27 @@ fn cases() -> Vec<Broken> {
     let spec = |v: Value| json!({"spec": v});
     vec![
         broken(
+            "trainer.podTemplate.metadata.labels: murmur.dev/ labels are murmur's own",
+            "spec.trainer.podTemplate.metadata.labels",
+            spec(
+                json!({"trainer": {"podTemplate": {"metadata": {"labels": {"murmur.dev/job": "x"}}}}}),
+            ),
+        ),
+        broken(
+            "trainer.podTemplate.metadata.annotations: murmur.dev/ annotations are murmur's own",
+            "spec.trainer.podTemplate.metadata.annotations",
+            spec(
+                json!({"trainer": {"podTemplate": {"metadata": {"annotations": {"murmur.dev/capacity": "spot"}}}}}),
+            ),
+        ),
+        broken(
+            "trainer.podTemplate.spec.containers[trainer]: command, args, image, ports and terminationMessagePath are murmur's",
+            "spec.trainer.podTemplate.spec.containers",
+            spec(
+                json!({"trainer": {"podTemplate": {"spec": {"containers": [{"name": "trainer", "image": "mine"}]}}}}),
+            ),
+        ),
+        broken(
             "compression.ratio is required for kind topK",
             "spec.algorithm.compression.ratio",
             spec(json!({"algorithm": {"compression": {"kind": "topK"}}})),

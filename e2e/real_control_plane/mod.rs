@@ -6,6 +6,7 @@ mod helm;
 mod kueue;
 mod ownership;
 mod placement;
+mod pod_template;
 mod preemption;
 mod restart;
 mod scene;
@@ -17,6 +18,9 @@ pub const ALL: &[(&str, Scenario)] = &[
     ("crd", |env| Box::pin(crd::crd(env))),
     ("helm", |env| Box::pin(helm::helm(env))),
     ("placement", |env| Box::pin(placement::placement(env))),
+    ("pod-template", |env| {
+        Box::pin(pod_template::pod_template(env))
+    }),
     ("preemption", |env| Box::pin(preemption::preemption(env))),
     ("ownership", |env| Box::pin(ownership::ownership(env))),
     ("defect-bounds", |env| {

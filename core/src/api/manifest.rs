@@ -154,7 +154,10 @@ pub fn validate(job: &DecentralizedTrainingJob) -> Result<(), Vec<Violation>> {
         }
     }
     violations.extend(check_lengths(job));
-    if let Err(errors) = job.validate_cel() {
+    if let Some(template) = &job.spec.trainer.pod_template {
+        violations.extend(template.violations(&job.spec));
+    }
+    if let Err(errors) = cel(job, None) {
         violations.extend(errors.iter().map(|e| Violation {
             field: e.field_path.clone(),
             message: e.message.clone(),
@@ -172,7 +175,7 @@ pub fn validate_update(
     new: &DecentralizedTrainingJob,
     old: &DecentralizedTrainingJob,
 ) -> Result<(), Vec<Violation>> {
-    new.validate_cel_update(old).map_err(|errors| {
+    cel(new, Some(old)).map_err(|errors| {
         errors
             .iter()
             .map(|e| Violation {
@@ -186,17 +189,33 @@ pub fn validate_update(
 /// The schema's own limits — `maxLength`, `minimum`, `maximum`, `pattern` — which the apiserver
 /// enforces and the CEL evaluator does not.
 fn check_lengths(job: &DecentralizedTrainingJob) -> Vec<Violation> {
+    let value = serde_json::to_value(job).unwrap_or_default();
+    let mut out = Vec::new();
+    walk_schema(&SCHEMA, &value, String::new(), &mut out);
+    out
+}
+
+/// The CRD's schema, built once: it embeds Kubernetes' pod types and takes a while to generate
+/// (kube's own `validate_cel` generates it again on every call).
+static SCHEMA: std::sync::LazyLock<serde_json::Value> = std::sync::LazyLock::new(|| {
     let crd = super::crd();
-    let schema = crd.spec.versions[0]
+    crd.spec.versions[0]
         .schema
         .as_ref()
         .and_then(|s| s.open_api_v3_schema.as_ref())
         .and_then(|s| serde_json::to_value(s).ok())
-        .unwrap_or_default();
-    let value = serde_json::to_value(job).unwrap_or_default();
-    let mut out = Vec::new();
-    walk_schema(&schema, &value, String::new(), &mut out);
-    out
+        .unwrap_or_default()
+});
+
+/// The CRD's CEL rules applied to `job` (and, for transition rules, `old`), as the API server
+/// applies them.
+fn cel(
+    job: &DecentralizedTrainingJob,
+    old: Option<&DecentralizedTrainingJob>,
+) -> Result<(), kube::core::cel::ValidationErrors> {
+    let object = serde_json::to_value(job).unwrap_or_default();
+    let old = old.map(|o| serde_json::to_value(o).unwrap_or_default());
+    kube::core::cel::Validator::new().validate(&SCHEMA, &object, old.as_ref())
 }
 
 fn walk_schema(

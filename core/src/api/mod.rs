@@ -3,6 +3,7 @@
 pub mod conditions;
 pub mod duration;
 pub mod manifest;
+pub mod pod_template;
 pub mod reference;
 pub mod spec;
 pub mod status;
@@ -13,6 +14,7 @@ pub use duration::Duration;
 pub use manifest::{
     ManifestError, Violation, decode_job, load_manifest, parse_manifest, validate, validate_update,
 };
+pub use pod_template::PodTemplate;
 pub use spec::*;
 pub use status::*;
 

@@ -137,6 +137,14 @@ fn object_section(out: &mut String, path: &str, schema: &Value) {
 /// in its own section (its path and schema), if any.
 fn type_of(path: &str, field: &str, s: &Value) -> (String, Option<(String, Value)>) {
     let here = format!("{path}.{field}");
+    if path == POD_SPEC && is_object_or_list_of_objects(s) {
+        // A pod spec's own field: Kubernetes documents it.
+        let name = field.trim_end_matches("[]");
+        return (
+            format!("as in a pod: `kubectl explain pod.spec.{name}`"),
+            None,
+        );
+    }
     let optional = if s["nullable"].as_bool() == Some(true) {
         " (optional)"
     } else {
@@ -170,6 +178,17 @@ fn type_of(path: &str, field: &str, s: &Value) -> (String, Option<(String, Value
             (format!("{t}{format}{optional}"), None)
         }
         None => (format!("any{optional}"), None),
+    }
+}
+
+/// The pod template's spec, whose fields are a pod's (their schema is Kubernetes').
+const POD_SPEC: &str = "spec.trainer.podTemplate.spec";
+
+fn is_object_or_list_of_objects(s: &Value) -> bool {
+    match s["type"].as_str() {
+        Some("object") => s.get("properties").is_some(),
+        Some("array") => is_object_or_list_of_objects(&s["items"]),
+        _ => false,
     }
 }
 

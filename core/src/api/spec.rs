@@ -554,6 +554,12 @@ pub struct TrainerSpec {
     pub env: Vec<EnvVar>,
     #[serde(default)]
     pub backend: Backend,
+    /// What the members' pods get besides murmur's own: labels and annotations, volumes, the
+    /// trainer container's mounts, env, envFrom and resources, placement, service account,
+    /// pull secrets, security context, init and sidecar containers. The operator only;
+    /// `murmur run` takes its env and its hostPath volumes mounted at their own path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_template: Option<super::pod_template::PodTemplate>,
 }
 
 /// The operator's default trainer images; images/trainer.Dockerfile builds them, the chart
@@ -568,6 +574,7 @@ impl Default for TrainerSpec {
             resources: None,
             env: Vec::new(),
             backend: Backend::Cpu,
+            pod_template: None,
         }
     }
 }

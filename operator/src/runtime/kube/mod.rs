@@ -28,6 +28,7 @@ mod reconcile;
 pub mod resources;
 pub mod scheduling;
 pub mod start_events;
+pub mod template;
 mod watch;
 mod writes;
 

@@ -31,14 +31,12 @@ pub use super::labels::{
     ANNOTATION_CAPACITY, LABEL_ATTEMPT, LABEL_CLIQUE, LABEL_JOB, LABEL_MEMBER,
 };
 use super::labels::{MANAGED_BY, MANAGER, ZONE_LABEL};
-use super::scheduling;
+use super::{scheduling, template};
 
 pub const PEER_PORT: i32 = 7070;
 pub const STATUS_PORT: i32 = 7071;
-pub const KEY_DIR: &str = "/var/run/murmur/peer-key";
+pub use murmur_core::api::pod_template::{CHECKPOINT_DIR, KEY_DIR, TERMINATION_MESSAGE_PATH};
 pub const KEY_ITEM: &str = "key";
-pub const CHECKPOINT_DIR: &str = "/var/lib/murmur/checkpoints";
-pub const TERMINATION_MESSAGE_PATH: &str = "/dev/termination-log";
 /// Spot notices give at most 30 s; the trainer leaves at a round boundary and checkpoints in it.
 pub const TERMINATION_GRACE_SECONDS: i64 = 30;
 /// The non-root user the trainer image runs as (distroless `nonroot`).
@@ -416,7 +414,8 @@ pub fn pod(p: &MemberPod, s: &Settings) -> Pod {
     let spec = &job.spec;
     let job_name = name(job);
     let (volumes, mounts) = volumes(job);
-    let mut placement = scheduling::placement(&spec.scheduling, p.on_demand);
+    let sched = template::scheduling(spec);
+    let mut placement = scheduling::placement(&sched, p.on_demand);
     if let Some(clique) = p.clique
         && spec.scheduling.zone_aware()
     {
@@ -429,13 +428,12 @@ pub fn pod(p: &MemberPod, s: &Settings) -> Pod {
             ],
         ));
     }
-    let sched = &spec.scheduling;
     let zone_aware = sched.zone_aware()
         && matches!(
             spec.topology.kind,
             TopologyKind::DCliques | TopologyKind::ProxyClumps
         );
-    Pod {
+    let mut pod = Pod {
         metadata: pod_metadata(p),
         spec: Some(PodSpec {
             hostname: Some(hostname(p.member, p.attempt)),
@@ -467,8 +465,8 @@ pub fn pod(p: &MemberPod, s: &Settings) -> Pod {
                 }]
             }),
             tolerations: (!placement.tolerations.is_empty()).then_some(placement.tolerations),
-            priority_class_name: sched.priority_class_name.clone(),
-            scheduler_name: sched.scheduler_name.clone(),
+            priority_class_name: sched.priority_class_name,
+            scheduler_name: sched.scheduler_name,
             security_context: Some(PodSecurityContext {
                 run_as_non_root: Some(true),
                 run_as_user: Some(TRAINER_UID),
@@ -483,7 +481,11 @@ pub fn pod(p: &MemberPod, s: &Settings) -> Pod {
             ..Default::default()
         }),
         status: None,
+    };
+    if let Some(t) = &spec.trainer.pod_template {
+        template::merge(&mut pod, t);
     }
+    pod
 }
 
 /// The pod's name, its member, attempt and clique labels, its capacity annotation, and its
@@ -522,7 +524,7 @@ fn trainer_env(p: &MemberPod, s: &Settings) -> Vec<EnvVar> {
         checkpoint_dir: spec.checkpoint.as_ref().map(|_| CHECKPOINT_DIR.into()),
         output_dir: None,
         backend: spec.trainer.backend,
-        job_spec: Some(serde_json::to_string(spec).expect("a spec serializes")),
+        job_spec: Some(spec.for_trainer()),
     };
     let mut env: Vec<EnvVar> = spec
         .trainer

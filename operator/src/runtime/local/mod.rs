@@ -8,6 +8,7 @@
 mod chaos;
 mod output;
 mod progress;
+mod template;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -270,6 +271,9 @@ pub async fn run(
         "murmur: job {}/{}: {} members, status and dashboard at {status_url}/",
         local.namespace, local.name, local.spec.replicas.target
     ));
+    if let Some(t) = &local.spec.trainer.pod_template {
+        local.progress.line(&template::notice(t));
+    }
     let checkpoints = local.workdir.join("checkpoints");
     if std::fs::read_dir(&checkpoints).is_ok_and(|mut d| d.next().is_some()) {
         local.progress.line(&format!(
@@ -543,7 +547,7 @@ impl Local {
                 .map(|_| self.workdir.join("checkpoints")),
             output_dir: Some(self.workdir.join("model")),
             backend: self.spec.trainer.backend,
-            job_spec: Some(serde_json::to_string(&self.spec).expect("a spec serializes")),
+            job_spec: Some(self.spec.for_trainer()),
         };
         let log_path = self
             .workdir
@@ -573,6 +577,7 @@ impl Local {
                 command.env(&e.name, v);
             }
         }
+        command.envs(template::env(self.spec.trainer.pod_template.as_ref()));
         command.envs(env.to_vars());
         command.env(TERMINATION_LOG, &termination_log);
         if std::env::var_os("RUST_LOG").is_none() {
