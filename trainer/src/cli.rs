@@ -318,7 +318,14 @@ fn compression(text: &str) -> Result<Compression, CliError> {
 pub fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Command::Simulate(args) => simulate(*args),
-        Command::Run(args) => run_member(args),
+        Command::Run(args) => run_member(args).inspect_err(|e| {
+            // The operator reads why from here (a pod's termination message); the log has it too.
+            write_termination_message(&murmur_core::contract::TerminationMessage {
+                outcome: murmur_core::contract::TerminationOutcome::Failed,
+                step: 0,
+                message: Some(e.to_string()),
+            })
+        }),
         Command::Plot(args) => plot(args),
     }
 }
@@ -410,8 +417,9 @@ fn run_member(args: RunArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-/// In a pod: tell the operator how this member ended (see `TERMINATION_LOG`). Best effort — an
-/// operator that cannot read it falls back to the member's last posted status.
+/// Tell the runtime how this member ended (see `TERMINATION_LOG`; a pod's termination message).
+/// Best effort: a runtime that cannot read it falls back to the member's last posted status
+/// and its exit code.
 fn write_termination_message(message: &murmur_core::contract::TerminationMessage) {
     let Some(path) = std::env::var_os(murmur_core::contract::TERMINATION_LOG) else {
         return;

@@ -202,3 +202,26 @@ fn a_job_whose_members_all_died_resumes_from_the_newest_valid_checkpoint() {
         ]
     );
 }
+
+#[test]
+fn a_member_whose_data_is_missing_names_the_file_in_its_termination_message() {
+    let missing = "/nonexistent/murmur-dataset";
+    let text = manifest(100, 1, None).replace(
+        "dataset: {source: embedded}",
+        &format!("dataset: {{source: idx, path: {missing}}}"),
+    );
+    let job = LocalJob::new(1, TopologyKind::Ring, &text);
+    let termination = job.dir.path().join("termination-log");
+    let mut member = job.spawn(
+        0,
+        0,
+        &[("MURMUR_TERMINATION_LOG", termination.display().to_string())],
+    );
+    let status = wait_exit(&mut member, Duration::from_secs(60)).expect("hung");
+    assert_eq!(status.code(), Some(2), "bad input exits 2");
+    let message: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&termination).unwrap()).unwrap();
+    assert_eq!(message["outcome"], "failed", "{message}");
+    let why = message["message"].as_str().unwrap();
+    assert!(why.contains(missing), "{why}");
+}

@@ -79,13 +79,20 @@ pub enum TerminationOutcome {
     Done,
     /// Left the job on SIGTERM (a spot notice, a suspend, a scale-down).
     Left,
+    /// Stopped on an error it cannot train past (a missing or malformed dataset, a bad spec):
+    /// `message` names the file or field and what is wrong.
+    Failed,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TerminationMessage {
     pub outcome: TerminationOutcome,
+    /// The step it reached (0 from a trainer that failed: its message says where).
     pub step: u64,
+    /// Why it failed (`failed` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 #[cfg(test)]

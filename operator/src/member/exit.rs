@@ -60,7 +60,7 @@ impl From<std::process::ExitStatus> for Termination {
 pub struct Ending {
     pub ended: Option<Termination>,
     /// What the trainer wrote to its termination log, if anything (parse it with [`said`]).
-    pub said: Option<TerminationOutcome>,
+    pub said: Option<TerminationMessage>,
     /// The newest state it reported (for a trainer too old to write a termination message).
     pub last: Option<TrainerState>,
     /// It was stopped from outside, and why: the pod's `DisruptionTarget` condition, a node
@@ -73,10 +73,8 @@ pub struct Ending {
 }
 
 /// The outcome in a termination message (`{"outcome": "done", "step": 400}`), if it is one.
-pub fn said(text: &str) -> Option<TerminationOutcome> {
-    serde_json::from_str::<TerminationMessage>(text.trim())
-        .ok()
-        .map(|m| m.outcome)
+pub fn said(text: &str) -> Option<TerminationMessage> {
+    serde_json::from_str::<TerminationMessage>(text.trim()).ok()
 }
 
 pub fn signal_name(signal: i32) -> String {
@@ -87,6 +85,15 @@ pub fn signal_name(signal: i32) -> String {
     }
 }
 
+/// Why the trainer said it failed, if it did.
+fn failure(e: &Ending) -> Option<&str> {
+    e.said
+        .as_ref()
+        .filter(|m| m.outcome == TerminationOutcome::Failed)?
+        .message
+        .as_deref()
+}
+
 /// Classify an ended trainer.
 pub fn classify(e: &Ending) -> Exit {
     use nix::sys::signal::Signal::{SIGHUP, SIGINT, SIGKILL, SIGTERM};
@@ -94,14 +101,16 @@ pub fn classify(e: &Ending) -> Exit {
         reason: e.cause.clone().unwrap_or_else(|| fallback.to_string()),
     };
     match e.ended.unwrap_or(Termination::Code(-1)) {
-        Termination::Code(0) => match (e.said, e.last) {
+        Termination::Code(0) => match (e.said.as_ref().map(|m| m.outcome), e.last) {
             (Some(TerminationOutcome::Done), _) | (None, Some(TrainerState::Done)) => {
                 Exit::Completed
             }
             (Some(TerminationOutcome::Left), _) => {
                 preempted("left the job on a stop signal (a spot notice)")
             }
-            (None, _) => preempted("exited before the stopping target (a spot notice)"),
+            (None | Some(TerminationOutcome::Failed), _) => {
+                preempted("exited before the stopping target (a spot notice)")
+            }
         },
         _ if e.cause.is_some() => preempted(""),
         // Stopped from outside without a chance to leave: the local picture of node loss.
@@ -120,9 +129,10 @@ pub fn classify(e: &Ending) -> Exit {
             conditions: e.conditions.clone(),
         },
         Termination::Code(code) => Exit::Failed {
-            reason: match &e.detail {
-                Some(detail) => format!("exit code {code} ({detail})"),
-                None => format!("exited with code {code}"),
+            reason: match (failure(e), &e.detail) {
+                (Some(why), _) => format!("exited with code {code}: {why}"),
+                (None, Some(detail)) => format!("exit code {code} ({detail})"),
+                (None, None) => format!("exited with code {code}"),
             },
             code: Some(code),
             conditions: e.conditions.clone(),
@@ -142,7 +152,11 @@ mod tests {
     ) -> Ending {
         Ending {
             ended: Some(ended),
-            said,
+            said: said.map(|outcome| TerminationMessage {
+                outcome,
+                step: 0,
+                message: None,
+            }),
             last,
             ..Default::default()
         }
@@ -244,9 +258,28 @@ mod tests {
     }
 
     #[test]
+    fn a_trainer_that_says_why_it_failed_is_failed_for_that_reason() {
+        let text = r#"{"outcome":"failed","step":0,"message":"/data/mnist: cannot read train-images-idx3-ubyte: No such file or directory"}"#;
+        let e = Ending {
+            ended: Some(Termination::Code(2)),
+            said: said(text),
+            detail: Some("Error".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            classify(&e),
+            Exit::Failed {
+                reason: "exited with code 2: /data/mnist: cannot read train-images-idx3-ubyte: No such file or directory".into(),
+                code: Some(2),
+                conditions: Vec::new(),
+            }
+        );
+    }
+
+    #[test]
     fn a_termination_message_is_read_leniently_and_anything_else_says_nothing() {
         assert_eq!(
-            said("{\"outcome\":\"done\",\"step\":400}\n"),
+            said("{\"outcome\":\"done\",\"step\":400}\n").map(|m| m.outcome),
             Some(TerminationOutcome::Done)
         );
         assert_eq!(said("panicked at ..."), None);

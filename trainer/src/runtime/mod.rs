@@ -218,6 +218,7 @@ impl<B: AutodiffBackend> Trainer<B> {
         Ok(TerminationMessage {
             outcome: TerminationOutcome::Left,
             step: self.step,
+            message: None,
         })
     }
 
@@ -361,6 +362,7 @@ impl<B: AutodiffBackend> Trainer<B> {
         Ok(TerminationMessage {
             outcome: TerminationOutcome::Done,
             step: self.step,
+            message: None,
         })
     }
 }

@@ -386,6 +386,7 @@ fn exit(pod: &Pod, last: Option<TrainerState>) -> Option<Exit> {
         let deleted = (pod.metadata.deletion_timestamp.is_some()
             && KILLED_EXIT_CODES.contains(&t.exit_code))
         .then(|| "pod deleted".to_string());
+        let said_nothing = said.is_none();
         return Some(classify(&Ending {
             ended: Some(Termination::Code(t.exit_code)),
             said,
@@ -393,7 +394,7 @@ fn exit(pod: &Pod, last: Option<TrainerState>) -> Option<Exit> {
             cause: disruption.or(node_reason).or(deleted),
             detail: Some(crash_detail(
                 t.reason.as_deref(),
-                t.message.as_deref().filter(|_| said.is_none()),
+                t.message.as_deref().filter(|_| said_nothing),
             )),
             conditions: status
                 .and_then(|s| s.conditions.as_ref())
