@@ -72,7 +72,7 @@ pub struct Ending {
     pub conditions: Vec<(String, String)>,
 }
 
-/// The outcome in a termination message (`{"outcome": "done", "step": 400}`), if it is one.
+/// The trainer's termination message (`{"outcome": "done", "step": 400}`), if `text` is one.
 pub fn said(text: &str) -> Option<TerminationMessage> {
     serde_json::from_str::<TerminationMessage>(text.trim()).ok()
 }
