@@ -1730,29 +1730,42 @@ async fn a_member_without_a_spot_node_falls_back_to_on_demand() {
     assert_eq!(c.status().restarts, 0);
 }
 
+/// Member `id` of the running job reports `progress` to the operator, which takes it in.
+async fn report(c: &Cluster, id: u32, progress: murmur_core::api::Progress) {
+    let handle = c.ctx.hub.job("ml", "mnist").expect("registered");
+    assert!(
+        handle.deliver(Inbound::Status(murmur_core::contract::TrainerStatus {
+            progress,
+            topology_version: 1,
+            ..murmur_core::contract::TrainerStatus::new(
+                id,
+                murmur_core::contract::TrainerState::Training,
+            )
+        }))
+    );
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+}
+
+fn at_step(step: u64) -> murmur_core::api::Progress {
+    murmur_core::api::Progress {
+        step,
+        ..Default::default()
+    }
+}
+
 #[tokio::test]
 async fn a_restarted_operator_keeps_the_progress_until_a_trainer_reports_again() {
     let mut c = Cluster::running().await;
-    let handle = c.ctx.hub.job("ml", "mnist").expect("registered");
     for id in 0..4 {
-        assert!(
-            handle.deliver(Inbound::Status(murmur_core::contract::TrainerStatus {
-                progress: murmur_core::api::Progress {
-                    step: 120,
-                    loss: Some(0.3),
-                    accuracy: Some(0.8),
-                    consensus_distance: None,
-                },
-                topology_version: 1,
-                ..murmur_core::contract::TrainerStatus::new(
-                    id,
-                    murmur_core::contract::TrainerState::Training,
-                )
-            }))
-        );
-    }
-    for _ in 0..100 {
-        tokio::task::yield_now().await;
+        let progress = murmur_core::api::Progress {
+            step: 120,
+            loss: Some(0.3),
+            accuracy: Some(0.8),
+            consensus_distance: None,
+        };
+        report(&c, id, progress).await;
     }
     c.advance(5);
     c.reconcile().await;
@@ -1768,27 +1781,8 @@ async fn a_restarted_operator_keeps_the_progress_until_a_trainer_reports_again()
 #[tokio::test]
 async fn a_restarted_operator_never_shows_the_step_going_back() {
     let mut c = Cluster::running().await;
-    let report = |c: &Cluster, id: u32, step: u64| {
-        let handle = c.ctx.hub.job("ml", "mnist").expect("registered");
-        assert!(
-            handle.deliver(Inbound::Status(murmur_core::contract::TrainerStatus {
-                progress: murmur_core::api::Progress {
-                    step,
-                    ..Default::default()
-                },
-                topology_version: 1,
-                ..murmur_core::contract::TrainerStatus::new(
-                    id,
-                    murmur_core::contract::TrainerState::Training,
-                )
-            }))
-        );
-    };
-    report(&c, 0, 90);
-    report(&c, 1, 120);
-    for _ in 0..100 {
-        tokio::task::yield_now().await;
-    }
+    report(&c, 0, at_step(90)).await;
+    report(&c, 1, at_step(120)).await;
     c.advance(5);
     c.reconcile().await;
     assert_eq!(c.status().progress.as_ref().unwrap().step, 120);
@@ -1797,10 +1791,7 @@ async fn a_restarted_operator_never_shows_the_step_going_back() {
     c.restart_operator();
     c.advance(5);
     c.reconcile().await;
-    report(&c, 0, 100);
-    for _ in 0..100 {
-        tokio::task::yield_now().await;
-    }
+    report(&c, 0, at_step(100)).await;
     c.advance(60);
     c.reconcile().await;
     assert_eq!(c.status().progress.as_ref().unwrap().step, 120);
