@@ -4,7 +4,9 @@ pub mod conditions;
 pub mod duration;
 pub mod manifest;
 pub mod pod_template;
+pub mod recovery;
 pub mod reference;
+pub mod scheduling;
 pub mod spec;
 pub mod status;
 
@@ -15,6 +17,8 @@ pub use manifest::{
     ManifestError, Violation, decode_job, load_manifest, parse_manifest, validate, validate_update,
 };
 pub use pod_template::PodTemplate;
+pub use recovery::*;
+pub use scheduling::*;
 pub use spec::*;
 pub use status::*;
 

@@ -1,0 +1,541 @@
+//! Tests of `observe.rs`, kept beside it.
+
+use super::*;
+use k8s_openapi::api::core::v1::{
+    ContainerState, ContainerStateTerminated, ContainerStateWaiting, ContainerStatus, PodCondition,
+    PodSpec, PodStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+const LOST_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// A node as a kubelet reports it: Ready since `since`, heartbeat at `beat`, with the bulk
+/// a real status carries.
+fn reported(since: i64, beat: i64) -> Node {
+    use k8s_openapi::api::core::v1::{ContainerImage, NodeCondition, NodeStatus};
+    let condition = |type_: &str, status: &str| NodeCondition {
+        type_: type_.into(),
+        status: status.into(),
+        last_transition_time: Some(Time(Timestamp::from_second(since).unwrap())),
+        last_heartbeat_time: Some(Time(Timestamp::from_second(beat).unwrap())),
+        ..Default::default()
+    };
+    let mut node = Node::default();
+    node.metadata.name = Some("spot-1".into());
+    node.metadata.labels = Some([(ZONE_LABEL.to_string(), "zone-a".to_string())].into());
+    node.status = Some(NodeStatus {
+        conditions: Some(vec![
+            condition("MemoryPressure", "False"),
+            condition("Ready", "True"),
+        ]),
+        images: Some(vec![
+            ContainerImage {
+                names: Some(vec!["registry.example/a-large-image:1".into()]),
+                size_bytes: Some(1 << 30),
+            };
+            50
+        ]),
+        ..Default::default()
+    });
+    node
+}
+
+#[test]
+fn a_cached_node_keeps_only_what_the_operator_reads() {
+    let mut node = reported(100, 200);
+    let before = serde_json::to_vec(&node).unwrap().len();
+    keep_what_is_read_of_node(&mut node);
+    let after = serde_json::to_vec(&node).unwrap().len();
+    assert!(after * 10 < before, "{before} bytes cached as {after}");
+    assert_eq!(node_state(Some(&node)), NodeState::Ready);
+    assert_eq!(zone(Some(&node)).as_deref(), Some("zone-a"));
+    let conditions = node.status.unwrap().conditions.unwrap();
+    assert_eq!(conditions.len(), 1, "Ready only");
+}
+
+#[test]
+fn a_heartbeat_is_no_news_and_a_readiness_change_is() {
+    let news = |mut n: Node| {
+        keep_what_is_read_of_node(&mut n);
+        node_news(&n)
+    };
+    let base = news(reported(100, 200));
+    assert_eq!(news(reported(100, 210)), base, "a heartbeat");
+    let mut not_ready = reported(100, 210);
+    not_ready
+        .status
+        .as_mut()
+        .unwrap()
+        .conditions
+        .as_mut()
+        .unwrap()[1]
+        .status = "False".into();
+    assert_ne!(news(not_ready), base);
+    let mut relabelled = reported(100, 210);
+    relabelled
+        .metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert("karpenter.sh/capacity-type".into(), "spot".into());
+    assert_ne!(news(relabelled), base);
+    let mut tainted = reported(100, 210);
+    tainted.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
+        taints: Some(vec![k8s_openapi::api::core::v1::Taint {
+            key: "example.com/reclaimed".into(),
+            effect: "NoExecute".into(),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    });
+    assert_ne!(news(tainted), base);
+}
+
+#[test]
+fn a_nodes_zone_is_its_well_known_label() {
+    let mut node = Node::default();
+    assert_eq!(zone(Some(&node)), None);
+    node.metadata.labels = Some(
+        [(ZONE_LABEL.to_string(), "europe-west4-a".to_string())]
+            .into_iter()
+            .collect(),
+    );
+    assert_eq!(zone(Some(&node)).as_deref(), Some("europe-west4-a"));
+    assert_eq!(zone(None), None, "a node gone from the cache");
+}
+
+fn at(s: i64) -> Timestamp {
+    Timestamp::from_second(s).unwrap()
+}
+
+fn running() -> Pod {
+    Pod {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            creation_timestamp: Some(Time(at(100))),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            node_name: Some("n1".into()),
+            ..Default::default()
+        }),
+        status: Some(PodStatus {
+            phase: Some("Running".into()),
+            ..Default::default()
+        }),
+    }
+}
+
+/// The trainer container, exited.
+pub(in crate::runtime::kube) fn exited(
+    code: i32,
+    reason: &str,
+    message: Option<&str>,
+) -> ContainerStatus {
+    ContainerStatus {
+        name: "trainer".into(),
+        state: Some(ContainerState {
+            terminated: Some(ContainerStateTerminated {
+                exit_code: code,
+                reason: Some(reason.into()),
+                message: message.map(Into::into),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn terminated(phase: &str, code: i32, reason: &str, message: Option<&str>) -> Pod {
+    let mut pod = running();
+    let status = pod.status.as_mut().unwrap();
+    status.phase = Some(phase.into());
+    status.container_statuses = Some(vec![exited(code, reason, message)]);
+    pod
+}
+
+fn disrupted(mut pod: Pod, reason: &str) -> Pod {
+    pod.status.as_mut().unwrap().conditions = Some(vec![PodCondition {
+        type_: "DisruptionTarget".into(),
+        status: "True".into(),
+        reason: Some(reason.into()),
+        message: Some("spot".into()),
+        ..Default::default()
+    }]);
+    pod
+}
+
+/// The facts of `pod`, read as the cache holds it: trimmed, with the same facts as whole.
+fn facts(pod: &Pod, node: NodeState, last: Option<TrainerState>) -> PodFacts {
+    let whole = pod_facts(pod, |_| node, last, at(1000), LOST_AFTER);
+    let cached = cached(pod);
+    assert_eq!(
+        pod_facts(&cached, |_| node, last, at(1000), LOST_AFTER),
+        whole
+    );
+    assert_eq!(creating(&cached), creating(pod));
+    assert_eq!(member_of(&cached), member_of(pod));
+    whole
+}
+
+fn cached(pod: &Pod) -> Pod {
+    let mut cached = pod.clone();
+    keep_what_is_read_of_pod(&mut cached);
+    cached
+}
+
+fn exit(pod: &Pod) -> Option<Exit> {
+    facts(pod, NodeState::Ready, None).member.exit
+}
+
+fn is_preemption(e: &Option<Exit>) -> bool {
+    matches!(e, Some(Exit::Preempted { .. }))
+}
+
+#[test]
+fn a_running_pod_on_a_ready_node_is_live() {
+    let f = facts(&running(), NodeState::Ready, None);
+    assert_eq!(f.member.exit, None);
+    assert_eq!(f.member.node.as_deref(), Some("n1"));
+    assert_eq!(f.member.pending_since, None);
+}
+
+#[test]
+fn an_unscheduled_pod_waits_since_its_creation() {
+    let mut pod = running();
+    pod.spec.as_mut().unwrap().node_name = None;
+    pod.status.as_mut().unwrap().phase = Some("Pending".into());
+    let f = facts(&pod, NodeState::Ready, None);
+    assert_eq!(
+        (f.member.exit, f.member.node, f.member.pending_since),
+        (None, None, Some(at(100)))
+    );
+}
+
+#[test]
+fn every_disruption_reason_is_a_preemption_even_while_the_pod_still_runs() {
+    for reason in DISRUPTION_REASONS {
+        let e = exit(&disrupted(running(), reason));
+        let Some(Exit::Preempted { reason: why }) = e else {
+            panic!("{reason}: {e:?}")
+        };
+        assert!(why.starts_with(reason), "{why}");
+        // ...and whatever code the trainer exited with afterwards.
+        for code in [0, 1, 137, 143] {
+            let e = exit(&disrupted(
+                terminated("Failed", code, "Error", None),
+                reason,
+            ));
+            assert!(is_preemption(&e), "{reason} exit {code}: {e:?}");
+        }
+    }
+}
+
+#[test]
+fn node_shutdown_and_eviction_are_preemptions() {
+    for reason in ["Terminated", "Shutdown", "Evicted", "NodeLost", "OutOfcpu"] {
+        let mut pod = terminated("Failed", 143, "Error", None);
+        pod.status.as_mut().unwrap().reason = Some(reason.into());
+        pod.status.as_mut().unwrap().message =
+            Some("Pod was terminated in response to imminent node shutdown.".into());
+        assert!(is_preemption(&exit(&pod)), "{reason}");
+        // Failed before the container ever ran.
+        let mut pod = running();
+        pod.status.as_mut().unwrap().phase = Some("Failed".into());
+        pod.status.as_mut().unwrap().reason = Some(reason.into());
+        assert!(is_preemption(&exit(&pod)), "{reason} before running");
+    }
+}
+
+#[test]
+fn a_deleted_pod_and_a_lost_node_are_preemptions() {
+    let mut pod = running();
+    pod.metadata.deletion_timestamp = Some(Time(at(900)));
+    assert_eq!(
+        exit(&pod),
+        Some(Exit::Preempted {
+            reason: "pod deleted".into()
+        })
+    );
+    // Lost with its node only when the node is: the pod's own deletion is not.
+    assert!(!facts(&pod, NodeState::Gone, None).node_lost);
+    let f = facts(&running(), NodeState::Gone, None);
+    assert_eq!(
+        f.member.exit,
+        Some(Exit::Preempted {
+            reason: "node n1 is gone".into()
+        })
+    );
+    assert!(f.node_lost);
+    // NotReady: only beyond the timeout.
+    let briefly = NodeState::NotReady { since: at(950) };
+    let f = facts(&running(), briefly, None);
+    assert_eq!((f.member.exit, f.node_lost), (None, false));
+    let long = NodeState::NotReady { since: at(900) };
+    let f = facts(&running(), long, None);
+    assert_eq!(
+        f.member.exit,
+        Some(Exit::Preempted {
+            reason: "node n1 not ready for 100 s".into()
+        })
+    );
+    assert!(f.node_lost);
+    // The kubelet's own word that the node went away is the pod's: the kubelet is there.
+    let mut pod = terminated("Failed", 143, "Error", None);
+    pod.status.as_mut().unwrap().reason = Some("NodeLost".into());
+    assert!(!facts(&pod, NodeState::Ready, None).node_lost);
+}
+
+#[test]
+fn a_pod_held_by_a_scheduling_gate_waits_for_admission_not_for_a_node() {
+    use k8s_openapi::api::core::v1::PodSchedulingGate;
+    let mut pod = running();
+    pod.spec = Some(PodSpec {
+        scheduling_gates: Some(vec![PodSchedulingGate {
+            name: "kueue.x-k8s.io/admission".into(),
+        }]),
+        ..Default::default()
+    });
+    pod.status.as_mut().unwrap().phase = Some("Pending".into());
+    let f = facts(&pod, NodeState::Ready, None);
+    assert_eq!(
+        f.member.gated_by.as_deref(),
+        Some("kueue.x-k8s.io/admission")
+    );
+    assert_eq!((f.member.pending_since, f.member.exit), (None, None));
+    // Ungated, it waits for a node since its creation.
+    pod.spec.as_mut().unwrap().scheduling_gates = Some(vec![]);
+    let f = facts(&pod, NodeState::Ready, None);
+    assert_eq!(
+        (f.member.gated_by, f.member.pending_since),
+        (None, Some(at(100)))
+    );
+}
+
+#[test]
+fn a_pod_kueue_evicts_is_a_preemption_in_kueues_words() {
+    let mut pod = running();
+    pod.metadata.deletion_timestamp = Some(Time(at(900)));
+    pod.status.as_mut().unwrap().conditions = Some(vec![PodCondition {
+        type_: "TerminationTarget".into(),
+        status: "True".into(),
+        reason: Some("WorkloadEvictedDueToPreempted".into()),
+        message: Some("Preempted to accommodate a workload".into()),
+        ..Default::default()
+    }]);
+    let why = "WorkloadEvictedDueToPreempted: Preempted to accommodate a workload";
+    assert_eq!(exit(&pod), Some(Exit::Preempted { reason: why.into() }));
+    // Stopped by the kubelet afterwards, while Kueue's finalizer keeps the pod.
+    let mut stopped = terminated("Failed", 143, "Error", None);
+    stopped.metadata = pod.metadata.clone();
+    stopped.status.as_mut().unwrap().conditions = pod.status.unwrap().conditions;
+    assert_eq!(exit(&stopped), Some(Exit::Preempted { reason: why.into() }));
+}
+
+#[test]
+fn a_container_killed_because_its_pod_was_deleted_is_a_preemption() {
+    for code in [137, 143] {
+        let mut pod = terminated("Failed", code, "Error", None);
+        pod.metadata.deletion_timestamp = Some(Time(at(900)));
+        assert_eq!(
+            exit(&pod),
+            Some(Exit::Preempted {
+                reason: "pod deleted".into()
+            }),
+            "{code}"
+        );
+    }
+    // Any other code is the trainer's own failure, deleted or not.
+    let mut pod = terminated("Failed", 1, "Error", None);
+    pod.metadata.deletion_timestamp = Some(Time(at(900)));
+    assert!(matches!(
+        exit(&pod),
+        Some(Exit::Failed { code: Some(1), .. })
+    ));
+}
+
+#[test]
+fn a_crash_is_a_failure_with_its_exit_code() {
+    let e = exit(&terminated("Failed", 101, "Error", None));
+    assert!(
+        matches!(&e, Some(Exit::Failed { reason, code: Some(101), .. }) if reason == "exit code 101 (Error)"),
+        "{e:?}"
+    );
+    let e = exit(&terminated("Failed", 137, "OOMKilled", None));
+    assert!(
+        matches!(&e, Some(Exit::Failed { reason, code: Some(137), .. }) if reason == "exit code 137 (OOMKilled)"),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn a_clean_exit_is_completion_only_when_the_trainer_says_done() {
+    let done = r#"{"outcome":"done","step":400}"#;
+    let left = r#"{"outcome":"left","step":120}"#;
+    assert_eq!(
+        exit(&terminated("Succeeded", 0, "Completed", Some(done))),
+        Some(Exit::Completed)
+    );
+    assert!(is_preemption(&exit(&terminated(
+        "Succeeded",
+        0,
+        "Completed",
+        Some(left)
+    ))));
+    // No message (an older trainer): its last status decides.
+    let pod = terminated("Succeeded", 0, "Completed", None);
+    assert!(is_preemption(&exit(&pod)));
+    let f = facts(&pod, NodeState::Ready, Some(TrainerState::Done));
+    assert_eq!(f.member.exit, Some(Exit::Completed));
+}
+
+#[test]
+fn a_container_that_cannot_start_says_why() {
+    let mut pod = running();
+    pod.status.as_mut().unwrap().container_statuses = Some(vec![ContainerStatus {
+        name: "trainer".into(),
+        state: Some(ContainerState {
+            waiting: Some(ContainerStateWaiting {
+                reason: Some("ImagePullBackOff".into()),
+                message: Some("pull access denied".into()),
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }]);
+    let f = facts(&pod, NodeState::Ready, None);
+    assert_eq!(
+        f.member.not_starting,
+        Some(NotStarting {
+            reason: "ImagePullBackOff".into(),
+            message: "pull access denied".into(),
+        })
+    );
+    assert_eq!(f.member.exit, None);
+    assert!(!creating(&pod), "past creating: it says why it waits");
+}
+
+#[test]
+fn an_image_problem_names_the_image() {
+    let mut pod = running();
+    pod.spec.as_mut().unwrap().containers = vec![k8s_openapi::api::core::v1::Container {
+        name: "trainer".into(),
+        image: Some("registry.invalid/murmur-trainer:9".into()),
+        ..Default::default()
+    }];
+    let waiting = |reason: &str, message: &str| {
+        Some(vec![ContainerStatus {
+            name: "trainer".into(),
+            state: Some(ContainerState {
+                waiting: Some(ContainerStateWaiting {
+                    reason: Some(reason.into()),
+                    message: Some(message.into()),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }])
+    };
+    // The kubelet's message names it: left as it is.
+    let kubelets = r#"Back-off pulling image "registry.invalid/murmur-trainer:9""#;
+    pod.status.as_mut().unwrap().container_statuses = waiting("ImagePullBackOff", kubelets);
+    assert_eq!(
+        facts(&pod, NodeState::Ready, None)
+            .member
+            .not_starting
+            .unwrap()
+            .message,
+        kubelets
+    );
+    // It does not: the image is said.
+    pod.status.as_mut().unwrap().container_statuses = waiting("ErrImagePull", "not found");
+    assert_eq!(
+        facts(&pod, NodeState::Ready, None)
+            .member
+            .not_starting
+            .unwrap()
+            .message,
+        r#"image "registry.invalid/murmur-trainer:9": not found"#
+    );
+    // Not about the image: nothing added.
+    pod.status.as_mut().unwrap().container_statuses =
+        waiting("CreateContainerConfigError", "secret \"k\" not found");
+    assert_eq!(
+        facts(&pod, NodeState::Ready, None)
+            .member
+            .not_starting
+            .unwrap()
+            .message,
+        "secret \"k\" not found"
+    );
+}
+
+#[test]
+fn a_pod_on_a_node_without_a_running_container_is_creating() {
+    let mut pod = running();
+    pod.spec.as_mut().unwrap().node_name = Some("n1".into());
+    let status = pod.status.as_mut().unwrap();
+    status.phase = Some("Pending".into());
+    status.container_statuses = None;
+    assert!(creating(&pod), "no container status yet");
+    pod.status.as_mut().unwrap().container_statuses = Some(vec![ContainerStatus {
+        name: "trainer".into(),
+        state: Some(ContainerState {
+            waiting: Some(ContainerStateWaiting {
+                reason: Some("ContainerCreating".into()),
+                message: None,
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }]);
+    assert!(creating(&pod));
+    pod.spec.as_mut().unwrap().node_name = None;
+    assert!(!creating(&pod), "not on a node: the scheduler's business");
+}
+
+#[test]
+fn a_crash_says_the_kubelets_reason_and_the_last_line_of_its_message() {
+    assert_eq!(crash_detail(None, None), "Error");
+    assert_eq!(crash_detail(Some("OOMKilled"), Some("")), "OOMKilled");
+    assert_eq!(
+        crash_detail(
+            Some("StartError"),
+            Some("failed to create task: exec: \"run\": executable file not found in $PATH\n")
+        ),
+        "StartError: failed to create task: exec: \"run\": executable file not found in $PATH"
+    );
+    assert_eq!(
+        crash_detail(Some("Error"), Some("line one\nthe last line\n\n")),
+        "Error: the last line"
+    );
+    let long = "é".repeat(400);
+    let d = crash_detail(Some("Error"), Some(&long));
+    assert!(
+        d.ends_with('…') && d.len() <= "Error: ".len() + 300 + '…'.len_utf8(),
+        "{d}"
+    );
+}
+
+#[test]
+fn node_readiness_comes_from_its_ready_condition() {
+    use k8s_openapi::api::core::v1::{NodeCondition, NodeStatus};
+    let node = |status: &str| Node {
+        status: Some(NodeStatus {
+            conditions: Some(vec![NodeCondition {
+                type_: "Ready".into(),
+                status: status.into(),
+                last_transition_time: Some(Time(at(5))),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    assert_eq!(node_state(Some(&node("True"))), NodeState::Ready);
+    assert_eq!(
+        node_state(Some(&node("Unknown"))),
+        NodeState::NotReady { since: at(5) }
+    );
+    assert_eq!(node_state(None), NodeState::Gone);
+}
