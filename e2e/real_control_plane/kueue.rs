@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 
 use super::super::Env;
-use super::super::support::control_plane::NodeShape;
+use super::super::support::control_plane::{NodeShape, eventually};
 use super::scene::{MINUTE, Scene, attempt_of, condition_of, has_condition, node_of, tail};
 
 const JOB: &str = "gang";
@@ -147,7 +147,11 @@ pub async fn kueue(env: &Env) {
                 .is_some_and(|m| m.starts_with("3 members wait for admission"))
     })
     .await;
-    let w = workload(&s).expect("Kueue made the pod group's Workload");
+    // Kueue makes the Workload on its own time, after the pods it gates exist.
+    let w = eventually("Kueue makes the pod group's Workload", MINUTE, || async {
+        workload(&s)
+    })
+    .await;
     assert!(!admitted(&w), "admitted beyond the quota: {w:#}");
     assert_eq!(w["spec"]["podSets"][0]["count"], 3, "{w:#}");
     println!(
