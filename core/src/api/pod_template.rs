@@ -299,7 +299,7 @@ impl PodTemplate {
                 }
             }
             for (e, var) in trainer.env.iter().flatten().enumerate() {
-                if var.name.starts_with("MURMUR_") {
+                if crate::contract::env::is_murmurs(&var.name) {
                     say(
                         field(&format!("env[{e}].name")),
                         format!("{}: MURMUR_ variables are murmur's own", var.name),

@@ -5,6 +5,12 @@ use std::path::PathBuf;
 
 use crate::api::Backend;
 
+/// Whether `name` is one of murmur's variables (`MURMUR_*`): the contract's, which a job's own
+/// environment may not set.
+pub fn is_murmurs(name: &str) -> bool {
+    name.starts_with("MURMUR_")
+}
+
 pub const JOB: &str = "MURMUR_JOB";
 pub const NAMESPACE: &str = "MURMUR_NAMESPACE";
 pub const MEMBER_ID: &str = "MURMUR_MEMBER_ID";

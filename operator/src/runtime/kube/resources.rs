@@ -24,7 +24,7 @@ use murmur_core::api::{
     Backend, CheckpointVolumeKind, DEFAULT_TRAINER_CUDA_IMAGE, DEFAULT_TRAINER_IMAGE,
     DecentralizedTrainingJob, TopologyKind,
 };
-use murmur_core::contract::{TERMINATION_LOG, TrainerEnv};
+use murmur_core::contract::{TERMINATION_LOG, TrainerEnv, env};
 use murmur_core::topology::MemberId;
 
 pub use super::labels::{
@@ -530,7 +530,7 @@ fn trainer_env(p: &MemberPod, s: &Settings) -> Vec<EnvVar> {
         .trainer
         .env
         .iter()
-        .filter(|e| !e.name.starts_with("MURMUR_"))
+        .filter(|e| !env::is_murmurs(&e.name))
         .cloned()
         .collect();
     env.extend(contract.to_vars().into_iter().map(|(k, v)| EnvVar {

@@ -10,6 +10,7 @@ use murmur_core::api::pod_template::{
     OWNED_MOUNT_PATHS, OWNED_PREFIX, OWNED_VOLUMES, PodTemplate, TRAINER_CONTAINER,
 };
 use murmur_core::api::{DecentralizedTrainingJobSpec, SchedulingSpec};
+use murmur_core::contract::env::is_murmurs;
 
 /// The job's placement: `scheduling` with the template's node selector (scheduling's value
 /// wins a key both set), tolerations (added), and affinity and priority class (where
@@ -124,13 +125,13 @@ fn trainer(spec: &mut PodSpec, theirs: &k8s_openapi::api::core::v1::Container) {
     let env = ours.env.get_or_insert_with(Vec::new);
     let at = env
         .iter()
-        .position(|e| e.name.starts_with("MURMUR_"))
+        .position(|e| is_murmurs(&e.name))
         .unwrap_or(env.len());
     let added: Vec<_> = theirs
         .env
         .iter()
         .flatten()
-        .filter(|e| !e.name.starts_with("MURMUR_"))
+        .filter(|e| !is_murmurs(&e.name))
         .cloned()
         .collect();
     env.splice(at..at, added);
@@ -377,7 +378,7 @@ spec:
                 let last = env.iter().rev().find(|m| m.name == e.name);
                 prop_assert_eq!(last, Some(e));
             }
-            for e in env.iter().filter(|e| e.name.starts_with("MURMUR_")) {
+            for e in env.iter().filter(|e| is_murmurs(&e.name)) {
                 prop_assert!(e.value.as_deref() != Some("theirs"), "{:?}", e);
             }
             for m in ours.volume_mounts.iter().flatten() {

@@ -568,7 +568,7 @@ impl Local {
             .kill_on_drop(true);
         // Only the contract reaches the trainer: nothing from a surrounding MURMUR_* setup.
         for (k, _) in std::env::vars() {
-            if k.starts_with("MURMUR_") {
+            if murmur_core::contract::env::is_murmurs(&k) {
                 command.env_remove(k);
             }
         }

@@ -4,6 +4,7 @@
 //! one line, not silently dropped.
 
 use murmur_core::api::PodTemplate;
+use murmur_core::contract::env::is_murmurs;
 
 /// The template's variables for the trainer process (those with a plain value; `MURMUR_*`
 /// stays murmur's).
@@ -12,7 +13,7 @@ pub fn env(template: Option<&PodTemplate>) -> Vec<(String, String)> {
         .and_then(PodTemplate::trainer)
         .into_iter()
         .flat_map(|c| c.env.iter().flatten())
-        .filter(|e| !e.name.starts_with("MURMUR_"))
+        .filter(|e| !is_murmurs(&e.name))
         .filter_map(|e| Some((e.name.clone(), e.value.clone()?)))
         .collect()
 }
@@ -24,7 +25,7 @@ pub fn notice(template: &PodTemplate) -> String {
     let trainer = template.trainer();
     let vars = trainer.into_iter().flat_map(|c| c.env.iter().flatten());
     let (plain, from): (Vec<_>, Vec<_>) = vars
-        .filter(|e| !e.name.starts_with("MURMUR_"))
+        .filter(|e| !is_murmurs(&e.name))
         .partition(|e| e.value.is_some());
     if !plain.is_empty() {
         honoured.push(format!("{} env", plain.len()));
