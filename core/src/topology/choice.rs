@@ -5,10 +5,16 @@
 use crate::api::{AlgorithmKind, DecentralizedTrainingJobSpec, TopologyKind};
 use crate::contract::JoinReport;
 
+use super::measures::clique_skew;
 use super::{
     BuildSpec, MemberProfile, Topology, TopologyError, TopologyOptions, build, moshpit,
     random_regular,
 };
+
+/// How much less skewed (in label skew, which lies in [0, 2]) a fresh build's worst clique must
+/// be than the repaired one's for [`Recipe::reform`] to re-form the cliques: one class missing
+/// from a clique of five costs 0.2.
+pub const REFORM_MARGIN: f64 = 0.1;
 
 /// Which graph to build: one of the job spec's families, a Moshpit grid (what Moshpit averaging
 /// trains on), or a random regular graph (a baseline of a data-aware graph's degree).
@@ -150,6 +156,32 @@ impl Recipe {
     }
 }
 
+impl Recipe {
+    /// `t`'s cliques formed afresh over its current members, when member-by-member repair has
+    /// left its worst clique more than [`REFORM_MARGIN`] more skewed than a fresh build's. A
+    /// burst of losses does that: a clique left under half its size is dissolved into the
+    /// others, and the replacements then fill a new clique with whatever labels they bring, so
+    /// two cliques each miss classes the other holds twice. The result carries `t`'s next
+    /// version. None for graphs other than D-Cliques, members without label histograms, or no
+    /// clear gain (so a fresh build is tried only when the worst clique is skewed at all).
+    pub fn reform(&self, t: &Topology) -> Option<Topology> {
+        if self.graph != GraphChoice::Family(TopologyKind::DCliques) {
+            return None;
+        }
+        let before = clique_skew(t)?.max;
+        if before <= REFORM_MARGIN {
+            return None;
+        }
+        let members: Vec<MemberProfile> = t.profiles.values().cloned().collect();
+        let mut fresh = self.build(&members).ok()?;
+        let after = clique_skew(&fresh)?.max;
+        (before - after > REFORM_MARGIN).then(|| {
+            fresh.version = t.version + 1;
+            fresh
+        })
+    }
+}
+
 impl MemberProfile {
     /// What the control plane knows of a member: its join report's summaries, and the zone of
     /// the node it runs on.
@@ -170,6 +202,7 @@ impl MemberProfile {
 mod tests {
     use super::*;
     use crate::api::{AlgorithmSpec, TopologySpec};
+    use crate::topology::MemberId;
 
     fn job(kind: TopologyKind, algorithm: AlgorithmKind) -> DecentralizedTrainingJobSpec {
         let mut spec: DecentralizedTrainingJobSpec = serde_json::from_value(serde_json::json!({
@@ -269,6 +302,71 @@ mod tests {
                 .unwrap_or_else(|e| panic!("{choice}: {e}"));
             assert_eq!(t.graph.member_count(), 16, "{choice}");
         }
+    }
+
+    /// Member `id` of ten holding two classes each (`partition: classesPerMember, k: 2`).
+    fn two_classes(id: MemberId) -> MemberProfile {
+        let classes = [(2 * id) % 10, (2 * id + 1) % 10];
+        MemberProfile::from_join(
+            &JoinReport {
+                member_id: id,
+                label_histogram: (0..10)
+                    .map(|c| u64::from(classes.contains(&c)) * 50)
+                    .collect(),
+                proxy_vector: None,
+            },
+            None,
+        )
+    }
+
+    fn worst_skew(t: &Topology) -> f64 {
+        clique_skew(t).unwrap().max
+    }
+
+    #[test]
+    fn cliques_a_burst_of_losses_left_skewed_are_formed_afresh_and_balanced_ones_are_kept() {
+        let mut spec = job(TopologyKind::DCliques, AlgorithmKind::CliqueAveraging);
+        spec.topology.clique_size = Some(5);
+        let recipe = Recipe::for_job(&spec);
+        let mut t = recipe
+            .build(&(0..10).map(two_classes).collect::<Vec<_>>())
+            .unwrap();
+        assert!(worst_skew(&t) < 1e-9, "two cliques holding every class");
+        assert_eq!(recipe.reform(&t), None, "a balanced topology is kept");
+        // A node holding three members of one clique dies and a member of the other is
+        // evicted: the three-member hole dissolves the first clique's remnant into the second.
+        let (a, b) = (t.clique_of(0).unwrap(), t.clique_of(5).unwrap());
+        assert_ne!(a, b);
+        let of = |t: &Topology, c: u32| -> Vec<MemberId> {
+            t.graph
+                .members()
+                .filter(|&m| t.clique_of(m) == Some(c))
+                .collect()
+        };
+        let lost: Vec<MemberId> = of(&t, a).into_iter().take(3).chain([5]).collect();
+        for &id in &lost {
+            t.remove_member(id).unwrap();
+        }
+        // Their replacements join one by one, with the data they had.
+        for &id in &lost {
+            t.add_member(two_classes(id)).unwrap();
+        }
+        let repaired = worst_skew(&t);
+        assert!(
+            repaired > 2.0 * REFORM_MARGIN,
+            "the repair alone left the cliques balanced ({repaired}): the scenario no longer shows the drift"
+        );
+        let fresh = recipe.reform(&t).expect("re-formed");
+        assert_eq!(fresh.version, t.version + 1);
+        assert!(worst_skew(&fresh) < 1e-9, "{}", worst_skew(&fresh));
+        assert_eq!(
+            fresh.graph.members().collect::<Vec<_>>(),
+            t.graph.members().collect::<Vec<_>>()
+        );
+        assert_eq!(recipe.reform(&fresh), None, "once re-formed, kept");
+        // Other graphs are repaired member by member only.
+        let ring = Recipe::for_job(&job(TopologyKind::Ring, AlgorithmKind::Dpsgd));
+        assert_eq!(ring.reform(&t), None);
     }
 
     #[test]

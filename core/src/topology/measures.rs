@@ -112,7 +112,8 @@ fn spectral_gap(t: &Topology) -> f64 {
     (1.0 - eigen[1]).max(0.0)
 }
 
-fn clique_skew(t: &Topology) -> Option<CliqueSkew> {
+/// The label skew of `t`'s cliques (None for other graphs, or a member without a histogram).
+pub fn clique_skew(t: &Topology) -> Option<CliqueSkew> {
     let Shape::Cliques(layout) = &t.shape else {
         return None;
     };

@@ -40,6 +40,8 @@ pub enum Reason {
     Left,
     /// A new topology version.
     TopologyChanged,
+    /// Repairs left the cliques skewed (a burst of losses): they were formed afresh.
+    CliquesReformed,
     /// Every member is gone.
     AllMembersLost,
     /// A member lost to spot reclaim, eviction or node loss (never a failure).
@@ -78,6 +80,7 @@ impl Reason {
             Reason::Replaced => "Replaced",
             Reason::Left => "Left",
             Reason::TopologyChanged => "TopologyChanged",
+            Reason::CliquesReformed => "CliquesReformed",
             Reason::AllMembersLost => "AllMembersLost",
             Reason::Preempted => "Preempted",
             Reason::MemberFailed => "MemberFailed",

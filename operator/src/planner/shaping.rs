@@ -1,6 +1,7 @@
 //! The topology: built from the join reports once enough members joined (the graph and its
-//! options are core's [`Recipe`] for the job), repaired member by member afterwards, and members
-//! relocated to their clique's zone.
+//! options are core's [`Recipe`] for the job), repaired member by member afterwards (its
+//! cliques formed afresh where a burst of losses left them skewed), and members relocated to
+//! their clique's zone.
 
 use std::collections::BTreeMap;
 
@@ -14,7 +15,8 @@ use super::{
 };
 use crate::member::{Lifecycle, MemberRecord};
 
-/// Build the topology once enough members joined; afterwards repair it member by member.
+/// Build the topology once enough members joined; afterwards repair it member by member, and
+/// form its cliques afresh when the repairs left them skewed.
 pub(super) fn shape_topology(
     spec: &DecentralizedTrainingJobSpec,
     s: &mut JobState,
@@ -105,6 +107,22 @@ pub(super) fn shape_topology(
                     let _ = t.add_member(MemberProfile::from_join(report, zone(report.member_id)));
                 }
             }
+            if before != Some(t.version)
+                && let Some(fresh) = Recipe::for_job(spec).reform(t)
+            {
+                actions.push(event(
+                    EventKind::Normal,
+                    Reason::CliquesReformed,
+                    None,
+                    format!(
+                        "cliques formed afresh over the {} members: repair had left the worst clique's label skew at {:.2}, a fresh build's is {:.2}",
+                        fresh.graph.member_count(),
+                        skew(t),
+                        skew(&fresh)
+                    ),
+                ));
+                *t = fresh;
+            }
         }
     }
     if let Some(t) = &s.topology
@@ -123,6 +141,11 @@ pub(super) fn shape_topology(
             ),
         ));
     }
+}
+
+/// The worst clique's label skew (0 where unknown: `reform` measured it).
+fn skew(t: &Topology) -> f64 {
+    topology::measures::clique_skew(t).map_or(0.0, |s| s.max)
 }
 
 /// Zone-aware cliques cross zones where one zone's members cannot balance the labels. Before

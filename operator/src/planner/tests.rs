@@ -371,11 +371,17 @@ fn after_the_grace_period_the_topology_starts_with_the_members_in() {
     let t = w.state.topology.as_ref().unwrap();
     assert_eq!(t.graph.members().collect::<Vec<_>>(), vec![0, 2]);
     assert_eq!(w.state.phase, JobPhase::Degraded);
-    // Late joiners are added by repair.
+    // Late joiners are added by repair. Member 1 holds the classes 0 and 2 lack: added to a
+    // clique of its own, it leaves the cliques skewed, so they are formed afresh around it.
     w.join(1);
-    w.plan();
+    let actions = w.plan();
     assert!(w.state.topology.as_ref().unwrap().graph.contains(1));
-    assert_eq!(w.version(), 2);
+    assert_eq!(
+        World::reasons(&actions),
+        vec!["Joined", "CliquesReformed", "TopologyChanged"]
+    );
+    assert_eq!(w.version(), 3);
+    assert_eq!(w.neighbours(1).len(), 1, "in a clique of two");
 }
 
 #[test]
@@ -1403,4 +1409,58 @@ fn a_failure_policy_ignores_some_crashes_and_fails_the_job_on_others() {
         message.contains("recovery.failurePolicy says fails the job"),
         "{message}"
     );
+}
+
+#[test]
+fn cliques_a_burst_of_losses_left_skewed_are_formed_afresh() {
+    // Ten members holding two classes each, in two cliques of five that each hold all ten.
+    let mut spec = spec();
+    spec.replicas.target = 10;
+    spec.replicas.max = 10;
+    spec.topology.clique_size = Some(5);
+    let mut w = World::new(spec);
+    let join = |w: &mut World, id: u32| {
+        let classes = [(2 * id) % 10, (2 * id + 1) % 10];
+        w.observed.members.get_mut(&id).unwrap().join = Some(JoinReport {
+            member_id: id,
+            label_histogram: (0..10)
+                .map(|c| u64::from(classes.contains(&c)) * 40)
+                .collect(),
+            proxy_vector: None,
+        });
+    };
+    w.plan();
+    for id in 0..10 {
+        join(&mut w, id);
+    }
+    w.plan();
+    let t = w.state.topology.clone().unwrap();
+    let clique = |id| t.clique_of(id).unwrap();
+    // A node dies with three members of one clique, and one of the other is evicted: the
+    // first clique's remnant of two is dissolved into the second.
+    let hit: Vec<u32> = (0..10)
+        .filter(|&id| clique(id) == clique(0))
+        .take(3)
+        .collect();
+    let other = (0..10).find(|&id| clique(id) != clique(0)).unwrap();
+    w.now = 30.0;
+    for &id in hit.iter().chain([&other]) {
+        w.end(id, preempted());
+    }
+    w.plan();
+    assert!(!World::reasons(&w.actions).contains(&"CliquesReformed"));
+    // The replacements join one at a time, and the cliques they fill lack classes.
+    let mut reformed = Vec::new();
+    for &id in hit.iter().chain([&other]) {
+        join(&mut w, id);
+        let actions = w.plan();
+        if World::reasons(&actions).contains(&"CliquesReformed") {
+            reformed.push(id);
+        }
+    }
+    assert!(!reformed.is_empty(), "the cliques were never formed afresh");
+    let t = w.state.topology.as_ref().unwrap();
+    assert_eq!(t.graph.member_count(), 10);
+    let skew = murmur_core::topology::measures::clique_skew(t).unwrap().max;
+    assert!(skew < 1e-9, "the worst clique's skew is {skew}");
 }
