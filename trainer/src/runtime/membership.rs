@@ -11,7 +11,7 @@ use murmur_core::contract::view::edge_agreement;
 use murmur_core::topology::MemberId;
 
 use super::{RunError, Trainer};
-use crate::algorithms::Neighbourhood;
+use crate::algorithms::{Neighbourhood, mixing};
 use crate::transport::{Agreements, StateReply};
 
 /// How many members beyond its neighbourhood a joiner asks for state at a time.
@@ -270,8 +270,11 @@ impl<B: AutodiffBackend> Trainer<B> {
 
     /// Rounds with neighbours far ahead of us no longer meet: we wait a round timeout for each
     /// of their payloads, they for ours, and neither side ever catches up (a member that fell
-    /// behind while a neighbour of it was lost, or while it was starved of CPU). Take the state
-    /// of the most advanced of them, as a joiner does, and go on in step with them.
+    /// behind while a neighbour of it was lost, or while it was starved of CPU). Average our
+    /// parameters with theirs and go on at the most advanced one's step, in step with them.
+    /// Unlike a joiner's, our parameters are trained and are kept in the mean: a neighbour is
+    /// far ahead because it trained faster, not better (the remnant of a clique that a node's
+    /// death halved races ahead on the few labels it holds).
     pub(super) async fn catch_up(&mut self) -> Result<(), RunError> {
         let ahead = self.transport.far_ahead(CATCH_UP_ROUNDS);
         if ahead.is_empty() {
@@ -293,15 +296,24 @@ impl<B: AutodiffBackend> Trainer<B> {
                 .changed(tokio::time::Instant::now() + Duration::from_millis(200))
                 .await;
         }
-        let behind = self.step;
-        if let Some((peer, step)) = self.adopt_best(&replies)? {
-            tracing::info!(
-                peer,
-                step,
-                behind = step - behind,
-                "caught up with a neighbour far ahead"
-            );
-        }
+        let ahead: Vec<&StateReply> = replies
+            .iter()
+            .filter(|r| r.step > self.step && r.parameters.len() == self.member.layout().len())
+            .collect();
+        let Some(step) = ahead.iter().map(|r| r.step).max() else {
+            return Ok(());
+        };
+        let theirs: Vec<&[f32]> = ahead.iter().map(|r| r.parameters.as_slice()).collect();
+        let merged = mixing::mean(&self.member.parameters(), &theirs);
+        self.member.set_parameters(&merged)?;
+        let peers: Vec<MemberId> = ahead.iter().map(|r| r.from).collect();
+        tracing::info!(
+            ?peers,
+            step,
+            behind = step - self.step,
+            "caught up with a neighbour far ahead"
+        );
+        self.step = step;
         Ok(())
     }
 }
