@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use backon::Retryable;
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use kube::Client;
 use kube::api::Api;
 
@@ -69,25 +69,30 @@ pub enum OperatorError {
 
 /// Run the operator until SIGTERM / Ctrl-C (or until it loses its lease).
 pub async fn run(options: OperatorOptions) -> Result<(), OperatorError> {
-    let client = Client::try_default().await.map_err(OperatorError::Config)?;
-    let shutdown = async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("a SIGTERM handler");
+    // Caught from the first instant. In a container the operator is PID 1, which the kernel
+    // spares every signal it has no handler for: a standby told to stop during a rolling update
+    // would ignore SIGTERM, take the lease its predecessor released, and lead until the kubelet
+    // killed it, leaving the lease held for its whole duration after.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("a SIGTERM handler");
+    let shutdown = async move {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
             _ = term.recv() => {}
         }
-        tracing::info!("shutting down: finishing reconciles in flight");
     };
+    let client = Client::try_default().await.map_err(OperatorError::Config)?;
     run_with(client, options, shutdown).await
 }
 
-/// The operator against `client` until `shutdown` completes.
+/// The operator against `client` until `shutdown` completes: at once if it completes before
+/// this replica leads.
 pub async fn run_with(
     client: Client,
     options: OperatorOptions,
-    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), OperatorError> {
+    let shutdown = shutdown.boxed().shared();
     preflight::check(
         &client,
         options.settings.network_policies.is_some(),
@@ -123,7 +128,13 @@ pub async fn run_with(
             // Ready while waiting: a rolling update of the operator replaces the leader only
             // once its successor is Ready.
             hub.set_role(Role::Standby);
-            e.acquire().await;
+            tokio::select! {
+                _ = e.acquire() => {}
+                _ = shutdown.clone() => {
+                    tracing::info!("shutting down: never led");
+                    return Ok(());
+                }
+            }
             tracing::info!(identity = e.identity(), "leading");
             e.leadership()
         }
@@ -166,7 +177,9 @@ pub async fn run_with(
         .reconcile_on(futures::stream::unfold(triggered, |mut rx| async move {
             rx.recv().await.map(|r| (r, rx))
         }))
-        .graceful_shutdown_on(shutdown)
+        .graceful_shutdown_on(shutdown.map(|()| {
+            tracing::info!("shutting down: finishing reconciles in flight");
+        }))
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
             if let Err(e) = result {

@@ -2313,12 +2313,21 @@ async fn the_startup_check_names_a_missing_crd_and_every_missing_permission() {
 fn bare_api_server(
     permissions: Arc<Mutex<std::collections::BTreeSet<Permission>>>,
     watched: tokio::sync::oneshot::Sender<()>,
+    lease_holder: Option<&'static str>,
 ) -> Client {
     let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     tokio::spawn(async move {
         let mut watched = Some(watched);
         let mut held = Vec::new();
-        let mut lease: Option<Value> = None;
+        // `lease_holder`'s, just renewed: another replica leads.
+        let mut lease: Option<Value> = lease_holder.map(|holder| {
+            json!({
+                "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": "murmur-operator", "namespace": "murmur-system", "resourceVersion": "3"},
+                "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15,
+                         "renewTime": Timestamp::now().to_string()},
+            })
+        });
         while let Some((request, send)) = handle.next_request().await {
             let call = read_call(request).await;
             let (method, body) = (&call.method, &call.body);
@@ -2394,28 +2403,16 @@ fn bare_api_server(
     Client::new(service, "default")
 }
 
-#[tokio::test]
-async fn the_operator_uses_exactly_the_permissions_it_declares() {
-    let used = Arc::new(Mutex::new(std::collections::BTreeSet::new()));
-    let network_policies = Some(resources::NetworkPolicySettings {
-        operator_namespace: "murmur-system".into(),
-        operator_port: 8470,
-        dns_namespace: "kube-system".into(),
-    });
-
-    // The whole operator: startup check, lease, every watch, then a graceful shutdown.
-    let (watched_tx, watched_rx) = tokio::sync::oneshot::channel();
-    let client = bare_api_server(used.clone(), watched_tx);
+/// A free port, and the options of replica "replica-a" in pod "murmur-operator-a", electing
+/// itself on the Lease "murmur-operator" and serving on that port.
+fn replica_a() -> (u16, OperatorOptions) {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
     let options = OperatorOptions {
-        settings: Settings {
-            network_policies: network_policies.clone(),
-            ..Settings::default()
-        },
+        settings: Settings::default(),
         listen: format!("127.0.0.1:{port}"),
         reads_per_second: crate::status::pacer::DEFAULT_READS_PER_SECOND,
         token_audiences: Vec::new(),
@@ -2432,6 +2429,61 @@ async fn the_operator_uses_exactly_the_permissions_it_declares() {
             name: "murmur-operator-a".into(),
         }),
     };
+    (port, options)
+}
+
+#[tokio::test]
+async fn a_standby_told_to_stop_leaves_at_once_without_taking_the_lease() {
+    // A rolling update stops the standby while the leader still leads: it must not wait for
+    // the lease (and then lead while its pod terminates, holding the lease when killed).
+    let (watched_tx, _watched) = tokio::sync::oneshot::channel();
+    let client = bare_api_server(Arc::default(), watched_tx, Some("replica-b"));
+    let (port, options) = replica_a();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let operator = tokio::spawn(run_with(client.clone(), options, async move {
+        let _ = stopped.await;
+    }));
+    let mut standby = false;
+    for _ in 0..200 {
+        if let Ok(answer) = reqwest::get(format!("http://127.0.0.1:{port}/readyz")).await {
+            standby = answer.text().await.unwrap_or_default() == "standby: another replica leads\n";
+            if standby {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(standby, "never waited as a standby");
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), operator)
+        .await
+        .expect("the standby left at once")
+        .unwrap()
+        .expect("a clean exit");
+    let lease: k8s_openapi::api::coordination::v1::Lease = Api::namespaced(client, "murmur-system")
+        .get("murmur-operator")
+        .await
+        .unwrap();
+    assert_eq!(
+        lease.spec.unwrap().holder_identity.as_deref(),
+        Some("replica-b")
+    );
+}
+
+#[tokio::test]
+async fn the_operator_uses_exactly_the_permissions_it_declares() {
+    let used = Arc::new(Mutex::new(std::collections::BTreeSet::new()));
+    let network_policies = Some(resources::NetworkPolicySettings {
+        operator_namespace: "murmur-system".into(),
+        operator_port: 8470,
+        dns_namespace: "kube-system".into(),
+    });
+
+    // The whole operator: startup check, lease, every watch, then a graceful shutdown.
+    let (watched_tx, watched_rx) = tokio::sync::oneshot::channel();
+    let client = bare_api_server(used.clone(), watched_tx, None);
+    let (port, mut options) = replica_a();
+    options.settings.network_policies = network_policies.clone();
     // Once every watch is up and the caches have listed, the replica leads.
     let became_ready = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let ready = became_ready.clone();
