@@ -7,10 +7,17 @@ use crate::compression::Compression;
 use crate::data::{self, DataError, partition::Partition};
 use crate::runtime::{self, RunError, RunOptions, RunSetup};
 use crate::simulator::{self, SimulationConfig, SimulationError, output};
+use std::io::IsTerminal;
+
+use crate::task::Task;
+use crate::task::images::ImageClassification;
 use clap::{Parser, Subcommand};
-use murmur_core::api::{AlgorithmKind, Backend, ModelKind, OptimizerKind};
+use murmur_core::api::{
+    AlgorithmKind, Backend, DecentralizedTrainingJobSpec, ModelKind, OptimizerKind,
+};
 use murmur_core::contract::TrainerEnv;
 use murmur_core::topology::{GraphChoice, TopologyOptions};
+use tracing_subscriber::EnvFilter;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -318,15 +325,64 @@ fn compression(text: &str) -> Result<Compression, CliError> {
 pub fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Command::Simulate(args) => simulate(*args),
-        Command::Run(args) => run_member(args).inspect_err(|e| {
-            // The operator reads why from here (a pod's termination message); the log has it too.
-            write_termination_message(&murmur_core::contract::TerminationMessage {
-                outcome: murmur_core::contract::TerminationOutcome::Failed,
-                step: 0,
-                message: Some(e.to_string()),
-            })
+        Command::Run(args) => run_member(args, |spec| ImageClassification {
+            model: spec.training.model,
         }),
         Command::Plot(args) => plot(args),
+    }
+}
+
+/// The command line of a trainer of a task of its own ([`run_task`]): `run` only.
+#[derive(Parser, Debug)]
+#[command(
+    version,
+    about = "A murmur trainer: one member of a job, configured by MURMUR_*"
+)]
+struct TaskCli {
+    #[command(subcommand)]
+    command: TaskCommand,
+}
+
+#[derive(Subcommand, Debug)]
+enum TaskCommand {
+    /// Run one member of a job: the process in each pod and each local process. Configured by
+    /// the MURMUR_* environment variables (the contract between the planes).
+    Run(RunArgs),
+}
+
+/// The `main` of a trainer of `task`: one member of a job, as `murmur-trainer run` is for the
+/// built-in models, with the same flags, environment, logs, exit codes and termination message.
+/// See [`crate::task`].
+pub fn run_task<T: Task>(task: T) -> std::process::ExitCode {
+    init_process();
+    let TaskCommand::Run(args) = TaskCli::parse().command;
+    exit(run_member(args, |_| task))
+}
+
+/// What every trainer process sets up first: the allocator, subnormal flushing and logs (JSON
+/// when a machine reads them, as pods and `murmur run` do; plain text at a terminal).
+pub fn init_process() {
+    crate::runtime::keep_freed_buffers();
+    crate::backend::flush_subnormals();
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    if std::io::stdout().is_terminal() {
+        tracing_subscriber::fmt().with_env_filter(filter).init();
+    } else {
+        tracing_subscriber::fmt()
+            .json()
+            .with_env_filter(filter)
+            .init();
+    }
+}
+
+/// The process's exit code for `result`, the error said on stderr.
+pub fn exit(result: Result<(), CliError>) -> std::process::ExitCode {
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::ExitCode::from(e.exit_code())
+        }
     }
 }
 
@@ -354,7 +410,25 @@ fn plot(args: PlotArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-fn run_member(args: RunArgs) -> Result<(), CliError> {
+/// One member of the job, training the task `task_of` its spec; a failure is said in the
+/// termination message too (the operator reads why from there; the log has it as well).
+fn run_member<T: Task>(
+    args: RunArgs,
+    task_of: impl FnOnce(&DecentralizedTrainingJobSpec) -> T,
+) -> Result<(), CliError> {
+    member(args, task_of).inspect_err(|e| {
+        write_termination_message(&murmur_core::contract::TerminationMessage {
+            outcome: murmur_core::contract::TerminationOutcome::Failed,
+            step: 0,
+            message: Some(e.to_string()),
+        })
+    })
+}
+
+fn member<T: Task>(
+    args: RunArgs,
+    task_of: impl FnOnce(&DecentralizedTrainingJobSpec) -> T,
+) -> Result<(), CliError> {
     let env = TrainerEnv::from_lookup(|k| std::env::var(k).ok())?;
     let spec = match &args.manifest {
         Some(path) => murmur_core::api::load_manifest(path)?.spec,
@@ -367,6 +441,7 @@ fn run_member(args: RunArgs) -> Result<(), CliError> {
     };
     let key = runtime::read_key(&env.peer_key_file)?;
     let backend = env.backend;
+    let task = task_of(&spec);
     // One compute thread per core of the member's CPU limit (see `backend::threads_for`).
     let threads =
         crate::backend::threads_for(spec.trainer.resources.as_ref().and_then(|r| r.cpu_cores()));
@@ -389,19 +464,18 @@ fn run_member(args: RunArgs) -> Result<(), CliError> {
         .build()
         .expect("a tokio runtime");
     let outcome = match backend {
-        Backend::Cpu => tokio.block_on(runtime::run::<crate::backend::Cpu>(
+        Backend::Cpu => tokio.block_on(runtime::run::<crate::backend::Cpu, T>(
             setup,
+            task,
             Default::default(),
         ))?,
         #[cfg(feature = "cuda")]
         Backend::Cuda => {
             cuda_driver_present()?;
-            tokio.block_on(
-                runtime::run::<burn::backend::Autodiff<burn::backend::Cuda>>(
-                    setup,
-                    Default::default(),
-                ),
-            )?
+            tokio.block_on(runtime::run::<
+                burn::backend::Autodiff<burn::backend::Cuda>,
+                T,
+            >(setup, task, Default::default()))?
         }
         #[cfg(not(feature = "cuda"))]
         Backend::Cuda => {

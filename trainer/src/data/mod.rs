@@ -95,21 +95,15 @@ impl Dataset {
     }
 }
 
-/// Training data, the public proxy batch and the test set: three disjoint sets.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Split {
-    pub train: Dataset,
-    /// The fixed batch every member evaluates for its proxy vector (proxy clumps): the same for
-    /// every member, never trained on, and never tested on, so the accuracy a topology is judged
-    /// by was not used to build it.
-    pub proxy: Dataset,
-    pub test: Dataset,
-}
+/// The images' training data, proxy batch and test set. The proxy batch is the fixed batch every
+/// member evaluates for its proxy vector (proxy clumps): the same for every member, never trained
+/// on, and never tested on, so the accuracy a topology is judged by was not used to build it.
+pub type Split = crate::task::Split<Dataset>;
 
 /// Images of each class held out of the test set for the proxy batch.
 pub const PROXY_PER_CLASS: usize = 10;
 
-impl Split {
+impl crate::task::Split<Dataset> {
     /// `train`, and `held_out` split into the proxy batch (the first [`PROXY_PER_CLASS`] images
     /// of each class, in file order) and the test set (the rest).
     pub fn new(train: Dataset, held_out: Dataset) -> Self {

@@ -8,8 +8,6 @@ use rand_distr::{Distribution, Gamma};
 
 use murmur_core::api::{PartitionKind, PartitionSpec};
 
-use super::CLASSES;
-
 /// A partitioner with its parameters resolved.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Partition {
@@ -41,6 +39,21 @@ impl Partition {
             PartitionKind::ClassesPerMember => Partition::ClassesPerMember {
                 k: spec.k.unwrap_or(1) as usize,
             },
+        }
+    }
+
+    /// Whether it deals examples out by their class: all but an IID partition.
+    pub fn needs_classes(&self) -> bool {
+        !matches!(self, Partition::Iid)
+    }
+
+    /// Its `training.partition.kind` in a job spec.
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            Partition::Iid => "iid",
+            Partition::Shards { .. } => "shards",
+            Partition::Dirichlet { .. } => "dirichlet",
+            Partition::ClassesPerMember { .. } => "classesPerMember",
         }
     }
 
@@ -78,8 +91,14 @@ impl Partition {
         }
     }
 
-    /// Indices (into `labels`) held by each of `members` members.
-    pub fn assign(&self, labels: &[u8], members: usize, seed: u64) -> Vec<Vec<usize>> {
+    /// Indices (into `labels`, each below `classes`) held by each of `members` members.
+    pub fn assign(
+        &self,
+        labels: &[usize],
+        classes: usize,
+        members: usize,
+        seed: u64,
+    ) -> Vec<Vec<usize>> {
         assert!(members > 0, "at least one member");
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x6d75_726d_7572);
         let mut parts = vec![Vec::new(); members];
@@ -106,7 +125,7 @@ impl Partition {
             }
             Partition::Dirichlet { alpha } => {
                 let gamma = Gamma::new(alpha, 1.0).expect("alpha > 0");
-                for class in 0..CLASSES as u8 {
+                for class in 0..classes {
                     let mut idx: Vec<usize> =
                         (0..labels.len()).filter(|&i| labels[i] == class).collect();
                     idx.shuffle(&mut rng);
@@ -145,18 +164,18 @@ impl Partition {
                 }
             }
             Partition::ClassesPerMember { k } => {
-                let k = k.clamp(1, CLASSES);
-                let classes_of = |m: usize| (0..k).map(move |j| (m * k + j) % CLASSES);
-                for class in 0..CLASSES {
+                let classes = classes.max(1);
+                let k = k.clamp(1, classes);
+                let classes_of = |m: usize| (0..k).map(move |j| (m * k + j) % classes);
+                for class in 0..classes {
                     let holders: Vec<usize> = (0..members)
                         .filter(|&m| classes_of(m).any(|c| c == class))
                         .collect();
                     if holders.is_empty() {
                         continue;
                     }
-                    let mut idx: Vec<usize> = (0..labels.len())
-                        .filter(|&i| labels[i] as usize == class)
-                        .collect();
+                    let mut idx: Vec<usize> =
+                        (0..labels.len()).filter(|&i| labels[i] == class).collect();
                     idx.shuffle(&mut rng);
                     for (h, &m) in holders.iter().enumerate() {
                         parts[m].extend_from_slice(
@@ -174,15 +193,6 @@ impl Partition {
     }
 }
 
-/// Examples per class among `indices`.
-pub fn label_histogram(labels: &[u8], indices: &[usize]) -> Vec<u64> {
-    let mut h = vec![0u64; CLASSES];
-    for &i in indices {
-        h[labels[i] as usize] += 1;
-    }
-    h
-}
-
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeSet;
@@ -191,16 +201,44 @@ mod tests {
 
     use super::*;
 
-    fn labels() -> Vec<u8> {
-        (0..4000).map(|i| (i / 400) as u8).collect()
+    const CLASSES: usize = 10;
+
+    fn labels() -> Vec<usize> {
+        (0..4000).map(|i| i / 400).collect()
     }
 
     fn histograms(p: Partition, members: usize) -> Vec<Vec<u64>> {
         let l = labels();
-        p.assign(&l, members, 5)
+        p.assign(&l, CLASSES, members, 5)
             .iter()
-            .map(|ix| label_histogram(&l, ix))
+            .map(|ix| {
+                let mut h = vec![0; CLASSES];
+                for &i in ix {
+                    h[l[i]] += 1;
+                }
+                h
+            })
             .collect()
+    }
+
+    #[test]
+    fn class_partitions_deal_out_as_many_classes_as_the_data_has() {
+        // Two classes over four members, one each: two holders per class, none empty.
+        let l: Vec<usize> = (0..1000).map(|i| i % 2).collect();
+        let parts = Partition::ClassesPerMember { k: 1 }.assign(&l, 2, 4, 9);
+        for (m, part) in parts.iter().enumerate() {
+            assert_eq!(part.len(), 250, "member {m}");
+            assert!(part.iter().all(|&i| l[i] == m % 2), "member {m}");
+        }
+        // Twelve classes: the last two are dealt out too.
+        let l: Vec<usize> = (0..1200).map(|i| i % 12).collect();
+        for p in [
+            Partition::ClassesPerMember { k: 1 },
+            Partition::Dirichlet { alpha: 0.5 },
+        ] {
+            let total: usize = p.assign(&l, 12, 12, 3).iter().map(Vec::len).sum();
+            assert_eq!(total, 1200, "{p:?}");
+        }
     }
 
     #[test]
@@ -276,8 +314,8 @@ mod tests {
                 _ => Partition::ClassesPerMember { k: 1 + members % 3 },
             };
             let l = labels();
-            let parts = p.assign(&l, members, seed);
-            prop_assert_eq!(&parts, &p.assign(&l, members, seed));
+            let parts = p.assign(&l, CLASSES, members, seed);
+            prop_assert_eq!(&parts, &p.assign(&l, CLASSES, members, seed));
             let total: usize = parts.iter().map(Vec::len).sum();
             let unique: BTreeSet<usize> = parts.iter().flatten().copied().collect();
             prop_assert_eq!(unique.len(), total, "an example is held twice");

@@ -12,6 +12,7 @@ use murmur_core::topology::MemberId;
 
 use super::{RunError, Trainer};
 use crate::algorithms::{Neighbourhood, mixing};
+use crate::task::Task;
 use crate::transport::{Agreements, StateReply};
 
 /// How many members beyond its neighbourhood a joiner asks for state at a time.
@@ -38,7 +39,7 @@ fn beyond_neighbourhood(
     ids
 }
 
-impl<B: AutodiffBackend> Trainer<B> {
+impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
     /// Answer joining members with our step and parameters.
     pub(super) fn serve_state_requests(&mut self) {
         let requests = self.transport.take_state_requests();

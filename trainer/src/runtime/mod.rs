@@ -38,9 +38,8 @@ use murmur_core::contract::{
 };
 use murmur_core::topology::MemberId;
 
-use crate::algorithms::{Exchange, Member, MemberError, Neighbourhood, Payload, Purpose};
-use crate::data::{self, Dataset};
-use crate::model::Model;
+use crate::algorithms::{Exchange, Member, Neighbourhood, Payload, Purpose};
+use crate::task::{Data, Task};
 use crate::transport::{Transport, TransportConfig, frame};
 
 pub use checkpoint::{Checkpoint, CheckpointError, CheckpointMeta, newest_valid};
@@ -121,11 +120,11 @@ impl Exchange for Timed<'_> {
 }
 
 /// Everything the loop touches, so helpers stay small.
-struct Trainer<B: AutodiffBackend> {
+struct Trainer<B: AutodiffBackend, T: Task> {
     env: TrainerEnv,
     plan: MemberPlan,
-    member: Member<B>,
-    test: Dataset,
+    member: Member<B, T>,
+    test: T::Data,
     transport: Transport,
     observed: Arc<Observed>,
     control: Option<ControlClient>,
@@ -148,7 +147,7 @@ struct Trainer<B: AutodiffBackend> {
     startup_timeout: Duration,
 }
 
-impl<B: AutodiffBackend> Trainer<B> {
+impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
     fn job_key(&self) -> String {
         format!("{}/{}", self.env.namespace, self.env.job)
     }
@@ -367,10 +366,26 @@ impl<B: AutodiffBackend> Trainer<B> {
     }
 }
 
-/// Run one member to the end. Call inside a multi-threaded tokio runtime's `block_on`: the
-/// training compute holds this thread while the transport's tasks run on the workers.
-pub async fn run<B: AutodiffBackend>(
+/// The class of every example of `data`, as the partitioner deals them out. A class-based
+/// partition of data without classes is refused, naming the field.
+fn partition_classes<D: Data>(data: &D, plan: &MemberPlan) -> Result<Vec<usize>, RunError> {
+    if plan.partition.needs_classes() && data.classes() == 0 {
+        return Err(RunError::Spec(format!(
+            "training.partition: {} deals examples out by class, but this task's data has no classes: use iid",
+            plan.partition.kind_name(),
+        )));
+    }
+    Ok((0..data.len())
+        .map(|i| data.label(i).unwrap_or(0))
+        .collect())
+}
+
+/// Run one member of `task` to the end. Call inside a multi-threaded tokio runtime's
+/// `block_on`: the training compute holds this thread while the transport's tasks run on the
+/// workers.
+pub async fn run<B: AutodiffBackend, T: Task>(
     setup: RunSetup,
+    task: T,
     device: B::Device,
 ) -> Result<TerminationMessage, RunError> {
     let RunSetup {
@@ -384,31 +399,38 @@ pub async fn run<B: AutodiffBackend>(
     let stop = Arc::new(StopSignal::default());
     watch_signals(stop.clone(), options.grace_period);
 
-    let split = data::load(&spec.training.dataset)?;
-    let parts = plan
-        .partition
-        .assign(&split.train.labels, plan.shards, plan.member.seed);
-    let shard = split.train.subset(&parts[plan.shard_of(me)]);
+    let split = task.load(&spec.training.dataset)?;
+    let classes = partition_classes(&split.train, &plan)?;
+    let parts = plan.partition.assign(
+        &classes,
+        split.train.classes(),
+        plan.shards,
+        plan.member.seed,
+    );
+    let shard = parts[plan.shard_of(me)].clone();
     let total_steps = plan.total_steps(split.train.len());
+    let (task, train) = (Arc::new(task), Arc::new(split.train));
     // Every member starts from the same model: the backend is seeded from the job's seed.
     B::seed(&device, plan.member.seed);
-    let initial = Model::<B>::new(plan.model, &device);
-    let proxy_vector = (plan.topology == TopologyKind::ProxyClumps)
-        .then(|| -> Result<Vec<f32>, MemberError> {
-            let mut warm = Member::new(
-                me,
-                plan.member.clone(),
-                initial.clone(),
-                shard.clone(),
-                device.clone(),
-            )?;
-            for _ in 0..PROXY_WARMUP_STEPS {
-                warm.local_step();
-            }
-            Ok(warm.proxy_vector(&split.proxy))
-        })
-        .transpose()?;
-    let member = Member::new(me, plan.member.clone(), initial, shard, device)?;
+    let initial = task.init::<B>(&device);
+    let proxy_vector = if plan.topology == TopologyKind::ProxyClumps {
+        let mut warm = Member::new(
+            me,
+            plan.member.clone(),
+            task.clone(),
+            initial.clone(),
+            train.clone(),
+            shard.clone(),
+            device.clone(),
+        )?;
+        for _ in 0..PROXY_WARMUP_STEPS {
+            warm.local_step();
+        }
+        warm.proxy_vector(&split.proxy)
+    } else {
+        None
+    };
+    let member = Member::new(me, plan.member.clone(), task, initial, train, shard, device)?;
     let layout_len = member.layout().len();
 
     let transport = Transport::bind(
@@ -504,4 +526,42 @@ pub async fn run<B: AutodiffBackend>(
     }
     trainer.fetch_state(trainer.startup_timeout).await?;
     trainer.train().await
+}
+
+#[cfg(test)]
+mod tests {
+    use murmur_core::api::parse_manifest;
+
+    use super::*;
+
+    /// Examples with no classes (next-token prediction).
+    struct Unlabelled;
+
+    impl Data for Unlabelled {
+        fn len(&self) -> usize {
+            10
+        }
+    }
+
+    fn plan(partition: &str) -> MemberPlan {
+        let text = format!(
+            "apiVersion: murmur.dev/v1alpha1\nkind: DecentralizedTrainingJob\nmetadata: {{name: t}}\nspec:\n  replicas: {{min: 2, target: 2, max: 2}}\n  training:\n    model: mlp\n    steps: 10\n    partition: {partition}\n"
+        );
+        MemberPlan::from_spec(&parse_manifest(&text, "t.yaml").unwrap().spec)
+    }
+
+    #[test]
+    fn a_class_partition_of_data_without_classes_is_refused_naming_the_field() {
+        let e = partition_classes(&Unlabelled, &plan("{kind: classesPerMember, k: 1}"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("training.partition: classesPerMember") && e.contains("no classes"),
+            "{e}"
+        );
+        assert_eq!(
+            partition_classes(&Unlabelled, &plan("{kind: iid}")).unwrap(),
+            vec![0; 10]
+        );
+    }
 }

@@ -8,9 +8,10 @@ use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder, Recorder};
 use burn::tensor::backend::AutodiffBackend;
 
 use super::{Checkpoint, CheckpointMeta, RunError, Trainer, newest_valid};
-use crate::model::{Layout, Model};
+use crate::model::Layout;
+use crate::task::Task;
 
-impl<B: AutodiffBackend> Trainer<B> {
+impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
     pub(super) fn checkpoint(&self) -> Result<(), RunError> {
         let Some(dir) = &self.env.checkpoint_dir else {
             return Ok(());
@@ -71,8 +72,8 @@ impl<B: AutodiffBackend> Trainer<B> {
 }
 
 /// Write the model as a burn record (`model.mpk`) and as safetensors (`model.safetensors`).
-pub fn write_model<B: AutodiffBackend>(
-    model: &Model<B>,
+pub fn write_model<B: AutodiffBackend, M: Module<B>>(
+    model: &M,
     layout: &Layout,
     parameters: &[f32],
     dir: &Path,

@@ -31,9 +31,11 @@ use crate::algorithms::{
     Averaging, Letter, Mailbox, Member, MemberConfig, MemberError, Neighbourhood,
 };
 use crate::compression::Compression;
-use crate::data::partition::{Partition, label_histogram};
+use crate::data::partition::Partition;
 use crate::data::{Dataset, Split};
 use crate::model::Model;
+use crate::task::Data;
+use crate::task::images::ImageClassification;
 
 pub use exchange::{LocalExchange, Mailboxes};
 
@@ -222,10 +224,17 @@ impl Collector {
     }
 }
 
+/// The members' data: the task, the training set and each member's examples of it.
+struct Shards {
+    task: Arc<ImageClassification>,
+    train: Arc<Dataset>,
+    parts: Vec<Vec<usize>>,
+}
+
 fn build_topology<B: AutodiffBackend>(
     config: &SimulationConfig,
     choice: GraphChoice,
-    shards: &[Dataset],
+    shards: &Shards,
     proxy_batch: &Dataset,
     initials: &[Model<B>],
     device: &B::Device,
@@ -240,20 +249,22 @@ fn build_topology<B: AutodiffBackend>(
             let mut warm = Member::new(
                 id as MemberId,
                 member_config(config, AlgorithmKind::Dpsgd),
+                shards.task.clone(),
                 initials[id].clone(),
-                shards[id].clone(),
+                shards.train.clone(),
+                shards.parts[id].clone(),
                 device.clone(),
             )?;
             for _ in 0..config.proxy_warmup_steps {
                 warm.local_step();
             }
-            Some(warm.proxy_vector(proxy_batch))
+            warm.proxy_vector(proxy_batch)
         } else {
             None
         };
         let report = JoinReport {
             member_id: id as MemberId,
-            label_histogram: shards[id].label_histogram(),
+            label_histogram: shards.train.histogram(&shards.parts[id]),
             proxy_vector,
         };
         let zone = (config.zones > 0).then(|| topology::zones::zone_name(zone_of[id]));
@@ -328,16 +339,17 @@ pub fn simulate<B: AutodiffBackend>(
             )));
         }
     }
+    let labels: Vec<usize> = data.train.labels.iter().map(|&l| usize::from(l)).collect();
     let parts = config
         .partition
-        .assign(&data.train.labels, config.members, config.seed);
-    let shards: Vec<Dataset> = parts.iter().map(|ix| data.train.subset(ix)).collect();
-    debug_assert!(
-        parts
-            .iter()
-            .zip(&shards)
-            .all(|(ix, s)| label_histogram(&data.train.labels, ix) == s.label_histogram())
-    );
+        .assign(&labels, data.train.classes(), config.members, config.seed);
+    let shards = Shards {
+        task: Arc::new(ImageClassification {
+            model: config.model,
+        }),
+        train: Arc::new(data.train.clone()),
+        parts,
+    };
     let proxy_batch = &data.proxy;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(config.threads.max(1))
@@ -404,8 +416,10 @@ pub fn simulate<B: AutodiffBackend>(
                     Member::new(
                         id,
                         member_config(config, algorithm),
+                        shards.task.clone(),
                         initials[id as usize].clone(),
-                        shards[id as usize].clone(),
+                        shards.train.clone(),
+                        shards.parts[id as usize].clone(),
                         device.clone(),
                     )
                 })
@@ -483,7 +497,7 @@ fn run_rounds<B: AutodiffBackend>(
     algorithm: AlgorithmKind,
     hoods: &[Neighbourhood],
     initials: &[Model<B>],
-    shards: &[Dataset],
+    shards: &Shards,
     test: &Dataset,
     device: &B::Device,
     runtime: &tokio::runtime::Runtime,
@@ -501,8 +515,10 @@ fn run_rounds<B: AutodiffBackend>(
         let mut member = Member::new(
             id,
             member_config(config, algorithm),
+            shards.task.clone(),
             initials[id as usize].clone(),
-            shards[id as usize].clone(),
+            shards.train.clone(),
+            shards.parts[id as usize].clone(),
             device.clone(),
         )?;
         let mut exchange = LocalExchange {
@@ -602,7 +618,7 @@ fn run_rounds<B: AutodiffBackend>(
 fn run_async<B: AutodiffBackend>(
     config: &SimulationConfig,
     hoods: &[Neighbourhood],
-    members: &mut [Member<B>],
+    members: &mut [Member<B, ImageClassification>],
     test: &Dataset,
     mut progress: impl FnMut(&CurvePoint),
 ) -> Result<Vec<CurvePoint>, MemberError> {

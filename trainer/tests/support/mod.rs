@@ -72,7 +72,23 @@ pub fn trainer_command(
     status: String,
     log: &Path,
 ) -> Command {
-    let trainer = env!("CARGO_BIN_EXE_murmur-trainer");
+    let trainer = Path::new(env!("CARGO_BIN_EXE_murmur-trainer"));
+    program_command(trainer, wrapper, dir, job, id, listen, status, log)
+}
+
+/// [`trainer_command`] of another trainer binary (one built on the library with a task of its
+/// own).
+#[allow(clippy::too_many_arguments)]
+pub fn program_command(
+    trainer: &Path,
+    wrapper: &[&str],
+    dir: &Path,
+    job: &str,
+    id: u32,
+    listen: String,
+    status: String,
+    log: &Path,
+) -> Command {
     let mut cmd = match wrapper.split_first() {
         Some((program, args)) => {
             let mut c = Command::new(program);
@@ -112,6 +128,8 @@ pub struct LocalJob {
     pub dir: tempfile::TempDir,
     pub members: Vec<Member>,
     pub manifest: PathBuf,
+    /// The trainer binary its members run (`murmur-trainer` unless a test sets another).
+    pub trainer: PathBuf,
 }
 
 impl LocalJob {
@@ -137,6 +155,7 @@ impl LocalJob {
             dir,
             members,
             manifest,
+            trainer: env!("CARGO_BIN_EXE_murmur-trainer").into(),
         }
     }
 
@@ -146,7 +165,8 @@ impl LocalJob {
 
     pub fn spawn(&self, id: u32, attempt: u32, extra_env: &[(&str, String)]) -> Child {
         let m = &self.members[id as usize];
-        let mut cmd = trainer_command(
+        let mut cmd = program_command(
+            &self.trainer,
             &[],
             self.dir.path(),
             "loopback",

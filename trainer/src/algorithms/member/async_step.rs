@@ -12,8 +12,9 @@ use crate::algorithms::mixing::distance;
 use crate::algorithms::{Neighbourhood, Payload, Purpose};
 use crate::compression::Compression;
 use crate::model;
+use crate::task::Task;
 
-impl<B: AutodiffBackend> Member<B> {
+impl<B: AutodiffBackend, T: Task> Member<B, T> {
     /// Asynchronous gossip's step: a local step; then answer the requests and settle the replies
     /// that have arrived, and (every `average_every` steps) send a request to one neighbour
     /// chosen at random among those without one in flight. Never waits for anybody.

@@ -8,8 +8,9 @@ use murmur_core::topology::MemberId;
 use super::Member;
 use crate::algorithms::{Exchange, Payload, Purpose, cadence};
 use crate::compression::{Compression, Decoded};
+use crate::task::Task;
 
-impl<B: AutodiffBackend> Member<B> {
+impl<B: AutodiffBackend, T: Task> Member<B, T> {
     /// Payloads of `values` for each of `peers`. Top-k keeps codec state per destination, so its
     /// estimates stay exact; the other codecs keep receivers stateless, so one encoding is shared
     /// by all (int8's sender-side carry belongs to that one stream).

@@ -21,13 +21,13 @@ mod local;
 mod rounds;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
-use burn::module::Module;
+use burn::module::{AutodiffModule, Module};
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{Adam, AdamConfig, GradientsParams, Optimizer};
 use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{Int, Tensor};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
@@ -39,8 +39,8 @@ use super::async_gossip::Requests;
 use super::cadence::{Averaging, Cadence};
 use super::sgd::InPlaceSgd;
 use crate::compression::{Compression, Decoder, Encoder};
-use crate::data::Dataset;
-use crate::model::{self, FlatError, Layout, Model};
+use crate::model::{self, FlatError, Layout};
+use crate::task::{Data, Task};
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct MemberConfig {
@@ -75,12 +75,12 @@ fn record_error(what: &'static str) -> impl Fn(burn::record::RecorderError) -> M
     }
 }
 
-pub enum Optim<B: AutodiffBackend> {
-    Sgd(OptimizerAdaptor<InPlaceSgd, Model<B>, B>),
-    Adam(OptimizerAdaptor<Adam, Model<B>, B>),
+pub enum Optim<B: AutodiffBackend, M: AutodiffModule<B>> {
+    Sgd(OptimizerAdaptor<InPlaceSgd, M, B>),
+    Adam(OptimizerAdaptor<Adam, M, B>),
 }
 
-impl<B: AutodiffBackend> Optim<B> {
+impl<B: AutodiffBackend, M: AutodiffModule<B>> Optim<B, M> {
     fn new(kind: OptimizerKind, momentum: f64) -> Self {
         match kind {
             OptimizerKind::Sgd => Optim::Sgd(InPlaceSgd::new(momentum.max(0.0)).init()),
@@ -88,7 +88,7 @@ impl<B: AutodiffBackend> Optim<B> {
         }
     }
 
-    fn step(&mut self, lr: f64, model: Model<B>, grads: GradientsParams) -> Model<B> {
+    fn step(&mut self, lr: f64, model: M, grads: GradientsParams) -> M {
         match self {
             Optim::Sgd(o) => o.step(lr, model, grads),
             Optim::Adam(o) => o.step(lr, model, grads),
@@ -138,13 +138,16 @@ pub struct StepReport {
     pub local_disagreement: Option<f64>,
 }
 
-pub struct Member<B: AutodiffBackend> {
+pub struct Member<B: AutodiffBackend, T: Task> {
     pub id: MemberId,
     config: MemberConfig,
-    model: Option<Model<B>>,
-    optim: Optim<B>,
+    task: Arc<T>,
+    model: Option<T::Model<B>>,
+    optim: Optim<B, T::Model<B>>,
     layout: Layout,
-    shard: Dataset,
+    /// All the training data, and the examples of it that are this member's.
+    data: Arc<T::Data>,
+    shard: Vec<usize>,
     order: Vec<usize>,
     cursor: usize,
     rng: ChaCha8Rng,
@@ -156,7 +159,7 @@ pub struct Member<B: AutodiffBackend> {
     /// Auto averaging: each edge's schedule.
     cadence: Option<Cadence>,
     /// Auto averaging: this step's mini-batch, on which neighbours' models are scored.
-    last_batch: Option<Batch<B::InnerBackend>>,
+    last_batch: Option<Vec<usize>>,
     /// Asynchronous gossip: requests waiting for their replies.
     requests: Requests,
     pub bytes_sent: u64,
@@ -167,15 +170,15 @@ pub struct Member<B: AutodiffBackend> {
     scratch: Vec<f32>,
 }
 
-/// A mini-batch: images and their labels.
-type Batch<B> = (Tensor<B, 2>, Tensor<B, 1, Int>);
-
-impl<B: AutodiffBackend> Member<B> {
+impl<B: AutodiffBackend, T: Task> Member<B, T> {
+    /// Member `id` of `task`, from model `initial`, training on the examples `shard` of `data`.
     pub fn new(
         id: MemberId,
         config: MemberConfig,
-        initial: Model<B>,
-        shard: Dataset,
+        task: Arc<T>,
+        initial: T::Model<B>,
+        data: Arc<T::Data>,
+        shard: Vec<usize>,
         device: B::Device,
     ) -> Result<Self, MemberError> {
         if shard.is_empty() {
@@ -194,10 +197,12 @@ impl<B: AutodiffBackend> Member<B> {
             id,
             optim: Optim::new(config.optimizer, config.momentum),
             config,
+            task,
             model: Some(initial),
             layout,
             order: (0..shard.len()).collect(),
             cursor: usize::MAX,
+            data,
             shard,
             rng,
             encoders: BTreeMap::new(),
@@ -211,7 +216,7 @@ impl<B: AutodiffBackend> Member<B> {
         })
     }
 
-    pub fn model(&self) -> &Model<B> {
+    pub fn model(&self) -> &T::Model<B> {
         self.model.as_ref().expect("model present between steps")
     }
 
@@ -271,7 +276,13 @@ impl<B: AutodiffBackend> Member<B> {
         Ok(())
     }
 
+    /// Examples per class in this member's shard (its join report).
     pub fn label_histogram(&self) -> Vec<u64> {
-        self.shard.label_histogram()
+        self.data.histogram(&self.shard)
+    }
+
+    /// The task this member trains.
+    pub fn task(&self) -> &T {
+        &self.task
     }
 }

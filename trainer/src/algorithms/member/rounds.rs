@@ -15,8 +15,9 @@ use crate::algorithms::mixing::{
 };
 use crate::algorithms::{Exchange, Neighbourhood, Purpose};
 use crate::model;
+use crate::task::Task;
 
-impl<B: AutodiffBackend> Member<B> {
+impl<B: AutodiffBackend, T: Task> Member<B, T> {
     /// One local step, then (every `average_every` steps, or on the edges the cadence says are
     /// due) an averaging round.
     pub async fn step<E: Exchange>(
