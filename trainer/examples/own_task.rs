@@ -86,10 +86,10 @@ impl Task for Quadrants {
         })
     }
 
-    fn init<B: AutodiffBackend>(&self, device: &B::Device) -> Net<B> {
+    fn init<B: AutodiffBackend>(&self, data: &Points, device: &B::Device) -> Net<B> {
         Net {
             hidden: LinearConfig::new(2, 32).init(device),
-            output: LinearConfig::new(32, 2).init(device),
+            output: LinearConfig::new(32, data.classes()).init(device),
         }
     }
 

@@ -464,6 +464,9 @@ pub enum DatasetSource {
     Idx,
     /// CSV files (label first, then pixels) in `path`.
     Csv,
+    /// A class-per-folder tree of PNG or JPEG images in `path` (`<class>/<image>`), for a
+    /// trainer of a task of its own (the built-in models read MNIST: embedded, idx or csv).
+    ImageFolder,
 }
 
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]

@@ -2,6 +2,7 @@
 //! Images are 28x28 grey levels scaled to [0, 1]; labels are 0..=9.
 
 mod csv;
+pub mod folder;
 mod idx;
 pub mod partition;
 
@@ -166,6 +167,10 @@ pub fn load(spec: &DatasetSpec) -> Result<Split, DataError> {
                 )?,
             ))
         }
+        DatasetSource::ImageFolder => Err(DataError::malformed(
+            "training.dataset.source",
+            "imageFolder is read by a trainer of a task of its own (data::folder::ImageFolder); the built-in models read MNIST: embedded, idx or csv",
+        )),
         DatasetSource::Csv => {
             let dir = Path::new(spec.path.as_deref().unwrap_or("."));
             let read = |name: &str| -> Result<Dataset, DataError> {

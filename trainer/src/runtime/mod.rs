@@ -412,7 +412,7 @@ pub async fn run<B: AutodiffBackend, T: Task>(
     let (task, train) = (Arc::new(task), Arc::new(split.train));
     // Every member starts from the same model: the backend is seeded from the job's seed.
     B::seed(&device, plan.member.seed);
-    let initial = task.init::<B>(&device);
+    let initial = task.init::<B>(&train, &device);
     let proxy_vector = if plan.topology == TopologyKind::ProxyClumps {
         let mut warm = Member::new(
             me,

@@ -61,7 +61,7 @@ impl Task for ImageClassification {
         data::load(spec)
     }
 
-    fn init<B: AutodiffBackend>(&self, device: &B::Device) -> Model<B> {
+    fn init<B: AutodiffBackend>(&self, _: &Dataset, device: &B::Device) -> Model<B> {
         Model::new(self.model, device)
     }
 

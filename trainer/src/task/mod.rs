@@ -121,8 +121,9 @@ pub trait Task: Send + Sync + 'static {
     /// Bad data is an error naming the file and what is wrong with it.
     fn load(&self, spec: &DatasetSpec) -> Result<Split<Self::Data>, DataError>;
 
-    /// A fresh model. Every member draws it from the same seeded generator, so all start alike.
-    fn init<B: AutodiffBackend>(&self, device: &B::Device) -> Self::Model<B>;
+    /// A fresh model for the training data `data` (its classes, its vocabulary). Every member
+    /// draws it from the same seeded generator, so all start alike.
+    fn init<B: AutodiffBackend>(&self, data: &Self::Data, device: &B::Device) -> Self::Model<B>;
 
     /// The mean loss of `model` on the examples `batch` of `data`: a scalar to backpropagate.
     fn loss<B: AutodiffBackend>(
