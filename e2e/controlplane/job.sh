@@ -15,6 +15,7 @@
 #                           [--delete-operator-pod] [--upgrade-operator] [--zones N] [--nodes-per-zone N]
 #                           [--zone-aware on|off] [--steps N] [--set JQ]... [--namespace NS]
 #                           [--timeout SECONDS] [--seed N] [--keep DIR] [--dashboard DIR]
+#                           [--image ARCHIVE]... [--host-path DIR]...
 #
 #   --evict N              evict N running members, one at a time, through the Eviction API
 #   --drain-node           kubectl drain a spot node that runs a member
@@ -34,6 +35,10 @@
 #   --dashboard DIR        once a quarter of the steps are done, headless Chromium loads the
 #                          operator's dashboard through `murmur dashboard`: its DOM (dom.html)
 #                          and a screenshot into DIR
+#   --image ARCHIVE        an image of the user's own (an OCI archive) imported into every node
+#                          beside murmur's, as a registry would serve it
+#   --host-path DIR        a directory of this machine every node holds at the same path,
+#                          read-only (data a node's disk holds, for a hostPath volume)
 #
 # Needs root, podman, mmdebstrap, iproute2, jq, curl, Go (the control plane is built on first
 # use) and the binaries: MURMUR_BINARIES, a directory holding murmur and murmur-trainer (default
@@ -56,7 +61,7 @@ die() {
 
 MANIFEST='' EVICT=0 DRAIN=0 DELETE_NODE=0 DELETE_OPERATOR=0 UPGRADE_OPERATOR=0 ZONES=2 PER_ZONE=2 ZONE_AWARE=''
 NS=murmur-e2e TIMEOUT=900 SEED=${RANDOM} KEEP='' SET_STEPS='' DASHBOARD=''
-EDITS=()
+EDITS=() USER_IMAGES=() HOST_PATHS=()
 while (($#)); do
     case $1 in
     --evict) EVICT=${2:?--evict N}; shift ;;
@@ -74,6 +79,8 @@ while (($#)); do
     --seed) SEED=${2:?--seed N}; shift ;;
     --keep) KEEP=${2:?--keep DIR}; shift ;;
     --dashboard) DASHBOARD=${2:?--dashboard DIR}; shift ;;
+    --image) USER_IMAGES+=("${2:?--image ARCHIVE}"); shift ;;
+    --host-path) HOST_PATHS+=("${2:?--host-path DIR}"); shift ;;
     -h | --help) usage ;;
     -*) say "unknown flag $1"; usage ;;
     *) [[ -z $MANIFEST ]] || { say "one manifest only"; usage; }; MANIFEST=$1 ;;
@@ -87,6 +94,11 @@ done
 [[ $ZONES =~ ^[1-9][0-9]*$ && $PER_ZONE =~ ^[1-9][0-9]*$ ]] || die "--zones and --nodes-per-zone: positive counts"
 [[ -z $ZONE_AWARE || $ZONE_AWARE == on || $ZONE_AWARE == off ]] || die "--zone-aware $ZONE_AWARE: on or off"
 [[ -z $SET_STEPS || $SET_STEPS =~ ^[1-9][0-9]*$ ]] || die "--steps $SET_STEPS: a positive count"
+for archive in ${USER_IMAGES[@]+"${USER_IMAGES[@]}"}; do [[ -f $archive ]] || die "--image $archive: no such file"; done
+for dir in ${HOST_PATHS[@]+"${HOST_PATHS[@]}"}; do [[ -d $dir && $dir == /* ]] || die "--host-path $dir: not an absolute path to a directory"; done
+# nodes.sh mounts them in every node it starts.
+MURMUR_NODE_HOST_PATHS=$(IFS=:; echo "${HOST_PATHS[*]}")
+export MURMUR_NODE_HOST_PATHS
 ((EUID == 0)) || die "real nodes need root"
 for tool in jq curl podman; do command -v $tool >/dev/null || die "$tool is needed and not on PATH"; done
 if [[ -n $DASHBOARD ]]; then
@@ -139,7 +151,7 @@ mkdir -p "$WORK/logs"
 K=$MURMUR_CONTROLPLANE_BIN/kubectl
 HELM=$MURMUR_CONTROLPLANE_BIN/helm
 now() { date +%s.%N; }
-"$HERE/nodes.sh" load "$IMAGES"/murmur-*.tar
+"$HERE/nodes.sh" load "$IMAGES"/murmur-*.tar ${USER_IMAGES[@]+"${USER_IMAGES[@]}"}
 
 # --- the nodes --------------------------------------------------------------------------------------
 # One on-demand system node first (the operator and cluster DNS go there, as on a cluster's system
@@ -346,11 +358,12 @@ report() {
     jq -c 'del(.view)' "$WORK/result.json"
 }
 
-# kubectl exec into a member, as a user debugging one would: its trainer says its version.
+# kubectl exec into a member, as a user debugging one would: its trainer (the container's first
+# process, whatever the image calls it) says its version.
 : >"$WORK/exec.txt"
 for _ in $(seq 1 120); do
     if read -r pod _ _ < <(running_member); then
-        "$K" exec -n "$NS" "$pod" -c trainer -- /usr/local/bin/murmur-trainer --version >"$WORK/exec.txt" 2>&1 ||
+        "$K" exec -n "$NS" "$pod" -c trainer -- /proc/1/exe --version >"$WORK/exec.txt" 2>&1 ||
             say "kubectl exec into $pod failed: $(cat "$WORK/exec.txt")"
         break
     fi

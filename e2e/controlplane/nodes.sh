@@ -16,7 +16,9 @@
 #                          node image, and the pause and CoreDNS images as archives for the nodes
 #
 # Environment: MURMUR_CONTROLPLANE_DIR (the instance, as for up.sh), MURMUR_CONTROLPLANE_TIMEOUT
-# (seconds to wait for Ready, default 180). Needs root, podman, ip, mmdebstrap (the first time).
+# (seconds to wait for Ready, default 180), MURMUR_NODE_HOST_PATHS (directories of this machine,
+# colon-separated, that every node holds read-only at the same path: data on a node's disk).
+# Needs root, podman, ip, mmdebstrap (the first time).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -196,6 +198,9 @@ EOF
     # kube-proxy looks at the kernel's modules where a machine has them (this VM has none).
     local modules=()
     [[ -d /lib/modules ]] && modules=(-v /lib/modules:/lib/modules:ro)
+    local host_paths=() path paths=()
+    IFS=: read -ra paths <<<"${MURMUR_NODE_HOST_PATHS:-}"
+    for path in ${paths[@]+"${paths[@]}"}; do host_paths+=(-v "$path:$path:ro"); done
     started=$(date +%s.%N)
     podman run -d --quiet --name "$(node_container "$name")" --hostname "$name" \
         --label "$(node_label)" --label "murmur.dev/node=$name" \
@@ -207,7 +212,7 @@ EOF
         -v "$DIR/images:/images:ro" \
         -v "$MURMUR_CONTROLPLANE_BIN:/opt/controlplane:ro" \
         -v "$HERE/node:/opt/murmur-node:ro" \
-        ${modules[@]+"${modules[@]}"} \
+        ${modules[@]+"${modules[@]}"} ${host_paths[@]+"${host_paths[@]}"} \
         "$(cat "$DIR/node-image.ref")" /opt/murmur-node/entrypoint.sh >"$node/container-id"
     ip route replace "$cidr" via "$ip"
     ((wait)) || return 0

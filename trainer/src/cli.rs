@@ -11,7 +11,7 @@ use std::io::IsTerminal;
 
 use crate::task::Task;
 use crate::task::images::ImageClassification;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use murmur_core::api::{
     AlgorithmKind, Backend, DecentralizedTrainingJobSpec, ModelKind, OptimizerKind,
 };
@@ -355,7 +355,16 @@ enum TaskCommand {
 /// See [`crate::task`].
 pub fn run_task<T: Task>(task: T) -> std::process::ExitCode {
     init_process();
-    let TaskCommand::Run(args) = TaskCli::parse().command;
+    // Its help and version speak in the name of the program it is (`icons-trainer 0.1.0`),
+    // however it was started (`kubectl exec ... /proc/1/exe --version`).
+    let name: &'static str = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .map_or("murmur-trainer", |n| Box::leak(n.into_boxed_str()));
+    let matches = TaskCli::command().name(name).get_matches();
+    let TaskCommand::Run(args) = TaskCli::from_arg_matches(&matches)
+        .unwrap_or_else(|e| e.exit())
+        .command;
     exit(run_member(args, |_| task))
 }
 
