@@ -1,13 +1,14 @@
 //! A task of one's own: a small network learning which quadrants of the plane x·y is positive
 //! in, trained by murmur like a built-in model (`murmur run job.yaml --trainer` this binary).
 
-use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::{Linear, LinearConfig};
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use murmur_core::api::DatasetSpec;
 use murmur_trainer::data::DataError;
-use murmur_trainer::task::{Data, Inner, Metric, Score, Split, Task};
+use murmur_trainer::task::{
+    Data, Inner, Metric, Score, Split, Task, classification_score, cross_entropy,
+};
 
 /// Points in the plane; a point's class is whether x·y > 0.
 struct Points(Vec<[f32; 2]>);
@@ -101,9 +102,7 @@ impl Task for Quadrants {
         device: &B::Device,
     ) -> Tensor<B, 1> {
         let (x, y) = tensors(data, batch, device);
-        CrossEntropyLossConfig::new()
-            .init(device)
-            .forward(model.forward(x), y)
+        cross_entropy(model.forward(x), y)
     }
 
     fn score<B: AutodiffBackend>(
@@ -114,15 +113,7 @@ impl Task for Quadrants {
     ) -> Score {
         let device = model.devices().into_iter().next().unwrap_or_default();
         let (x, y) = tensors::<B::InnerBackend>(data, batch, &device);
-        let logits = model.forward(x);
-        let loss = CrossEntropyLossConfig::new()
-            .init(&device)
-            .forward(logits.clone(), y.clone());
-        let right = logits.argmax(1).flatten::<1>(0, 1).equal(y).int().sum();
-        Score {
-            loss: loss.into_scalar().elem::<f64>() * batch.len() as f64,
-            metric: right.into_scalar().elem::<f64>(),
-        }
+        classification_score(model.forward(x), y)
     }
 }
 

@@ -6,7 +6,6 @@
 //! to test on.
 
 use burn::nn::conv::{Conv2d, Conv2dConfig};
-use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
 use burn::nn::{Linear, LinearConfig, PaddingConfig2d};
 use burn::prelude::*;
@@ -14,7 +13,9 @@ use burn::tensor::backend::AutodiffBackend;
 use murmur_core::api::DatasetSpec;
 use murmur_trainer::data::DataError;
 use murmur_trainer::data::folder::{ImageFolder, image_len};
-use murmur_trainer::task::{Data, Inner, Metric, Score, Split, Task};
+use murmur_trainer::task::{
+    Data, Inner, Metric, Score, Split, Task, classification_score, cross_entropy,
+};
 
 /// Icons are read at this side.
 const SIDE: usize = 32;
@@ -125,9 +126,7 @@ impl Task for Icons {
         device: &B::Device,
     ) -> Tensor<B, 1> {
         let (x, y) = tensors(data, batch, device);
-        CrossEntropyLossConfig::new()
-            .init(device)
-            .forward(model.forward(x), y)
+        cross_entropy(model.forward(x), y)
     }
 
     fn score<B: AutodiffBackend>(
@@ -138,15 +137,7 @@ impl Task for Icons {
     ) -> Score {
         let device = model.devices().into_iter().next().unwrap_or_default();
         let (x, y) = tensors::<B::InnerBackend>(data, batch, &device);
-        let logits = model.forward(x);
-        let loss = CrossEntropyLossConfig::new()
-            .init(&device)
-            .forward(logits.clone(), y.clone());
-        let right = logits.argmax(1).flatten::<1>(0, 1).equal(y).int().sum();
-        Score {
-            loss: loss.into_scalar().elem::<f64>() * batch.len() as f64,
-            metric: right.into_scalar().elem::<f64>(),
-        }
+        classification_score(model.forward(x), y)
     }
 
     fn evaluation_batch(&self) -> usize {

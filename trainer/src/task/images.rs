@@ -2,12 +2,11 @@
 //! 28×28 grey-level images into 10 classes, read from the spec's `training.dataset`.
 
 use burn::module::Module;
-use burn::nn::loss::CrossEntropyLossConfig;
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
+use burn::tensor::{Int, Tensor, TensorData};
 use murmur_core::api::{DatasetSpec, ModelKind};
 
-use super::{Data, Inner, Metric, Score, Split, Task};
+use super::{Data, Inner, Metric, Score, Split, Task, classification_score, cross_entropy};
 use crate::data::{self, CLASSES, DataError, Dataset, IMAGE_PIXELS};
 use crate::model::Model;
 
@@ -73,9 +72,7 @@ impl Task for ImageClassification {
         device: &B::Device,
     ) -> Tensor<B, 1> {
         let (x, y) = tensors(data, batch, device);
-        CrossEntropyLossConfig::new()
-            .init(device)
-            .forward(model.forward(x), y)
+        cross_entropy(model.forward(x), y)
     }
 
     fn score<B: AutodiffBackend>(
@@ -86,15 +83,7 @@ impl Task for ImageClassification {
     ) -> Score {
         let device = model.devices().into_iter().next().unwrap_or_default();
         let (x, y) = tensors::<B::InnerBackend>(data, batch, &device);
-        let logits = model.forward(x);
-        let loss = CrossEntropyLossConfig::new()
-            .init(&device)
-            .forward(logits.clone(), y.clone());
-        let correct = logits.argmax(1).squeeze::<1>().equal(y).int().sum();
-        Score {
-            loss: loss.into_scalar().elem::<f64>() * batch.len() as f64,
-            metric: correct.into_scalar().elem::<f64>(),
-        }
+        classification_score(model.forward(x), y)
     }
 
     fn mean_prediction<B: AutodiffBackend>(

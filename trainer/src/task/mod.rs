@@ -17,8 +17,9 @@
 pub mod images;
 
 use burn::module::AutodiffModule;
-use burn::tensor::Tensor;
-use burn::tensor::backend::AutodiffBackend;
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{ElementConversion, Int, Tensor};
 use murmur_core::api::DatasetSpec;
 
 use crate::data::DataError;
@@ -102,6 +103,32 @@ pub struct Score {
     pub loss: f64,
     /// The per-example metric, summed (for accuracy: the examples classified right).
     pub metric: f64,
+}
+
+/// A classifier's mean loss: the cross-entropy of `logits` (`[n, classes]`) against the examples'
+/// `classes` (`[n]`). What [`Task::loss`] returns for a classification task.
+pub fn cross_entropy<B: Backend>(logits: Tensor<B, 2>, classes: Tensor<B, 1, Int>) -> Tensor<B, 1> {
+    CrossEntropyLossConfig::new()
+        .init(&logits.device())
+        .forward(logits, classes)
+}
+
+/// A classifier's [`Score`] on a batch: the summed cross-entropy and the examples whose largest
+/// logit is their class. What [`Task::score`] returns for a classification task judged by
+/// [`Metric::ACCURACY`].
+pub fn classification_score<B: Backend>(logits: Tensor<B, 2>, classes: Tensor<B, 1, Int>) -> Score {
+    let n = classes.dims()[0] as f64;
+    let right = logits
+        .clone()
+        .argmax(1)
+        .flatten::<1>(0, 1)
+        .equal(classes.clone())
+        .int()
+        .sum();
+    Score {
+        loss: cross_entropy(logits, classes).into_scalar().elem::<f64>() * n,
+        metric: right.into_scalar().elem::<f64>(),
+    }
 }
 
 /// A task's model for evaluation: the model without autodiff (`model.valid()`).
