@@ -260,16 +260,27 @@ fn main() -> ExitCode {
     assert_eq!(hurt["stepsMonotonic"], true, "the job's step went back");
     let healing = hurt["healing"].as_array().unwrap();
     assert_eq!(healing.len(), 3, "{hurt:#}");
-    // A replacement disrupted itself before its first averaging round (a later disruption
-    // struck the member again) is measured by that later disruption.
-    let disrupted_pods: Vec<&str> = healing.iter().filter_map(|h| h["pod"].as_str()).collect();
+    // A replacement lost itself before its first averaging round (a later disruption struck it,
+    // or the node it landed on died) is followed by another attempt of its member: that one heals.
+    let attempts_of = |member: &Value| -> Vec<u64> {
+        hurt["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["member"] == *member)
+            .filter_map(|m| m["attempt"].as_u64())
+            .collect()
+    };
     for h in healing {
         assert!(h["survivorsSeconds"].is_number(), "{h}");
-        let disrupted_again = h["replacement"]
+        let replacement_attempt = h["replacement"]
             .as_str()
-            .is_some_and(|r| disrupted_pods.contains(&r));
+            .and_then(|r| r.rsplit_once('-'))
+            .and_then(|(_, a)| a.parse::<u64>().ok());
+        let lost_again = replacement_attempt
+            .is_some_and(|a| attempts_of(&h["member"]).iter().any(|&later| later > a));
         assert!(
-            h["replacementSeconds"].is_number() || disrupted_again,
+            h["replacementSeconds"].is_number() || lost_again,
             "the replacement never averaged: {h}"
         );
     }
