@@ -107,7 +107,16 @@ pub(super) fn shape_topology(
                     let _ = t.add_member(MemberProfile::from_join(report, zone(report.member_id)));
                 }
             }
+            // Not across zones: members move to their clique's zone once, and cliques formed
+            // afresh after that could stay split over zones (one zone-aware whole-job run with
+            // this on moved 8.3 GB across zones, against 0.65 GB in three others).
+            let zones: std::collections::BTreeSet<&String> = t
+                .profiles
+                .values()
+                .filter_map(|p| p.zone.as_ref())
+                .collect();
             if before != Some(t.version)
+                && zones.len() <= 1
                 && let Some(fresh) = Recipe::for_job(spec).reform(t)
             {
                 actions.push(event(
