@@ -70,7 +70,7 @@ fn the_dashboard_draws_the_graph_and_curves_of_a_running_job() {
     let dom = tools::headless(browser, &["--dump-dom"], &url);
     let members = dom.matches("class=\"member\"").count();
     assert_eq!(members, 4, "four members in the graph:\n{dom}");
-    let accuracy = &dom[dom.find("id=\"accuracy\"").unwrap()..];
+    let accuracy = &dom[dom.find("id=\"quality\"").unwrap()..];
     let accuracy = &accuracy[..accuracy.find("</svg>").unwrap()];
     assert!(
         accuracy.contains("class=\"curve\""),

@@ -85,11 +85,82 @@ pub struct Progress {
     pub step: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loss: Option<f64>,
+    /// The share of test examples classified right, for tasks judged by accuracy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub accuracy: Option<f64>,
+    /// The test figure of a task judged by another metric (a language model's perplexity);
+    /// absent where `accuracy` says how good the model is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metric: Option<NamedMetric>,
     /// Mean distance of members' parameters to their average.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub consensus_distance: Option<f64>,
+}
+
+/// A quality figure with its name: what a task is judged by.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct NamedMetric {
+    /// "accuracy", "perplexity", or a task's own.
+    #[schemars(length(max = 63))]
+    pub name: String,
+    pub value: f64,
+    /// Whether more is better (accuracy) or worse (perplexity).
+    pub higher_is_better: bool,
+}
+
+impl NamedMetric {
+    pub const ACCURACY: &str = "accuracy";
+
+    /// The mean of `metrics` that share the first one's name (None when there are none).
+    pub fn mean<'a>(metrics: impl IntoIterator<Item = &'a NamedMetric>) -> Option<NamedMetric> {
+        let mut metrics = metrics.into_iter();
+        let first = metrics.next()?;
+        let (mut sum, mut n) = (first.value, 1.0);
+        for m in metrics.filter(|m| m.name == first.name) {
+            sum += m.value;
+            n += 1.0;
+        }
+        Some(NamedMetric {
+            value: sum / n,
+            ..first.clone()
+        })
+    }
+}
+
+impl Progress {
+    /// How good the model is, whatever the task is judged by: `accuracy` or `metric`.
+    pub fn quality(&self) -> Option<NamedMetric> {
+        match (self.accuracy, &self.metric) {
+            (Some(value), _) => Some(NamedMetric {
+                name: NamedMetric::ACCURACY.to_string(),
+                value,
+                higher_is_better: true,
+            }),
+            (None, metric) => metric.clone(),
+        }
+    }
+
+    /// Record a test figure: accuracy in `accuracy`, any other in `metric`.
+    pub fn set_quality(&mut self, quality: NamedMetric) {
+        if quality.name == NamedMetric::ACCURACY {
+            self.accuracy = Some(quality.value);
+            self.metric = None;
+        } else {
+            self.accuracy = None;
+            self.metric = Some(quality);
+        }
+    }
+
+    /// The mean quality of `progress` (accuracy or the first member's metric), as `set_quality`
+    /// would record it: what a job's progress says.
+    pub fn mean_quality<'a>(
+        progress: impl IntoIterator<Item = &'a Progress>,
+    ) -> Option<NamedMetric> {
+        let qualities: Vec<NamedMetric> =
+            progress.into_iter().filter_map(Progress::quality).collect();
+        NamedMetric::mean(&qualities)
+    }
 }
 
 /// The most members `status.members` lists. The status lives in the job's own object, stored
@@ -148,4 +219,54 @@ pub struct DecentralizedTrainingJobStatus {
     /// peers run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trainer_image: Option<String>,
+}
+
+#[cfg(test)]
+mod quality_tests {
+    use super::*;
+
+    fn perplexity(value: f64) -> NamedMetric {
+        NamedMetric {
+            name: "perplexity".into(),
+            value,
+            higher_is_better: false,
+        }
+    }
+
+    #[test]
+    fn accuracy_is_recorded_as_accuracy_and_any_other_metric_by_its_name() {
+        let mut p = Progress::default();
+        p.set_quality(perplexity(4.0));
+        assert_eq!(
+            (p.accuracy, p.metric.clone()),
+            (None, Some(perplexity(4.0)))
+        );
+        let json = serde_json::to_value(&p).unwrap();
+        assert_eq!(json["metric"]["name"], "perplexity");
+        assert_eq!(json["metric"]["higherIsBetter"], false);
+        assert!(json.get("accuracy").is_none());
+        p.set_quality(NamedMetric {
+            name: NamedMetric::ACCURACY.into(),
+            value: 0.9,
+            higher_is_better: true,
+        });
+        assert_eq!((p.accuracy, p.metric.clone()), (Some(0.9), None));
+        assert_eq!(p.quality().unwrap().name, "accuracy");
+    }
+
+    #[test]
+    fn the_mean_quality_is_over_the_members_reporting_the_same_metric() {
+        let members: Vec<Progress> = [Some(3.0), None, Some(5.0)]
+            .into_iter()
+            .map(|v| {
+                let mut p = Progress::default();
+                if let Some(v) = v {
+                    p.set_quality(perplexity(v));
+                }
+                p
+            })
+            .collect();
+        assert_eq!(Progress::mean_quality(&members), Some(perplexity(4.0)));
+        assert_eq!(Progress::mean_quality(&[Progress::default()]), None);
+    }
 }

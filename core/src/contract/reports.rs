@@ -108,6 +108,7 @@ mod tests {
                 step: 40,
                 loss: Some(0.5),
                 accuracy: None,
+                metric: None,
                 consensus_distance: Some(0.1),
             },
             topology_version: 2,

@@ -103,14 +103,21 @@ fn print_summary(s: &Summary, out: &mut impl std::io::Write) -> std::io::Result<
     if let Some(m) = &s.message {
         writeln!(out, "  {m}")?;
     }
-    writeln!(
-        out,
-        "  final accuracy       {} (mean of {} members; min {}, max {})",
-        pct(s.final_accuracy),
-        s.members_completed,
-        pct(s.accuracy_min),
-        pct(s.accuracy_max)
-    )?;
+    match &s.final_metric {
+        Some(m) => writeln!(
+            out,
+            "  final {:<14} {:.3} (mean of {} members; min {:.3}, max {:.3})",
+            m.name, m.mean, s.members_completed, m.min, m.max
+        )?,
+        None => writeln!(
+            out,
+            "  final accuracy       {} (mean of {} members; min {}, max {})",
+            pct(s.final_accuracy),
+            s.members_completed,
+            pct(s.accuracy_min),
+            pct(s.accuracy_max)
+        )?,
+    }
     writeln!(out, "  steps                {}", s.steps)?;
     writeln!(out, "  wall time            {:.1} s", s.wall_seconds)?;
     writeln!(

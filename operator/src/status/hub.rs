@@ -103,7 +103,7 @@ impl ViewBoard {
     }
 }
 
-/// A member attempt's (step, accuracy), as last sampled.
+/// A member attempt's (step, quality), as last sampled.
 type Sample = (u64, Option<f64>);
 
 /// A published view and its JSON, serialized once when published.
@@ -120,7 +120,7 @@ pub struct JobHandle {
     views: Mutex<ViewBoard>,
     events: Mutex<Bounded<JobEvent>>,
     series: Mutex<Bounded<SeriesPoint>>,
-    /// The newest (step, accuracy) sampled per member attempt, so the series holds changes only.
+    /// The newest (step, quality) sampled per member attempt, so the series holds changes only.
     sampled: Mutex<BTreeMap<(u32, u32), Sample>>,
     /// The newest signed post accepted per member, so a replayed one is refused.
     heard: Mutex<Heard>,
@@ -194,7 +194,7 @@ impl JobHandle {
     pub fn sample(&self, t: f64, attempt: u32, status: &TrainerStatus) {
         let p = &status.progress;
         let key = (status.member_id, attempt);
-        let sample = (p.step, p.accuracy);
+        let sample = (p.step, p.quality().map(|q| q.value));
         if self.sampled.lock().insert(key, sample) == Some(sample) {
             return;
         }
@@ -237,6 +237,14 @@ pub struct ServedLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QualityLabels {
+    pub namespace: String,
+    pub job: String,
+    /// What the job's task is judged by: `accuracy`, `perplexity`, or a task's own.
+    pub metric: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
     pub endpoint: String,
     pub outcome: String,
@@ -249,6 +257,7 @@ pub struct Metrics {
     target: Family<JobLabels, Gauge>,
     step: Family<JobLabels, Gauge>,
     accuracy: Family<JobLabels, Gauge<f64, AtomicU64>>,
+    quality: Family<QualityLabels, Gauge<f64, AtomicU64>>,
     topology_version: Family<JobLabels, Gauge>,
     preemptions: Family<JobLabels, Gauge>,
     restarts: Family<JobLabels, Gauge>,
@@ -265,6 +274,7 @@ impl Default for Metrics {
             target: Family::default(),
             step: Family::default(),
             accuracy: Family::default(),
+            quality: Family::default(),
             topology_version: Family::default(),
             preemptions: Family::default(),
             restarts: Family::default(),
@@ -282,6 +292,11 @@ impl Default for Metrics {
             "job_accuracy",
             "Mean test accuracy of the members",
             m.accuracy.clone(),
+        );
+        registry.register(
+            "job_quality",
+            "Mean test figure of the members, by the metric their task is judged by",
+            m.quality.clone(),
         );
         registry.register(
             "job_topology_version",
@@ -332,6 +347,15 @@ impl Metrics {
         self.accuracy
             .get_or_create(&labels)
             .set(progress.accuracy.unwrap_or(0.0));
+        if let Some(quality) = progress.quality() {
+            self.quality
+                .get_or_create(&QualityLabels {
+                    namespace: view.namespace.clone(),
+                    job: view.name.clone(),
+                    metric: quality.name,
+                })
+                .set(quality.value);
+        }
         self.topology_version
             .get_or_create(&labels)
             .set(view.status.topology_version as i64);

@@ -129,6 +129,47 @@ fn view() -> JobView {
     view::job_view("ml", "j", &spec, &state, &observed, now)
 }
 
+/// A task judged by perplexity shows perplexity, by name, wherever accuracy would be shown.
+#[test]
+fn a_jobs_progress_names_the_metric_its_task_is_judged_by() {
+    let spec = parse_manifest(
+        "apiVersion: murmur.dev/v1alpha1\nkind: DecentralizedTrainingJob\nmetadata: {name: j}\nspec:\n  replicas: {min: 1, target: 2, max: 2}\n  training: {model: mlp, steps: 10}\n",
+        "j.yaml",
+    )
+    .unwrap()
+    .spec;
+    let now = Timestamp::from_second(100).unwrap();
+    let mut observed = Observation::default();
+    let (state, _) = planner::plan(&spec, &JobState::new(now), &observed, now);
+    for (id, value) in [(0, 3.0), (1, 5.0)] {
+        let mut status = murmur_core::contract::TrainerStatus::new(
+            id,
+            murmur_core::contract::TrainerState::Training,
+        );
+        status.progress.set_quality(murmur_core::api::NamedMetric {
+            name: "perplexity".into(),
+            value,
+            higher_is_better: false,
+        });
+        observed.members.insert(
+            id,
+            ObservedMember {
+                status: Some(status),
+                ..ObservedMember::default()
+            },
+        );
+    }
+    let (state, _) = planner::plan(&spec, &state, &observed, now);
+    let v = view::job_view("ml", "j", &spec, &state, &observed, now);
+    let progress = v.status.progress.clone().unwrap();
+    assert_eq!(progress.accuracy, None);
+    let metric = progress.metric.unwrap();
+    assert_eq!((metric.name.as_str(), metric.value), ("perplexity", 4.0));
+    let summary = v.summary();
+    assert_eq!(summary.accuracy, None);
+    assert_eq!(summary.metric.map(|m| m.value), Some(4.0));
+}
+
 /// A `method` request of `body` to `path`, signed as a trainer signs it, with `key` over
 /// `envelope`.
 fn signed_request(
@@ -222,6 +263,7 @@ async fn jobs_and_views_are_served_as_json() {
                 step: k,
                 loss: Some(1.0),
                 accuracy: None,
+                metric: None,
                 consensus_distance: None,
             },
         });

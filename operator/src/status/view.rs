@@ -5,8 +5,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 use k8s_openapi::jiff::Timestamp;
 use murmur_core::api::{
     AlgorithmKind, Capacity, DecentralizedTrainingJobSpec, DecentralizedTrainingJobStatus,
-    JobPhase, MemberCapacity, MemberPhase, MemberStatus, Progress, Replicas, STATUS_MEMBERS_MAX,
-    TopologyKind,
+    JobPhase, MemberCapacity, MemberPhase, MemberStatus, NamedMetric, Progress, Replicas,
+    STATUS_MEMBERS_MAX, TopologyKind,
 };
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -87,6 +87,9 @@ pub struct JobSummary {
     pub step: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub accuracy: Option<f64>,
+    /// The job's figure when its task is judged by another metric than accuracy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metric: Option<NamedMetric>,
     pub preemptions: u32,
     pub topology_version: u64,
 }
@@ -100,6 +103,7 @@ impl JobView {
             members: self.status.member_summary.clone().unwrap_or_default(),
             step: self.status.progress.as_ref().map_or(0, |p| p.step),
             accuracy: self.status.progress.as_ref().and_then(|p| p.accuracy),
+            metric: self.status.progress.as_ref().and_then(|p| p.metric.clone()),
             preemptions: self.status.preemptions,
             topology_version: self.status.topology_version,
         }
@@ -256,16 +260,19 @@ pub fn job_view(
         .iter()
         .filter(|m| m.health != Health::Down)
         .collect();
-    let progress = Progress {
+    let mut progress = Progress {
         step: counting.iter().map(|m| m.progress.step).max().unwrap_or(0),
         loss: mean(counting.iter().filter_map(|m| m.progress.loss)),
-        accuracy: mean(counting.iter().filter_map(|m| m.progress.accuracy)),
         consensus_distance: mean(
             counting
                 .iter()
                 .filter_map(|m| m.progress.consensus_distance),
         ),
+        ..Progress::default()
     };
+    if let Some(quality) = Progress::mean_quality(counting.iter().map(|m| &m.progress)) {
+        progress.set_quality(quality);
+    }
     let live = live_in_topology(state, observed);
     // The API server keeps whole seconds: a status carrying fractions would differ from what it
     // stored on every read, and be written again on every reconcile.

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use burn::tensor::backend::AutodiffBackend;
 use tokio::sync::{Notify, watch};
 
-use murmur_core::api::{AlgorithmKind, TopologyKind};
+use murmur_core::api::{AlgorithmKind, NamedMetric, TopologyKind};
 use murmur_core::contract::view::follows_whole_document;
 use murmur_core::contract::{
     JoinReport, PeerEvent, TerminationMessage, TerminationOutcome, TrainerEnv, TrainerState,
@@ -201,11 +201,18 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
         }
     }
 
-    fn evaluate(&mut self) -> f64 {
-        let (accuracy, _) = self.member.evaluate(&self.test);
+    /// The task's metric on the test set, recorded in the status under its name.
+    fn evaluate(&mut self) -> NamedMetric {
+        let (value, _) = self.member.evaluate(&self.test);
+        let metric = self.member.task().metric();
+        let quality = NamedMetric {
+            name: metric.name.to_string(),
+            value,
+            higher_is_better: metric.higher_is_better,
+        };
         self.observed
-            .update(|s| s.progress.accuracy = Some(accuracy));
-        accuracy
+            .update(|s| s.progress.set_quality(quality.clone()));
+        quality
     }
 
     async fn leave(&mut self) -> Result<TerminationMessage, RunError> {
@@ -318,7 +325,8 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
             });
             self.observed.refresh(self.transport.stats());
             if step.is_multiple_of(eval_every) || step == self.total_steps {
-                let accuracy = self.evaluate();
+                let quality = self.evaluate();
+                let (accuracy, metric, value) = log_fields(&quality);
                 let loss = recent_loss.iter().sum::<f64>() / recent_loss.len().max(1) as f64;
                 recent_loss.clear();
                 if self.plan.member.algorithm == AlgorithmKind::AsyncGossip {
@@ -327,6 +335,8 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
                         step,
                         loss,
                         accuracy,
+                        metric,
+                        value,
                         requested = c.requested,
                         served = c.served,
                         settled = c.settled,
@@ -335,7 +345,7 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
                         "progress"
                     );
                 } else {
-                    tracing::info!(step, loss, accuracy, "progress");
+                    tracing::info!(step, loss, accuracy, metric, value, "progress");
                 }
                 self.report_progress();
             }
@@ -350,14 +360,15 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
         if self.plan.member.algorithm == AlgorithmKind::AsyncGossip {
             self.linger().await?;
         }
-        let accuracy = self.evaluate();
+        let quality = self.evaluate();
+        let (accuracy, metric, value) = log_fields(&quality);
         self.write_final_model()?;
         self.observed.update(|s| s.state = TrainerState::Done);
         // Everything we owe the neighbours is queued before the leave: they finish their last
         // rounds with our payloads, then stop counting on us.
         self.transport.leave(Duration::from_secs(5)).await;
         self.post_status(5).await;
-        tracing::info!(step = self.step, accuracy, "done");
+        tracing::info!(step = self.step, accuracy, metric, value, "done");
         Ok(TerminationMessage {
             outcome: TerminationOutcome::Done,
             step: self.step,
@@ -526,6 +537,16 @@ pub async fn run<B: AutodiffBackend, T: Task>(
     }
     trainer.fetch_state(trainer.startup_timeout).await?;
     trainer.train().await
+}
+
+/// A test figure as log fields: `accuracy=` for a task judged by accuracy (what scripts read
+/// from the `done` line), else `metric=<name> value=`.
+fn log_fields(q: &NamedMetric) -> (Option<f64>, Option<&str>, Option<f64>) {
+    if q.name == NamedMetric::ACCURACY {
+        (Some(q.value), None, None)
+    } else {
+        (None, Some(q.name.as_str()), Some(q.value))
+    }
 }
 
 #[cfg(test)]

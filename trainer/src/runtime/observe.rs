@@ -23,6 +23,11 @@ use murmur_core::contract::{DropReason, TrainerStatus};
 use crate::transport::{Stats, Transport};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MetricLabel {
+    metric: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabel {
     reason: String,
 }
@@ -32,6 +37,7 @@ pub struct Metrics {
     rounds: Counter,
     loss: Gauge<f64, AtomicU64>,
     accuracy: Gauge<f64, AtomicU64>,
+    quality: Family<MetricLabel, Gauge<f64, AtomicU64>>,
     topology_version: Gauge,
     bytes_in: Counter,
     bytes_out: Counter,
@@ -57,6 +63,7 @@ impl Observed {
             rounds: Counter::default(),
             loss: Gauge::default(),
             accuracy: Gauge::default(),
+            quality: Family::default(),
             topology_version: Gauge::default(),
             bytes_in: Counter::default(),
             bytes_out: Counter::default(),
@@ -74,6 +81,11 @@ impl Observed {
             "accuracy",
             "Test accuracy at the last evaluation",
             m.accuracy.clone(),
+        );
+        registry.register(
+            "quality",
+            "The task's test metric at the last evaluation, by name",
+            m.quality.clone(),
         );
         registry.register(
             "topology_version",
@@ -121,6 +133,12 @@ impl Observed {
         }
         if let Some(accuracy) = status.progress.accuracy {
             self.metrics.accuracy.set(accuracy);
+        }
+        if let Some(q) = status.progress.quality() {
+            self.metrics
+                .quality
+                .get_or_create(&MetricLabel { metric: q.name })
+                .set(q.value);
         }
     }
 

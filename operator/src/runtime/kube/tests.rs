@@ -1763,6 +1763,7 @@ async fn a_restarted_operator_keeps_the_progress_until_a_trainer_reports_again()
             step: 120,
             loss: Some(0.3),
             accuracy: Some(0.8),
+            metric: None,
             consensus_distance: None,
         };
         report(&c, id, progress).await;

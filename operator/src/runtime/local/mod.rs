@@ -16,7 +16,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
-use murmur_core::api::{DecentralizedTrainingJob, DecentralizedTrainingJobSpec, JobPhase};
+use murmur_core::api::{
+    DecentralizedTrainingJob, DecentralizedTrainingJobSpec, JobPhase, NamedMetric,
+};
 use murmur_core::contract::{TERMINATION_LOG, TrainerEnv, TrainerState, TrainerStatus};
 use murmur_core::topology::MemberId;
 use nix::sys::signal::{Signal, kill};
@@ -106,10 +108,13 @@ pub struct Summary {
     pub phase: JobPhase,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
-    /// Mean test accuracy of the members that reached the target.
+    /// Mean test accuracy of the members that reached the target (tasks judged by accuracy).
     pub final_accuracy: Option<f64>,
     pub accuracy_min: Option<f64>,
     pub accuracy_max: Option<f64>,
+    /// The same for a task judged by another metric (perplexity).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub final_metric: Option<FinalMetric>,
     pub members_completed: usize,
     pub steps: u64,
     pub wall_seconds: f64,
@@ -119,6 +124,36 @@ pub struct Summary {
     pub restarts: u32,
     pub topology_version: u64,
     pub status_url: String,
+}
+
+/// A test figure over the members that reached the target.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct FinalMetric {
+    pub name: String,
+    pub higher_is_better: bool,
+    pub mean: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+impl FinalMetric {
+    /// Mean, least and most of the figures named as the first one is (None when there are none).
+    fn of(metrics: &[NamedMetric]) -> Option<FinalMetric> {
+        let first = metrics.first()?;
+        let values: Vec<f64> = metrics
+            .iter()
+            .filter(|m| m.name == first.name)
+            .map(|m| m.value)
+            .collect();
+        Some(FinalMetric {
+            name: first.name.clone(),
+            higher_is_better: first.higher_is_better,
+            mean: values.iter().sum::<f64>() / values.len() as f64,
+            min: values.iter().copied().fold(f64::INFINITY, f64::min),
+            max: values.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+        })
+    }
 }
 
 /// The trainer next to this executable, else on `PATH`.
@@ -691,22 +726,24 @@ impl Local {
     }
 
     fn summary(&self, view: &JobView, status_url: String) -> Summary {
-        let done: Vec<f64> = view
+        let done: Vec<NamedMetric> = view
             .members
             .iter()
             .filter(|m| m.health == Health::Done)
-            .filter_map(|m| m.progress.accuracy)
+            .filter_map(|m| m.progress.quality())
             .collect();
-        let mean = (!done.is_empty()).then(|| done.iter().sum::<f64>() / done.len() as f64);
+        let quality = FinalMetric::of(&done);
+        let accuracy = quality.as_ref().filter(|q| q.name == NamedMetric::ACCURACY);
         let state = self.driver.state();
         Summary {
             namespace: self.namespace.clone(),
             job: self.name.clone(),
             phase: state.phase,
             message: state.message.clone(),
-            final_accuracy: mean,
-            accuracy_min: done.iter().copied().reduce(f64::min),
-            accuracy_max: done.iter().copied().reduce(f64::max),
+            final_accuracy: accuracy.map(|q| q.mean),
+            accuracy_min: accuracy.map(|q| q.min),
+            accuracy_max: accuracy.map(|q| q.max),
+            final_metric: quality.clone().filter(|q| q.name != NamedMetric::ACCURACY),
             members_completed: done.len(),
             steps: view
                 .members

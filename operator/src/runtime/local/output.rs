@@ -1,10 +1,12 @@
 //! `--output DIR`: what a run leaves behind besides the model the trainers write (`model/`) and
 //! their logs (`logs/`): `summary.json`, `metrics.csv`, `events.json`, `topology.svg`, and
-//! `loss.png` / `accuracy.png` with a line per member.
+//! `loss.png` and `accuracy.png` (or the task's own metric, `perplexity.png`) with a line per
+//! member.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use murmur_core::api::NamedMetric;
 use murmur_core::topology::{measure, render};
 use plotters::prelude::*;
 
@@ -57,20 +59,42 @@ pub fn write(
         target,
         |p| p.progress.loss,
     )?;
-    plot(
-        &dir.join("accuracy.png"),
-        "Test accuracy per member",
-        "test accuracy (%)",
-        &series,
-        target,
-        |p| p.progress.accuracy.map(|a| 100.0 * a),
-    )?;
+    match metric_name(&series).as_str() {
+        NamedMetric::ACCURACY => plot(
+            &dir.join("accuracy.png"),
+            "Test accuracy per member",
+            "test accuracy (%)",
+            &series,
+            target,
+            |p| p.progress.accuracy.map(|a| 100.0 * a),
+        )?,
+        name => plot(
+            &dir.join(format!("{name}.png")),
+            &format!("Test {name} per member"),
+            &format!("test {name}"),
+            &series,
+            target,
+            |p| p.progress.quality().map(|q| q.value),
+        )?,
+    }
     Ok(())
 }
 
+/// The name of the metric the series' task is judged by (accuracy until one says otherwise).
+fn metric_name(series: &[SeriesPoint]) -> String {
+    series
+        .iter()
+        .find_map(|p| p.progress.quality())
+        .map_or_else(|| NamedMetric::ACCURACY.to_string(), |q| q.name)
+}
+
+/// One row per sample; the quality column is named after the task's metric.
 pub fn metrics_csv(series: &[SeriesPoint]) -> String {
     let opt = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v}"));
-    let mut out = String::from("seconds,member,attempt,step,loss,accuracy,consensus_distance\n");
+    let mut out = format!(
+        "seconds,member,attempt,step,loss,{},consensus_distance\n",
+        metric_name(series)
+    );
     for p in series {
         out.push_str(&format!(
             "{:.3},{},{},{},{},{},{}\n",
@@ -79,7 +103,7 @@ pub fn metrics_csv(series: &[SeriesPoint]) -> String {
             p.attempt,
             p.progress.step,
             opt(p.progress.loss),
-            opt(p.progress.accuracy),
+            opt(p.progress.quality().map(|q| q.value)),
             opt(p.progress.consensus_distance)
         ));
     }
@@ -177,12 +201,36 @@ mod tests {
                 step: 40,
                 loss: Some(0.25),
                 accuracy: None,
+                metric: None,
                 consensus_distance: Some(0.5),
             },
         }]);
         assert_eq!(
             csv,
             "seconds,member,attempt,step,loss,accuracy,consensus_distance\n1.500,2,1,40,0.25,,0.5\n"
+        );
+    }
+
+    #[test]
+    fn metrics_csv_names_its_quality_column_after_the_tasks_metric() {
+        let mut progress = murmur_core::api::Progress {
+            step: 40,
+            ..Default::default()
+        };
+        progress.set_quality(NamedMetric {
+            name: "perplexity".into(),
+            value: 4.5,
+            higher_is_better: false,
+        });
+        let csv = metrics_csv(&[SeriesPoint {
+            t: 1.5,
+            member: 2,
+            attempt: 1,
+            progress,
+        }]);
+        assert_eq!(
+            csv,
+            "seconds,member,attempt,step,loss,perplexity,consensus_distance\n1.500,2,1,40,,4.5,\n"
         );
     }
 }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
-use murmur_core::api::DecentralizedTrainingJobSpec;
+use murmur_core::api::{DecentralizedTrainingJobSpec, NamedMetric};
 
 use crate::status::JobView;
 
@@ -26,16 +26,25 @@ fn fmt(x: Option<f64>, f: impl Fn(f64) -> String) -> String {
     x.map_or_else(|| "–".into(), f)
 }
 
+/// "accuracy 92.1%", "perplexity 4.213", or "accuracy –" before the first evaluation.
+fn quality(p: &murmur_core::api::Progress) -> String {
+    match p.quality() {
+        Some(q) if q.name == NamedMetric::ACCURACY => format!("accuracy {:.1}%", 100.0 * q.value),
+        Some(q) => format!("{} {:.3}", q.name, q.value),
+        None => "accuracy –".into(),
+    }
+}
+
 /// One line about the whole job.
 pub fn job_line(view: &JobView) -> String {
     let p = view.status.progress.clone().unwrap_or_default();
     format!(
-        "{:?} step {}{} · loss {} · accuracy {} · consensus {} · members {} · preemptions {}",
+        "{:?} step {}{} · loss {} · {} · consensus {} · members {} · preemptions {}",
         view.status.phase.unwrap_or_default(),
         p.step,
         view.target_steps.map_or(String::new(), |t| format!("/{t}")),
         fmt(p.loss, |v| format!("{v:.3}")),
-        fmt(p.accuracy, |v| format!("{:.1}%", 100.0 * v)),
+        quality(&p),
         fmt(p.consensus_distance, |v| format!("{v:.2e}")),
         view.status.member_summary.clone().unwrap_or_default(),
         view.status.preemptions,
@@ -101,12 +110,12 @@ impl Progress {
             });
             bar.set_position(m.progress.step);
             bar.set_message(format!(
-                "{:?} (attempt {}) · step {} · loss {} · accuracy {}{}",
+                "{:?} (attempt {}) · step {} · loss {} · {}{}",
                 m.phase,
                 m.attempt,
                 m.progress.step,
                 fmt(m.progress.loss, |v| format!("{v:.3}")),
-                fmt(m.progress.accuracy, |v| format!("{:.1}%", 100.0 * v)),
+                quality(&m.progress),
                 m.clique.map_or(String::new(), |c| format!(" · clique {c}")),
             ));
         }
