@@ -64,6 +64,7 @@ pub const VERSION: &str = "v1alpha1";
     validation = Rule::new("self.algorithm.kind != 'cliqueAveraging' || self.topology.kind in ['dCliques', 'proxyClumps']").message("algorithm.kind cliqueAveraging needs topology.kind dCliques or proxyClumps").field_path(".algorithm.kind"),
     validation = Rule::new("self.trainer.backend != 'cuda' || (has(self.trainer.resources) && has(self.trainer.resources.gpus) && self.trainer.resources.gpus >= 1)").message("trainer.backend cuda needs trainer.resources.gpus >= 1").field_path(".trainer.backend"),
     validation = Rule::new("!has(self.topology.cliqueSize) || self.topology.cliqueSize <= self.replicas.max").message("topology.cliqueSize must not exceed replicas.max").field_path(".topology.cliqueSize"),
+    validation = Rule::new("!has(self.training.dataset) || self.training.dataset.source != 'text' || !(self.topology.kind in ['dCliques', 'proxyClumps'])").message("topology.kind dCliques and proxyClumps group members by the classes they hold, and training.dataset.source text has none").field_path(".topology.kind"),
 )]
 #[serde(rename_all = "camelCase")]
 pub struct DecentralizedTrainingJobSpec {
@@ -419,6 +420,7 @@ pub enum ModelKind {
     validation = Rule::new("!has(self.epochs) || self.epochs >= 1").message("training.epochs must be >= 1").field_path(".epochs"),
     validation = Rule::new("self.batchSize >= 1 && self.batchSize <= 65536").message("training.batchSize must be in [1, 65536]").field_path(".batchSize"),
     validation = Rule::new("self.learningRate > 0.0 && self.learningRate <= 10.0").message("training.learningRate must be in (0, 10]").field_path(".learningRate"),
+    validation = Rule::new("!has(self.dataset) || self.dataset.source != 'text' || self.partition.kind == 'iid'").message("training.partition: shards, dirichlet and classesPerMember deal examples out by class, and training.dataset.source text has none: use iid").field_path(".partition.kind"),
 )]
 pub struct TrainingSpec {
     #[x_kube(validation = Rule::new("self == oldSelf").message("training.model is immutable"))]
@@ -467,6 +469,10 @@ pub enum DatasetSource {
     /// A class-per-folder tree of PNG or JPEG images in `path` (`<class>/<image>`), for a
     /// trainer of a task of its own (the built-in models read MNIST: embedded, idx or csv).
     ImageFolder,
+    /// UTF-8 text for next-token tasks: the file `path`, or the `*.txt` files in the directory
+    /// `path`, for a trainer of a task of its own. Text has no classes, so partitions are iid
+    /// and topologies are not built from classes.
+    Text,
 }
 
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]

@@ -340,6 +340,16 @@ fn every_cel_rule_rejects_with_the_field_it_guards() {
             "steps: 100\n    dataset: {source: csv, path: /VERYLONG}",
             "spec.training.dataset.path",
         ),
+        (
+            "steps: 100",
+            "steps: 100\n    dataset: {source: text, path: /t}",
+            "spec.training.partition.kind",
+        ),
+        (
+            "steps: 100",
+            "steps: 100\n    dataset: {source: text, path: /t}",
+            "spec.topology.kind",
+        ),
         ("{name: job}", "{name: Job_1}", "metadata.name"),
         ("{name: job}", "{}", "metadata.name"),
         (
@@ -707,4 +717,21 @@ fn a_failure_rule_names_one_thing_to_match_and_never_success() {
         format!("{err:?}").contains("maxRestartsPerMember"),
         "{err:?}"
     );
+}
+
+#[test]
+fn text_is_accepted_with_partitions_and_topologies_that_need_no_classes() {
+    let manifest = VALID
+        .replace(
+            "{kind: dCliques, cliqueSize: 4, interClique: smallWorld}",
+            "{kind: ring}",
+        )
+        .replace("kind: cliqueAveraging,", "kind: dpsgd,")
+        .replace("{kind: classesPerMember, k: 1}", "{kind: iid}")
+        .replace(
+            "steps: 100",
+            "steps: 100\n    dataset: {source: text, path: /usr/share/common-licenses}",
+        );
+    let job = parse_manifest(&manifest, "job.yaml").unwrap();
+    assert_eq!(job.spec.training.dataset.source, DatasetSource::Text);
 }

@@ -5,6 +5,7 @@ mod csv;
 pub mod folder;
 mod idx;
 pub mod partition;
+pub mod text;
 
 use std::path::{Path, PathBuf};
 
@@ -170,6 +171,10 @@ pub fn load(spec: &DatasetSpec) -> Result<Split, DataError> {
         DatasetSource::ImageFolder => Err(DataError::malformed(
             "training.dataset.source",
             "imageFolder is read by a trainer of a task of its own (data::folder::ImageFolder); the built-in models read MNIST: embedded, idx or csv",
+        )),
+        DatasetSource::Text => Err(DataError::malformed(
+            "training.dataset.source",
+            "text is read by a trainer of a task of its own (data::text); the built-in models read MNIST: embedded, idx or csv",
         )),
         DatasetSource::Csv => {
             let dir = Path::new(spec.path.as_deref().unwrap_or("."));
