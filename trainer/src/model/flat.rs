@@ -2,9 +2,10 @@
 //! fields as declared (for an MLP: hidden.weight, hidden.bias, output.weight, output.bias). A shape
 //! manifest (the layout) goes with every buffer and is checked before import: a mismatch is an
 //! error, never a silent reshape. Import keeps each parameter's id, so the local optimizer state
-//! (keyed by parameter id, which is per process) stays attached.
+//! (keyed by parameter id) stays attached. [`with_slot_ids`] makes those ids the same in every
+//! member, so one member's optimizer state attaches to another's model (state transfer).
 
-use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param};
+use burn::module::{AutodiffModule, Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
@@ -308,6 +309,26 @@ impl<B: Backend> ModuleMapper<B> for Importer<'_, B> {
         }
         Param::from_mapped_value(id, tensor, mapper)
     }
+}
+
+/// Parameter ids from here up are slot numbers (see [`with_slot_ids`]); burn's own are random.
+const SLOT_ID_BASE: u64 = 0x6d75_726d_0000_0000;
+
+struct SlotIds(u64);
+
+impl<B: Backend> ModuleMapper<B> for SlotIds {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let (_, tensor, mapper) = param.consume();
+        let id = ParamId::from(SLOT_ID_BASE + self.0);
+        self.0 += 1;
+        Param::from_mapped_value(id, tensor, mapper)
+    }
+}
+
+/// `model` with each parameter's id its slot number in the flat buffer, instead of a random one:
+/// the same in every member of a job, so optimizer state (keyed by id) moves between them.
+pub fn with_slot_ids<B: Backend, M: Module<B>>(model: M) -> M {
+    model.map(&mut SlotIds(0))
 }
 
 /// Load a flat buffer into `model`, whose layout must equal `expected` (checked first).

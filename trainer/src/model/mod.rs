@@ -13,7 +13,7 @@ use murmur_core::api::ModelKind;
 
 pub use flat::{
     FlatError, Layout, ParamSlot, export, export_gradients, export_into, gradients_from_flat,
-    import, layout,
+    import, layout, with_slot_ids,
 };
 
 use crate::data::{CLASSES, IMAGE_PIXELS, IMAGE_SIDE};
@@ -175,18 +175,24 @@ impl<B: Backend> Model<B> {
     /// values are drawn here, in module order, so they do not depend on which thread touches a
     /// parameter first.
     pub fn new(kind: ModelKind, device: &B::Device) -> Self {
-        let model = Self::declare(kind, device);
+        Self::for_inputs(kind, IMAGE_PIXELS, device)
+    }
+
+    /// [`new`](Self::new), for examples of `inputs` values (MNIST: 784). GN-LeNet reads 28×28
+    /// images whatever `inputs` says: the spec's validation keeps other shapes from it.
+    pub fn for_inputs(kind: ModelKind, inputs: usize, device: &B::Device) -> Self {
+        let model = Self::declare(kind, inputs, device);
         model.visit(&mut Materialize);
         model
     }
 
-    fn declare(kind: ModelKind, device: &B::Device) -> Self {
+    fn declare(kind: ModelKind, inputs: usize, device: &B::Device) -> Self {
         match kind {
             ModelKind::LogisticRegression => Model::LogisticRegression(LogisticRegression {
-                linear: LinearConfig::new(IMAGE_PIXELS, CLASSES).init(device),
+                linear: LinearConfig::new(inputs, CLASSES).init(device),
             }),
             ModelKind::Mlp => Model::Mlp(Mlp {
-                hidden: LinearConfig::new(IMAGE_PIXELS, 256).init(device),
+                hidden: LinearConfig::new(inputs, 256).init(device),
                 output: LinearConfig::new(256, CLASSES).init(device),
                 activation: Relu::new(),
             }),
@@ -202,7 +208,8 @@ impl<B: Backend> Model<B> {
         }
     }
 
-    /// Logits for a batch of flattened images, `[batch, 784]` -> `[batch, 10]`.
+    /// Logits for a batch of flattened examples, `[batch, 784]` (or the model's inputs) ->
+    /// `[batch, 10]`.
     pub fn forward(&self, images: Tensor<B, 2>) -> Tensor<B, 2> {
         match self {
             Model::LogisticRegression(m) => dense(&m.linear, images),

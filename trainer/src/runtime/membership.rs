@@ -47,13 +47,18 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
             return;
         }
         let parameters = self.member.parameters();
+        let optimizer = self.member.optimizer_state().unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "cannot record the optimizer state; sending parameters only");
+            Vec::new()
+        });
         for request in requests {
             tracing::info!(
                 peer = request.from,
                 step = self.step,
                 "sending state to a joining member"
             );
-            self.transport.reply_state(request, self.step, &parameters);
+            self.transport
+                .reply_state(request, self.step, &parameters, &optimizer);
         }
     }
 
@@ -265,6 +270,13 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
             return Ok(None);
         };
         self.member.set_parameters(&best.parameters)?;
+        // Its optimizer state too: a fresh Adam's first steps move every parameter by the whole
+        // learning rate, and averaging spreads that jolt to the neighbours.
+        if !best.optimizer.is_empty()
+            && let Err(e) = self.member.set_optimizer_state(best.optimizer.clone())
+        {
+            tracing::warn!(peer = best.from, error = %e, "its optimizer state does not fit ours; starting a fresh one");
+        }
         self.step = best.step;
         Ok(Some((best.from, best.step)))
     }

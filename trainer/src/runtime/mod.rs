@@ -451,8 +451,9 @@ pub async fn run<B: AutodiffBackend, T: Task>(
             me,
             key: key.clone(),
             layout_fingerprint: member.layout().fingerprint(),
-            // Parameters travel uncompressed at worst; state replies are exactly this size.
-            max_message: (layout_len as u64) * 4 + (1 << 16),
+            // The largest message is a state reply: the parameters and the optimizer state
+            // (Adam: two moments per parameter), with room for the records' names.
+            max_message: (layout_len as u64) * 4 * 4 + (1 << 16),
             round_timeout: plan.round_timeout,
         },
     )

@@ -97,6 +97,37 @@ pub struct StateReply {
     /// The agreement it stamped on the reply (see [`Agreements`]).
     pub agreement: u64,
     pub parameters: Vec<f32>,
+    /// Its optimizer state (a burn record; empty when it sent none).
+    pub optimizer: Vec<u8>,
+}
+
+impl StateReply {
+    /// The reply frame's payload: the parameter count (u64), the parameters (f32), then the
+    /// optimizer state to the end.
+    pub fn encode(parameters: &[f32], optimizer: &[u8]) -> Vec<u8> {
+        let mut payload = Vec::with_capacity(8 + 4 * parameters.len() + optimizer.len());
+        payload.extend_from_slice(&(parameters.len() as u64).to_le_bytes());
+        payload.extend(parameters.iter().flat_map(|v| v.to_le_bytes()));
+        payload.extend_from_slice(optimizer);
+        payload
+    }
+
+    /// Parameters and optimizer state from a reply's payload; None when the count does not fit.
+    pub fn decode(payload: &[u8]) -> Option<(Vec<f32>, Vec<u8>)> {
+        let (count, rest) = payload.split_first_chunk::<8>()?;
+        let bytes = usize::try_from(u64::from_le_bytes(*count))
+            .ok()?
+            .checked_mul(4)?;
+        if bytes > rest.len() {
+            return None;
+        }
+        let (parameters, optimizer) = rest.split_at(bytes);
+        let parameters = parameters
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
+            .collect();
+        Some((parameters, optimizer.to_vec()))
+    }
 }
 
 /// A neighbour missing from one of our rounds.
@@ -344,9 +375,23 @@ impl Transport {
         self.send(peer, Kind::StateRequest, 0, Vec::new())
     }
 
-    /// Answer a state request with our step and parameters.
-    pub fn reply_state(&self, request: StateRequest, step: u64, parameters: &[f32]) {
-        let payload: Vec<u8> = parameters.iter().flat_map(|v| v.to_le_bytes()).collect();
+    /// Answer a state request with our step, parameters and optimizer state.
+    pub fn reply_state(
+        &self,
+        request: StateRequest,
+        step: u64,
+        parameters: &[f32],
+        optimizer: &[u8],
+    ) {
+        let mut payload = StateReply::encode(parameters, optimizer);
+        if payload.len() as u64 > self.shared.config.max_message {
+            // The joiner would refuse it whole: the parameters alone still get it going.
+            tracing::warn!(
+                bytes = payload.len(),
+                "the optimizer state does not fit a message; sending the parameters alone"
+            );
+            payload = StateReply::encode(parameters, &[]);
+        }
         let _ = request.reply.try_send(Outgoing::new(
             Kind::StateReply,
             step,

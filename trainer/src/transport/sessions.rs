@@ -394,17 +394,17 @@ async fn run_outgoing(shared: &Arc<Shared>, peer: MemberId, stream: TcpStream, q
                         let purpose = skip_purpose(message.kind).expect("a skip kind");
                         shared.book.lock().skipped(purpose, message.round, peer);
                     }
-                    Kind::StateReply if message.payload.len().is_multiple_of(4) => {
-                        let parameters = message
-                            .payload
-                            .chunks_exact(4)
-                            .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
-                            .collect();
+                    Kind::StateReply => {
+                        let Some((parameters, optimizer)) = StateReply::decode(&message.payload)
+                        else {
+                            return shared.stats.reject(Reject::Malformed);
+                        };
                         shared.state_replies.lock().push(StateReply {
                             from: peer,
                             step: message.round,
                             agreement: message.agreement,
                             parameters,
+                            optimizer,
                         });
                     }
                     Kind::GossipReply => shared.deliver(

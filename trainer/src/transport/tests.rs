@@ -217,7 +217,8 @@ async fn a_joining_member_fetches_state_from_a_neighbour() {
     };
     assert_eq!(request.from, 1);
     let parameters: Vec<f32> = (0..300_000).map(|i| i as f32 * 0.5).collect();
-    a.reply_state(request, 42, &parameters);
+    let optimizer = b"an optimizer record".to_vec();
+    a.reply_state(request, 42, &parameters, &optimizer);
     let reply = loop {
         if let Some(r) = b.take_state_replies().pop() {
             break r;
@@ -227,6 +228,55 @@ async fn a_joining_member_fetches_state_from_a_neighbour() {
     };
     assert_eq!((reply.from, reply.step, reply.agreement), (0, 42, 1));
     assert_eq!(reply.parameters, parameters);
+    assert_eq!(reply.optimizer, optimizer);
+}
+
+/// An optimizer state too large for one message is left out, not the whole reply lost: the
+/// joiner still gets the parameters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_reply_too_large_for_a_message_carries_the_parameters_alone() {
+    let ts = members(2).await;
+    let (a, b) = (ts[0].clone(), ts[1].clone());
+    assert!(b.request_state(0));
+    let deadline = Instant::now() + TIMEOUT;
+    let request = loop {
+        if let Some(r) = a.take_state_requests().pop() {
+            break r;
+        }
+        assert!(Instant::now() < deadline, "no state request arrived");
+        a.changed(deadline).await;
+    };
+    let parameters: Vec<f32> = (0..300_000).map(|i| i as f32).collect();
+    // 1.2 MB of parameters and 3.6 MB of optimizer state: past the 4 MiB a message may hold.
+    a.reply_state(request, 7, &parameters, &vec![1u8; 3_600_000]);
+    let reply = loop {
+        if let Some(r) = b.take_state_replies().pop() {
+            break r;
+        }
+        assert!(Instant::now() < deadline, "no state reply arrived");
+        b.changed(deadline).await;
+    };
+    assert_eq!((reply.step, reply.parameters.len()), (7, parameters.len()));
+    assert!(reply.optimizer.is_empty());
+}
+
+#[test]
+fn a_state_reply_whose_parameter_count_overruns_its_payload_is_refused() {
+    let payload = StateReply::encode(&[1.0, 2.0], b"opt");
+    assert_eq!(
+        StateReply::decode(&payload),
+        Some((vec![1.0, 2.0], b"opt".to_vec()))
+    );
+    assert_eq!(
+        StateReply::decode(&StateReply::encode(&[], &[])),
+        Some((vec![], vec![]))
+    );
+    let mut overrun = payload.clone();
+    overrun[..8].copy_from_slice(&3u64.to_le_bytes());
+    assert_eq!(StateReply::decode(&overrun), None);
+    overrun[..8].copy_from_slice(&u64::MAX.to_le_bytes());
+    assert_eq!(StateReply::decode(&overrun), None);
+    assert_eq!(StateReply::decode(&payload[..5]), None);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -19,6 +19,8 @@ mod codec;
 mod eval;
 mod local;
 mod rounds;
+#[cfg(test)]
+mod tests;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -185,6 +187,8 @@ impl<B: AutodiffBackend, T: Task> Member<B, T> {
             return Err(MemberError::EmptyShard { member: id });
         }
         let layout = model::layout(&initial);
+        // Ids every member shares, so optimizer state can move between members.
+        let initial = model::with_slot_ids(initial);
         let rng = ChaCha8Rng::seed_from_u64(config.seed ^ (u64::from(id) << 32) ^ 0x5eed);
         let cadence = match config.averaging {
             Averaging::Auto(policy) => Some(Cadence::new(id, policy)),
@@ -224,6 +228,21 @@ impl<B: AutodiffBackend, T: Task> Member<B, T> {
         let (model, values, _) = model::export(self.model.take().expect("model present"));
         self.model = Some(model);
         values
+    }
+
+    /// The optimizer state (momentum, Adam moments) as a burn record, keyed by parameter ids
+    /// every member shares: what a joining member takes with a neighbour's parameters, so its
+    /// first steps are not those of a fresh optimizer.
+    pub fn optimizer_state(&self) -> Result<Vec<u8>, MemberError> {
+        self.optim.to_bytes()
+    }
+
+    /// Take a neighbour's [`optimizer_state`](Self::optimizer_state). On an error, the state
+    /// this member had stays.
+    pub fn set_optimizer_state(&mut self, bytes: Vec<u8>) -> Result<(), MemberError> {
+        self.optim = Optim::new(self.config.optimizer, self.config.momentum)
+            .load_bytes(bytes, &self.device)?;
+        Ok(())
     }
 
     /// Replace the parameters (state transfer from a peer); the optimizer state stays.
