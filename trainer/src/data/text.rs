@@ -1,5 +1,5 @@
-//! Text for next-token tasks (`training.dataset.source: text`): one UTF-8 file, or every `*.txt`
-//! file of a directory in name order, read as bytes (a vocabulary of 256, so any text and any
+//! Text for next-token tasks (`training.dataset.source: text`): one UTF-8 file, or every file of
+//! a directory in name order (links skipped, so no text is read twice), read as bytes (a vocabulary of 256, so any text and any
 //! language fit one model). The last tenth of the text is held out for testing. An example is a
 //! window of `context + 1` bytes: a model reads the first `context` and predicts each next one.
 
@@ -86,8 +86,8 @@ pub fn load(spec: &DatasetSpec, context: usize) -> Result<Split<TokenWindows>, D
     })
 }
 
-/// The bytes of `path` (a file), or of its `*.txt` files in name order (a directory), each
-/// checked to be UTF-8.
+/// The bytes of `path` (a file), or of the files in it in name order (a directory; links are
+/// skipped), each checked to be UTF-8.
 pub fn read(path: &Path) -> Result<Vec<u8>, DataError> {
     let shown = path.display().to_string();
     let files: Vec<PathBuf> = if path.is_dir() {
@@ -96,12 +96,13 @@ pub fn read(path: &Path) -> Result<Vec<u8>, DataError> {
             source,
         })?;
         let mut files: Vec<PathBuf> = entries
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.is_file() && p.extension().is_some_and(|e| e == "txt"))
+            .filter_map(Result::ok)
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+            .map(|e| e.path())
             .collect();
         files.sort();
         if files.is_empty() {
-            return Err(DataError::malformed(&shown, "holds no *.txt files"));
+            return Err(DataError::malformed(&shown, "holds no files"));
         }
         files
     } else {
@@ -138,6 +139,7 @@ mod tests {
         DatasetSpec {
             source: DatasetSource::Text,
             path: Some(path.display().to_string()),
+            shape: None,
         }
     }
 
@@ -156,7 +158,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("b.txt"), "b".repeat(500)).unwrap();
         std::fs::write(dir.path().join("a.txt"), "a".repeat(500)).unwrap();
-        std::fs::write(dir.path().join("notes.md"), "ignored").unwrap();
+        std::os::unix::fs::symlink(dir.path().join("a.txt"), dir.path().join("c.txt")).unwrap();
         let split = load(&spec(dir.path()), 4).unwrap();
         assert_eq!(split.train.len(), 900 - 4);
         assert_eq!(split.train.window(0), b"aaaaa");
@@ -174,7 +176,7 @@ mod tests {
         assert!(err(&missing).starts_with(&format!("{}: cannot read", missing.display())));
         assert_eq!(
             err(dir.path()),
-            format!("{}: holds no *.txt files", dir.path().display())
+            format!("{}: holds no files", dir.path().display())
         );
         let binary = dir.path().join("binary.txt");
         std::fs::write(&binary, [b'o', b'k', 0xff, 0xfe]).unwrap();
