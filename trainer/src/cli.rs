@@ -250,7 +250,11 @@ fn load_data(spec: &str) -> Result<data::Split, CliError> {
             )));
         }
     };
-    Ok(data::load(&DatasetSpec { source, path })?)
+    Ok(data::load(&DatasetSpec {
+        source,
+        path,
+        shape: None,
+    })?)
 }
 
 /// burn's CUDA backend panics when the driver library is missing; say so plainly instead.

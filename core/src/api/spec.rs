@@ -420,6 +420,7 @@ pub enum ModelKind {
     validation = Rule::new("!has(self.epochs) || self.epochs >= 1").message("training.epochs must be >= 1").field_path(".epochs"),
     validation = Rule::new("self.batchSize >= 1 && self.batchSize <= 65536").message("training.batchSize must be in [1, 65536]").field_path(".batchSize"),
     validation = Rule::new("self.learningRate > 0.0 && self.learningRate <= 10.0").message("training.learningRate must be in (0, 10]").field_path(".learningRate"),
+    validation = Rule::new("self.model != 'gnLenet' || !has(self.dataset) || !has(self.dataset.shape) || self.dataset.shape == [28, 28] || self.dataset.shape == [1, 28, 28]").message("training.model gnLenet reads 28x28 images: training.dataset.shape must be [28, 28] (or use logisticRegression or mlp, which take any shape)").field_path(".dataset.shape"),
     validation = Rule::new("!has(self.dataset) || self.dataset.source != 'text' || self.partition.kind == 'iid'").message("training.partition: shards, dirichlet and classesPerMember deal examples out by class, and training.dataset.source text has none: use iid").field_path(".partition.kind"),
 )]
 pub struct TrainingSpec {
@@ -462,21 +463,24 @@ pub enum DatasetSource {
     /// The MNIST sample compiled into the trainer (5 000 images).
     #[default]
     Embedded,
-    /// MNIST-format IDX files (plain or gzip) in `path`.
+    /// IDX files (plain or gzip) in `path`: MNIST's, or examples of any `shape`.
     Idx,
-    /// CSV files (label first, then pixels) in `path`.
+    /// CSV files in `path`: per line a label, then the example's values (784 pixels for MNIST, or
+    /// as many as `shape` holds).
     Csv,
     /// A class-per-folder tree of PNG or JPEG images in `path` (`<class>/<image>`), for a
     /// trainer of a task of its own (the built-in models read MNIST: embedded, idx or csv).
     ImageFolder,
-    /// UTF-8 text for next-token tasks: the file `path`, or the `*.txt` files in the directory
-    /// `path`, for a trainer of a task of its own. Text has no classes, so partitions are iid
+    /// UTF-8 text for next-token tasks: the file `path`, or the files in the directory `path`
+    /// (name order, links skipped), for a trainer of a task of its own. Text has no classes, so partitions are iid
     /// and topologies are not built from classes.
     Text,
 }
 
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[x_kube(
+    validation = Rule::new("!has(self.shape) || self.source in ['idx', 'csv']").message("training.dataset.shape applies to idx and csv files (the others carry their own)").field_path(".shape"),
+    validation = Rule::new("!has(self.shape) || (size(self.shape) >= 1 && size(self.shape) <= 4 && self.shape.all(d, d >= 1))").message("training.dataset.shape must have 1 to 4 dimensions, each at least 1").field_path(".shape"),
     validation = Rule::new("self.source == 'embedded' || (has(self.path) && self.path != '')").message("training.dataset.path is required unless source is embedded").field_path(".path"),
     validation = Rule::new("self.source != 'embedded' || !has(self.path)").message("training.dataset.path does not apply to the embedded dataset").field_path(".path"),
 )]
@@ -486,6 +490,12 @@ pub struct DatasetSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 4096))]
     pub path: Option<String>,
+    /// One example's shape, for idx and csv files: `[28, 28]` (MNIST, the default), `[3, 32, 32]`
+    /// (RGB images), `[13]` (a row of features). The files are checked against it. The built-in
+    /// models take any shape, flattened, except `gnLenet`, which reads 28×28 images.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 4))]
+    pub shape: Option<Vec<u32>>,
 }
 
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]

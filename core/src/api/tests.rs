@@ -350,6 +350,26 @@ fn every_cel_rule_rejects_with_the_field_it_guards() {
             "steps: 100\n    dataset: {source: text, path: /t}",
             "spec.topology.kind",
         ),
+        (
+            "steps: 100",
+            "steps: 100\n    dataset: {source: embedded, shape: [28, 28]}",
+            "spec.training.dataset.shape",
+        ),
+        (
+            "steps: 100",
+            "steps: 100\n    dataset: {source: csv, path: /d, shape: []}",
+            "spec.training.dataset.shape",
+        ),
+        (
+            "steps: 100",
+            "steps: 100\n    dataset: {source: csv, path: /d, shape: [3, 0]}",
+            "spec.training.dataset.shape",
+        ),
+        (
+            "model: mlp",
+            "model: gnLenet\n    dataset: {source: idx, path: /d, shape: [3, 32, 32]}",
+            "spec.training.dataset.shape",
+        ),
         ("{name: job}", "{name: Job_1}", "metadata.name"),
         ("{name: job}", "{}", "metadata.name"),
         (
@@ -371,6 +391,14 @@ fn every_cel_rule_rejects_with_the_field_it_guards() {
 #[test]
 fn the_boundaries_of_each_rule_are_accepted() {
     for (from, to) in [
+        (
+            "model: mlp",
+            "model: mlp\n    dataset: {source: csv, path: /d, shape: [3, 32, 32]}",
+        ),
+        (
+            "model: mlp",
+            "model: gnLenet\n    dataset: {source: idx, path: /d, shape: [1, 28, 28]}",
+        ),
         ("{min: 2, target: 4, max: 8}", "{min: 4, target: 4, max: 4}"),
         ("cliqueSize: 4,", "cliqueSize: 2,"),
         (

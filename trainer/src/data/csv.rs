@@ -1,8 +1,9 @@
-//! CSV images: one image per line, 784 pixel values (0-255) and a label (0-9).
+//! CSV examples: one per line, its values (0-255; 784 pixels for MNIST, or as many as the spec's
+//! shape holds) and a label (0-9).
 
 use std::io::{BufRead, BufReader, Read};
 
-use super::{CLASSES, DataError, Dataset, IMAGE_PIXELS};
+use super::{CLASSES, DataError, Dataset};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LabelColumn {
@@ -12,10 +13,17 @@ pub enum LabelColumn {
     Last,
 }
 
-/// Parse CSV text; `file` names the source in errors. A header line is allowed.
-pub fn parse_csv(reader: impl Read, file: &str, labels: LabelColumn) -> Result<Dataset, DataError> {
-    let mut out = Dataset::default();
-    let mut values = Vec::with_capacity(IMAGE_PIXELS + 1);
+/// Parse CSV text of examples of `shape`; `file` names the source in errors. A header line is
+/// allowed.
+pub fn parse_csv(
+    reader: impl Read,
+    file: &str,
+    labels: LabelColumn,
+    shape: &[usize],
+) -> Result<Dataset, DataError> {
+    let mut out = Dataset::empty(shape);
+    let width = out.example_len();
+    let mut values = Vec::with_capacity(width + 1);
     for (n, line) in BufReader::new(reader).lines().enumerate() {
         let line_no = n + 1;
         let line = line.map_err(|e| DataError::malformed(file, format!("line {line_no}: {e}")))?;
@@ -39,19 +47,19 @@ pub fn parse_csv(reader: impl Read, file: &str, labels: LabelColumn) -> Result<D
             })?;
             values.push(v);
         }
-        if values.len() != IMAGE_PIXELS + 1 {
+        if values.len() != width + 1 {
             return Err(DataError::malformed(
                 file,
                 format!(
-                    "line {line_no}: expected {} values (784 pixels and a label), found {}",
-                    IMAGE_PIXELS + 1,
+                    "line {line_no}: expected {} values ({width} for an example of shape {shape:?} and a label), found {}",
+                    width + 1,
                     values.len()
                 ),
             ));
         }
         let (label, pixels) = match labels {
             LabelColumn::First => (values[0], &values[1..]),
-            LabelColumn::Last => (values[IMAGE_PIXELS], &values[..IMAGE_PIXELS]),
+            LabelColumn::Last => (values[width], &values[..width]),
         };
         if label.fract() != 0.0 || !(0.0..CLASSES as f32).contains(&label) {
             return Err(DataError::malformed(
@@ -79,7 +87,7 @@ mod tests {
     use super::*;
 
     fn row(label: u8, fill: u8, label_first: bool) -> String {
-        let pixels = vec![fill.to_string(); IMAGE_PIXELS].join(",");
+        let pixels = vec![fill.to_string(); 784].join(",");
         if label_first {
             format!("{label},{pixels}")
         } else {
@@ -90,10 +98,16 @@ mod tests {
     #[test]
     fn reads_both_layouts_and_skips_a_header() {
         let text = format!("label,pixels\n{}\n{}\n", row(3, 255, true), row(7, 0, true));
-        let d = parse_csv(text.as_bytes(), "a.csv", LabelColumn::First).unwrap();
+        let d = parse_csv(text.as_bytes(), "a.csv", LabelColumn::First, &[28, 28]).unwrap();
         assert_eq!(d.labels, vec![3, 7]);
         assert_eq!(d.image(0)[0], 1.0);
-        let d = parse_csv(row(9, 51, false).as_bytes(), "b.csv", LabelColumn::Last).unwrap();
+        let d = parse_csv(
+            row(9, 51, false).as_bytes(),
+            "b.csv",
+            LabelColumn::Last,
+            &[28, 28],
+        )
+        .unwrap();
         assert_eq!(d.labels, vec![9]);
         assert!((d.image(0)[5] - 0.2).abs() < 1e-6);
     }
@@ -115,7 +129,7 @@ mod tests {
             (String::new(), "holds no images"),
         ];
         for (text, expected) in cases {
-            let err = parse_csv(text.as_bytes(), "bad.csv", LabelColumn::First)
+            let err = parse_csv(text.as_bytes(), "bad.csv", LabelColumn::First, &[28, 28])
                 .unwrap_err()
                 .to_string();
             assert!(
@@ -123,5 +137,23 @@ mod tests {
                 "{err}"
             );
         }
+    }
+
+    #[test]
+    fn rows_of_any_declared_shape_are_read() {
+        let text = "label,a,b,c\n2,0,51,255\n0,255,0,0\n";
+        let d = parse_csv(text.as_bytes(), "t.csv", LabelColumn::First, &[3]).unwrap();
+        assert_eq!(
+            (d.len(), d.example_len(), d.labels.clone()),
+            (2, 3, vec![2, 0])
+        );
+        assert!((d.image(0)[1] - 0.2).abs() < 1e-6);
+        let err = parse_csv(text.as_bytes(), "t.csv", LabelColumn::First, &[2, 2])
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "t.csv: line 2: expected 5 values (4 for an example of shape [2, 2] and a label), found 4"
+        );
     }
 }

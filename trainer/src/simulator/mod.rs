@@ -358,7 +358,7 @@ pub fn simulate<B: AutodiffBackend>(
         .expect("a tokio runtime");
 
     // Consensus only: nothing to test, and each member its own random start.
-    let nothing = Dataset::default();
+    let nothing = Dataset::empty(&data.test.shape);
     let test = if config.consensus_only {
         &nothing
     } else {
