@@ -258,6 +258,42 @@ fn cases() -> Vec<Broken> {
             "spec.training.dataset.path",
             spec(json!({"training": {"dataset": {"path": "/data"}}})),
         ),
+        broken(
+            "training.dataset.shape applies to idx and csv files",
+            "spec.training.dataset.shape",
+            spec(json!({"training": {"dataset": {"shape": [28, 28]}}})),
+        ),
+        broken(
+            "training.dataset.shape must have 1 to 4 dimensions",
+            "spec.training.dataset.shape",
+            spec(
+                json!({"training": {"dataset": {"source": "csv", "path": "/d", "shape": [3, 0]}}}),
+            ),
+        ),
+        broken(
+            "training.model gnLenet reads 28x28 images",
+            "spec.training.dataset.shape",
+            spec(
+                json!({"training": {"model": "gnLenet", "dataset": {"source": "csv", "path": "/d", "shape": [3, 32, 32]}}}),
+            ),
+        ),
+        broken(
+            "training.partition: shards, dirichlet and classesPerMember deal examples out by class",
+            "spec.training.partition.kind",
+            spec(json!({
+                "topology": {"kind": "ring", "cliqueSize": null, "interClique": null},
+                "algorithm": {"kind": "dpsgd"},
+                "training": {"dataset": {"source": "text", "path": "/t"}},
+            })),
+        ),
+        broken(
+            "topology.kind dCliques and proxyClumps group members by the classes they hold",
+            "spec.topology.kind",
+            spec(json!({"training": {
+                "dataset": {"source": "text", "path": "/t"},
+                "partition": {"kind": "iid", "k": null},
+            }})),
+        ),
         edited(
             "training.dataset is immutable",
             "spec.training.dataset",

@@ -400,7 +400,7 @@ pub struct CompressionSpec {
 }
 
 #[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
-#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 #[serde(rename_all = "camelCase")]
 pub enum ModelKind {
     #[cfg_attr(
@@ -408,6 +408,7 @@ pub enum ModelKind {
         value(name = "logistic", alias = "logistic-regression")
     )]
     LogisticRegression,
+    #[default]
     Mlp,
     GnLenet,
 }
@@ -424,6 +425,8 @@ pub enum ModelKind {
     validation = Rule::new("!has(self.dataset) || self.dataset.source != 'text' || self.partition.kind == 'iid'").message("training.partition: shards, dirichlet and classesPerMember deal examples out by class, and training.dataset.source text has none: use iid").field_path(".partition.kind"),
 )]
 pub struct TrainingSpec {
+    /// The built-in model. A trainer of a task of its own (`trainer.image`) ignores it.
+    #[serde(default)]
     #[x_kube(validation = Rule::new("self == oldSelf").message("training.model is immutable"))]
     pub model: ModelKind,
     #[serde(default)]

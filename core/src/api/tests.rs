@@ -483,9 +483,16 @@ fn type_errors_name_the_field_path() {
     assert!(err.to_string().contains("invalid duration"), "{err}");
     let err = with("model: mlp", "model: resnet").unwrap_err();
     assert_eq!(err.fields(), vec!["spec.training.model"]);
-    let err = with("model: mlp", "").unwrap_err();
-    assert_eq!(err.fields(), vec!["spec.training"], "{err}");
-    assert!(err.to_string().contains("model"), "{err}");
+    let err = with(
+        "{kind: dCliques, cliqueSize: 4, interClique: smallWorld}",
+        "{cliqueSize: 4, interClique: smallWorld}",
+    )
+    .unwrap_err();
+    assert_eq!(err.fields(), vec!["spec.topology"], "{err}");
+    assert!(err.to_string().contains("kind"), "{err}");
+    // The model is the built-in MLP unless named: a trainer of its own task needs none.
+    let job = with("model: mlp", "").unwrap();
+    assert_eq!(job.spec.training.model, ModelKind::Mlp);
 }
 
 #[test]
