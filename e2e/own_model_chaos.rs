@@ -1,7 +1,7 @@
 //! A model of one's own keeps murmur's elasticity: the language-model example
 //! (`examples/charlm`, a trainer built on the library with a task murmur does not know) under
 //! `murmur run`, undisturbed and with members SIGKILLed every few seconds. The chaotic run must
-//! succeed with its test perplexity within 5% of the calm one: replacements take a live
+//! succeed with its test perplexity at most 5% above the calm one: replacements take a live
 //! neighbour's parameters and optimizer state, so they rejoin where the job is.
 
 mod support;
@@ -46,23 +46,7 @@ fn a_task_of_ones_own_under_preemption_chaos_succeeds_close_to_an_undisturbed_ru
         ],
     )
     .finish(|_| {});
-    assert!(
-        chaos.status.success(),
-        "chaos run failed:\n{}",
-        chaos.stdout
-    );
-    let summary = chaos.summary();
-    assert_eq!(summary["phase"], "Succeeded");
-    let preemptions = summary["preemptionsSurvived"].as_u64().unwrap();
-    assert!(
-        preemptions >= 2,
-        "only {preemptions} preemptions:\n{}",
-        chaos.stdout
-    );
-    assert_eq!(
-        summary["restarts"], 0,
-        "a preemption was counted as a crash"
-    );
+    let (summary, preemptions) = chaos.survived_chaos(2);
 
     let perplexity = |s: &serde_json::Value| {
         assert_eq!(s["finalMetric"]["name"], "perplexity", "{s}");
@@ -75,8 +59,10 @@ fn a_task_of_ones_own_under_preemption_chaos_succeeds_close_to_an_undisturbed_ru
     );
     // Well below what byte frequencies alone give on this split (32.4): the model learnt.
     assert!(calm_perplexity < 12.0, "{calm_perplexity}");
+    // Lower is better: chaos may not cost more than 5% (a run that ends better, as replacements
+    // take the most advanced neighbour's state, costs nothing).
     assert!(
-        (chaos_perplexity - calm_perplexity).abs() <= 0.05 * calm_perplexity,
+        chaos_perplexity <= 1.05 * calm_perplexity,
         "chaos cost more than 5%: {calm_perplexity} vs {chaos_perplexity}"
     );
 }

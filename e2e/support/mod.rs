@@ -215,6 +215,25 @@ pub fn attempt_of(event: &serde_json::Value) -> u64 {
 }
 
 impl Finished {
+    /// A run under chaos: it succeeded, survived at least `at_least` preemptions and counted
+    /// none of them as a crash. Its summary and the preemptions.
+    pub fn survived_chaos(&self, at_least: u64) -> (serde_json::Value, u64) {
+        assert!(self.status.success(), "chaos run failed:\n{}", self.stdout);
+        let summary = self.summary();
+        assert_eq!(summary["phase"], "Succeeded");
+        let preemptions = summary["preemptionsSurvived"].as_u64().unwrap();
+        assert!(
+            preemptions >= at_least,
+            "only {preemptions} preemptions:\n{}",
+            self.stdout
+        );
+        assert_eq!(
+            summary["restarts"], 0,
+            "a preemption was counted as a crash"
+        );
+        (summary, preemptions)
+    }
+
     pub fn summary(&self) -> serde_json::Value {
         read_json(&self.dir.path().join("summary.json"))
     }

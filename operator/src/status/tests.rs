@@ -113,6 +113,11 @@ fn doc(version: u64) -> TopologyDocument {
 }
 
 fn view() -> JobView {
+    view_of(|_| ObservedMember::default())
+}
+
+/// The view of a two-member job whose members are seen as `seen` says.
+fn view_of(seen: impl Fn(u32) -> ObservedMember) -> JobView {
     let spec = parse_manifest(
         "apiVersion: murmur.dev/v1alpha1\nkind: DecentralizedTrainingJob\nmetadata: {name: j}\nspec:\n  replicas: {min: 1, target: 2, max: 2}\n  training: {model: mlp, steps: 10}\n",
         "j.yaml",
@@ -123,7 +128,7 @@ fn view() -> JobView {
     let mut observed = Observation::default();
     let (state, _) = planner::plan(&spec, &JobState::new(now), &observed, now);
     for id in 0..2 {
-        observed.members.insert(id, ObservedMember::default());
+        observed.members.insert(id, seen(id));
     }
     let (state, _) = planner::plan(&spec, &state, &observed, now);
     view::job_view("ml", "j", &spec, &state, &observed, now)
@@ -132,35 +137,21 @@ fn view() -> JobView {
 /// A task judged by perplexity shows perplexity, by name, wherever accuracy would be shown.
 #[test]
 fn a_jobs_progress_names_the_metric_its_task_is_judged_by() {
-    let spec = parse_manifest(
-        "apiVersion: murmur.dev/v1alpha1\nkind: DecentralizedTrainingJob\nmetadata: {name: j}\nspec:\n  replicas: {min: 1, target: 2, max: 2}\n  training: {model: mlp, steps: 10}\n",
-        "j.yaml",
-    )
-    .unwrap()
-    .spec;
-    let now = Timestamp::from_second(100).unwrap();
-    let mut observed = Observation::default();
-    let (state, _) = planner::plan(&spec, &JobState::new(now), &observed, now);
-    for (id, value) in [(0, 3.0), (1, 5.0)] {
+    let v = view_of(|id| {
         let mut status = murmur_core::contract::TrainerStatus::new(
             id,
             murmur_core::contract::TrainerState::Training,
         );
         status.progress.set_quality(murmur_core::api::NamedMetric {
             name: "perplexity".into(),
-            value,
+            value: [3.0, 5.0][id as usize],
             higher_is_better: false,
         });
-        observed.members.insert(
-            id,
-            ObservedMember {
-                status: Some(status),
-                ..ObservedMember::default()
-            },
-        );
-    }
-    let (state, _) = planner::plan(&spec, &state, &observed, now);
-    let v = view::job_view("ml", "j", &spec, &state, &observed, now);
+        ObservedMember {
+            status: Some(status),
+            ..ObservedMember::default()
+        }
+    });
     let progress = v.status.progress.clone().unwrap();
     assert_eq!(progress.accuracy, None);
     let metric = progress.metric.unwrap();

@@ -202,30 +202,41 @@ async fn payloads_under_another_agreement_are_not_averaged() {
     assert_eq!(b.take_drops()[0].reason, DropReason::VersionMismatch);
 }
 
+/// `joiner` asks `neighbour` for its state: the request as it reaches `neighbour`.
+async fn state_request(joiner: &Transport, neighbour: &Transport) -> StateRequest {
+    assert!(joiner.request_state(neighbour.me()));
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        if let Some(r) = neighbour.take_state_requests().pop() {
+            return r;
+        }
+        assert!(Instant::now() < deadline, "no state request arrived");
+        neighbour.changed(deadline).await;
+    }
+}
+
+/// The first state reply that reaches `joiner`.
+async fn state_reply(joiner: &Transport) -> StateReply {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        if let Some(r) = joiner.take_state_replies().pop() {
+            return r;
+        }
+        assert!(Instant::now() < deadline, "no state reply arrived");
+        joiner.changed(deadline).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_joining_member_fetches_state_from_a_neighbour() {
     let ts = members(2).await;
     let (a, b) = (ts[0].clone(), ts[1].clone());
-    assert!(b.request_state(0));
-    let deadline = Instant::now() + TIMEOUT;
-    let request = loop {
-        if let Some(r) = a.take_state_requests().pop() {
-            break r;
-        }
-        assert!(Instant::now() < deadline, "no state request arrived");
-        a.changed(deadline).await;
-    };
+    let request = state_request(&b, &a).await;
     assert_eq!(request.from, 1);
     let parameters: Vec<f32> = (0..300_000).map(|i| i as f32 * 0.5).collect();
     let optimizer = b"an optimizer record".to_vec();
     a.reply_state(request, 42, &parameters, &optimizer);
-    let reply = loop {
-        if let Some(r) = b.take_state_replies().pop() {
-            break r;
-        }
-        assert!(Instant::now() < deadline, "no state reply arrived");
-        b.changed(deadline).await;
-    };
+    let reply = state_reply(&b).await;
     assert_eq!((reply.from, reply.step, reply.agreement), (0, 42, 1));
     assert_eq!(reply.parameters, parameters);
     assert_eq!(reply.optimizer, optimizer);
@@ -237,25 +248,11 @@ async fn a_joining_member_fetches_state_from_a_neighbour() {
 async fn a_state_reply_too_large_for_a_message_carries_the_parameters_alone() {
     let ts = members(2).await;
     let (a, b) = (ts[0].clone(), ts[1].clone());
-    assert!(b.request_state(0));
-    let deadline = Instant::now() + TIMEOUT;
-    let request = loop {
-        if let Some(r) = a.take_state_requests().pop() {
-            break r;
-        }
-        assert!(Instant::now() < deadline, "no state request arrived");
-        a.changed(deadline).await;
-    };
+    let request = state_request(&b, &a).await;
     let parameters: Vec<f32> = (0..300_000).map(|i| i as f32).collect();
     // 1.2 MB of parameters and 3.6 MB of optimizer state: past the 4 MiB a message may hold.
     a.reply_state(request, 7, &parameters, &vec![1u8; 3_600_000]);
-    let reply = loop {
-        if let Some(r) = b.take_state_replies().pop() {
-            break r;
-        }
-        assert!(Instant::now() < deadline, "no state reply arrived");
-        b.changed(deadline).await;
-    };
+    let reply = state_reply(&b).await;
     assert_eq!((reply.step, reply.parameters.len()), (7, parameters.len()));
     assert!(reply.optimizer.is_empty());
 }
