@@ -344,9 +344,10 @@ impl Metrics {
             .get_or_create(&labels)
             .set(i64::from(view.replicas.target));
         self.step.get_or_create(&labels).set(progress.step as i64);
-        self.accuracy
-            .get_or_create(&labels)
-            .set(progress.accuracy.unwrap_or(0.0));
+        // Only for tasks judged by accuracy: a language model's job has no accuracy, not 0.
+        if let Some(accuracy) = progress.accuracy {
+            self.accuracy.get_or_create(&labels).set(accuracy);
+        }
         if let Some(quality) = progress.quality() {
             self.quality
                 .get_or_create(&QualityLabels {
