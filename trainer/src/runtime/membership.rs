@@ -275,7 +275,7 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
         if !best.optimizer.is_empty()
             && let Err(e) = self.member.set_optimizer_state(best.optimizer.clone())
         {
-            tracing::warn!(peer = best.from, error = %e, "its optimizer state does not fit ours; starting a fresh one");
+            tracing::warn!(peer = best.from, error = %e, "its optimizer state does not fit ours; keeping our own");
         }
         self.step = best.step;
         Ok(Some((best.from, best.step)))
