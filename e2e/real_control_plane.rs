@@ -59,12 +59,8 @@ fn main() -> ExitCode {
     // Every scenario works with jobs: the CRD first, whichever scenarios run.
     env.cp
         .kubectl_ok(&["apply", "--server-side", "-f", "crds/"]);
-    env.cp.kubectl_ok(&[
-        "wait",
-        "--for=condition=Established",
-        "crd/decentralizedtrainingjobs.murmur.dev",
-        "--timeout=60s",
-    ]);
+    env.cp
+        .wait_established("decentralizedtrainingjobs.murmur.dev");
     let mut failed = Vec::new();
     for (name, scenario) in &selected {
         let began = Instant::now();

@@ -75,7 +75,12 @@ CA_BUNDLE=$(base64 -w0 "$WORK/certs/ca.crt")
 # --- CRDs, the namespace, the Secret, the webhooks -----------------------------------------------
 say "installing Kueue's CRDs and webhooks (webhook server $URL)"
 kubectl apply --server-side -f "$MODULE/config/components/crd/bases/" >/dev/null
-kubectl wait --for=condition=Established -f "$MODULE/config/components/crd/bases/" --timeout=60s >/dev/null
+# `kubectl wait` fails at once on a CRD read before the API server gave it conditions: ask again.
+deadline=$((SECONDS + 60))
+until kubectl wait --for=condition=Established -f "$MODULE/config/components/crd/bases/" --timeout=60s >/dev/null 2>&1; do
+    ((SECONDS < deadline)) || die "Kueue's CRDs are not Established after 60 s"
+    sleep 1
+done
 for crd in localqueues clusterqueues cohorts workloads multikueueclusters; do
     kubectl patch crd "$crd.kueue.x-k8s.io" --type=merge -p "$(jq -cn --arg url "$URL/convert" --arg ca "$CA_BUNDLE" \
         '{spec: {conversion: {strategy: "Webhook", webhook: {conversionReviewVersions: ["v1"], clientConfig: {url: $url, caBundle: $ca}}}}}')" >/dev/null

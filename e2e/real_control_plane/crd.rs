@@ -471,12 +471,7 @@ pub async fn crd(env: &Env) {
     let dir = env.dir.path().join("crd");
     std::fs::create_dir_all(&dir).unwrap();
     cp.kubectl_ok(&["apply", "--server-side", "-f", "crds/"]);
-    cp.kubectl_ok(&[
-        "wait",
-        "--for=condition=Established",
-        "crd/decentralizedtrainingjobs.murmur.dev",
-        "--timeout=60s",
-    ]);
+    cp.wait_established("decentralizedtrainingjobs.murmur.dev");
     cp.kubectl_ok(&["create", "namespace", "crd"]);
 
     // Every example is accepted, by the API server and by `murmur validate`.
@@ -633,12 +628,7 @@ spec:
     schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
 ",
     );
-    cp.kubectl_ok(&[
-        "wait",
-        "--for=condition=Established",
-        "crd/rivals.murmur.dev",
-        "--timeout=60s",
-    ]);
+    cp.wait_established("rivals.murmur.dev");
     // Created anew, as on a first install: the API server warns about nothing in it (it warned
     // about every format it does not know, such as uint32).
     let created = cp.kubectl(&["apply", "--server-side", "-f", "crds/"]);

@@ -239,6 +239,30 @@ impl ControlPlane {
         self.kubectl_with(args, None)
     }
 
+    /// Wait (at most a minute) until the CRD `name` is Established. Polled, because `kubectl
+    /// wait` fails at once when it reads a CRD the API server has not given conditions yet
+    /// ("<nil> is of the type <nil>"), as it can right after the CRD is created.
+    pub fn wait_established(&self, name: &str) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let out = self.kubectl(&[
+                "get",
+                &format!("crd/{name}"),
+                "-o",
+                "jsonpath={.status.conditions[?(@.type==\"Established\")].status}",
+            ]);
+            if out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "True" {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "crd/{name} not Established within 60 s: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    }
+
     /// kubectl with `input` on its stdin.
     pub fn kubectl_with(&self, args: &[&str], input: Option<&str>) -> Output {
         let mut child = Command::new(bin_dir().join("kubectl"))
