@@ -112,17 +112,24 @@ pub struct NamedMetric {
 impl NamedMetric {
     pub const ACCURACY: &str = "accuracy";
 
-    /// The mean of `metrics` that share the first one's name (None when there are none).
-    pub fn mean<'a>(metrics: impl IntoIterator<Item = &'a NamedMetric>) -> Option<NamedMetric> {
+    /// The first of `metrics`, and the values of those that share its name (its own first);
+    /// None when there are none.
+    pub fn like_first<'a>(
+        metrics: impl IntoIterator<Item = &'a NamedMetric>,
+    ) -> Option<(&'a NamedMetric, Vec<f64>)> {
         let mut metrics = metrics.into_iter();
         let first = metrics.next()?;
-        let (mut sum, mut n) = (first.value, 1.0);
-        for m in metrics.filter(|m| m.name == first.name) {
-            sum += m.value;
-            n += 1.0;
-        }
+        let values = std::iter::once(first.value)
+            .chain(metrics.filter(|m| m.name == first.name).map(|m| m.value))
+            .collect();
+        Some((first, values))
+    }
+
+    /// The mean of `metrics` that share the first one's name (None when there are none).
+    pub fn mean<'a>(metrics: impl IntoIterator<Item = &'a NamedMetric>) -> Option<NamedMetric> {
+        let (first, values) = Self::like_first(metrics)?;
         Some(NamedMetric {
-            value: sum / n,
+            value: values.iter().sum::<f64>() / values.len() as f64,
             ..first.clone()
         })
     }

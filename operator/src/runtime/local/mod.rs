@@ -140,12 +140,7 @@ pub struct FinalMetric {
 impl FinalMetric {
     /// Mean, least and most of the figures named as the first one is (None when there are none).
     fn of(metrics: &[NamedMetric]) -> Option<FinalMetric> {
-        let first = metrics.first()?;
-        let values: Vec<f64> = metrics
-            .iter()
-            .filter(|m| m.name == first.name)
-            .map(|m| m.value)
-            .collect();
+        let (first, values) = NamedMetric::like_first(metrics)?;
         Some(FinalMetric {
             name: first.name.clone(),
             higher_is_better: first.higher_is_better,
@@ -732,18 +727,21 @@ impl Local {
             .filter(|m| m.health == Health::Done)
             .filter_map(|m| m.progress.quality())
             .collect();
-        let quality = FinalMetric::of(&done);
-        let accuracy = quality.as_ref().filter(|q| q.name == NamedMetric::ACCURACY);
+        // Accuracy keeps its own fields (`finalAccuracy`, ...); any other metric is named.
+        let (accuracy, final_metric) = match FinalMetric::of(&done) {
+            Some(q) if q.name == NamedMetric::ACCURACY => (Some(q), None),
+            other => (None, other),
+        };
         let state = self.driver.state();
         Summary {
             namespace: self.namespace.clone(),
             job: self.name.clone(),
             phase: state.phase,
             message: state.message.clone(),
-            final_accuracy: accuracy.map(|q| q.mean),
-            accuracy_min: accuracy.map(|q| q.min),
-            accuracy_max: accuracy.map(|q| q.max),
-            final_metric: quality.clone().filter(|q| q.name != NamedMetric::ACCURACY),
+            final_accuracy: accuracy.as_ref().map(|q| q.mean),
+            accuracy_min: accuracy.as_ref().map(|q| q.min),
+            accuracy_max: accuracy.as_ref().map(|q| q.max),
+            final_metric,
             members_completed: done.len(),
             steps: view
                 .members
