@@ -138,16 +138,23 @@ impl Recipe {
         }
     }
 
-    /// The topology over `members` (version 1).
+    /// The topology over `members` (version 1). A D-Cliques build remembers its worst clique's
+    /// label skew ([`Topology::fresh_skew`]), what [`Recipe::reform`] measures repair against.
     pub fn build(&self, members: &[MemberProfile]) -> Result<Topology, TopologyError> {
         match self.graph {
-            GraphChoice::Family(kind) => build(
-                &BuildSpec {
-                    kind,
-                    ..self.spec.clone()
-                },
-                members,
-            ),
+            GraphChoice::Family(kind) => {
+                let mut t = build(
+                    &BuildSpec {
+                        kind,
+                        ..self.spec.clone()
+                    },
+                    members,
+                )?;
+                if kind == TopologyKind::DCliques {
+                    t.fresh_skew = clique_skew(&t).map(|s| s.max);
+                }
+                Ok(t)
+            }
             GraphChoice::Moshpit => moshpit(members, self.group_size),
             GraphChoice::RandomRegular { degree } => {
                 random_regular(members, degree, self.spec.seed)
@@ -163,22 +170,30 @@ impl Recipe {
     /// others, and the replacements then fill a new clique with whatever labels they bring, so
     /// two cliques each miss classes the other holds twice. The result carries `t`'s next
     /// version. None for graphs other than D-Cliques, members without label histograms, or no
-    /// clear gain (so a fresh build is tried only when the worst clique is skewed at all).
-    pub fn reform(&self, t: &Topology) -> Option<Topology> {
+    /// clear gain.
+    ///
+    /// A fresh build is tried only when repair has drifted more than the margin past the last
+    /// fresh build's skew (`t.fresh_skew`; 0 when unknown). One that brings no clear gain is
+    /// remembered in `t`, so the next changes, each moving the skew a little, do not build
+    /// again: at 10 000 members a build is most of what a change costs the planner.
+    pub fn reform(&self, t: &mut Topology) -> Option<Topology> {
         if self.graph != GraphChoice::Family(TopologyKind::DCliques) {
             return None;
         }
         let before = clique_skew(t)?.max;
-        if before <= REFORM_MARGIN {
+        if before - t.fresh_skew.unwrap_or(0.0) <= REFORM_MARGIN {
             return None;
         }
         let members: Vec<MemberProfile> = t.profiles.values().cloned().collect();
         let mut fresh = self.build(&members).ok()?;
-        let after = clique_skew(&fresh)?.max;
-        (before - after > REFORM_MARGIN).then(|| {
+        let after = fresh.fresh_skew?;
+        if before - after > REFORM_MARGIN {
             fresh.version = t.version + 1;
-            fresh
-        })
+            Some(fresh)
+        } else {
+            t.fresh_skew = Some(after);
+            None
+        }
     }
 }
 
@@ -332,7 +347,12 @@ mod tests {
             .build(&(0..10).map(two_classes).collect::<Vec<_>>())
             .unwrap();
         assert!(worst_skew(&t) < 1e-9, "two cliques holding every class");
-        assert_eq!(recipe.reform(&t), None, "a balanced topology is kept");
+        assert_eq!(
+            t.fresh_skew,
+            Some(worst_skew(&t)),
+            "a build remembers its skew"
+        );
+        assert_eq!(recipe.reform(&mut t), None, "a balanced topology is kept");
         // A node holding three members of one clique dies and a member of the other is
         // evicted: the three-member hole dissolves the first clique's remnant into the second.
         let (a, b) = (t.clique_of(0).unwrap(), t.clique_of(5).unwrap());
@@ -356,17 +376,58 @@ mod tests {
             repaired > 2.0 * REFORM_MARGIN,
             "the repair alone left the cliques balanced ({repaired}): the scenario no longer shows the drift"
         );
-        let fresh = recipe.reform(&t).expect("re-formed");
+        // Measured against the last fresh build's skew: within the margin of it, no build.
+        let mut known = t.clone();
+        known.fresh_skew = Some(repaired - REFORM_MARGIN / 2.0);
+        assert_eq!(recipe.reform(&mut known), None);
+        let fresh = recipe.reform(&mut t).expect("re-formed");
         assert_eq!(fresh.version, t.version + 1);
         assert!(worst_skew(&fresh) < 1e-9, "{}", worst_skew(&fresh));
         assert_eq!(
             fresh.graph.members().collect::<Vec<_>>(),
             t.graph.members().collect::<Vec<_>>()
         );
-        assert_eq!(recipe.reform(&fresh), None, "once re-formed, kept");
+        let mut fresh = fresh;
+        assert_eq!(recipe.reform(&mut fresh), None, "once re-formed, kept");
         // Other graphs are repaired member by member only.
         let ring = Recipe::for_job(&job(TopologyKind::Ring, AlgorithmKind::Dpsgd));
-        assert_eq!(ring.reform(&t), None);
+        assert_eq!(ring.reform(&mut t), None);
+    }
+
+    #[test]
+    fn a_fresh_build_that_brings_nothing_is_remembered_and_not_made_again() {
+        let mut spec = job(TopologyKind::DCliques, AlgorithmKind::CliqueAveraging);
+        spec.topology.clique_size = Some(5);
+        let recipe = Recipe::for_job(&spec);
+        // One member holds most of the examples, all of one class the others lack: no clique
+        // can be balanced, a fresh one no more than this one.
+        let one_class = |id: MemberId| {
+            let (class, count) = if id == 9 { (1, 1000) } else { (0, 50) };
+            MemberProfile::from_join(
+                &JoinReport {
+                    member_id: id,
+                    label_histogram: (0..10).map(|c| u64::from(c == class) * count).collect(),
+                    proxy_vector: None,
+                },
+                None,
+            )
+        };
+        let mut t = recipe
+            .build(&(0..10).map(one_class).collect::<Vec<_>>())
+            .unwrap();
+        let skew = worst_skew(&t);
+        assert!(skew > 2.0 * REFORM_MARGIN, "{skew}");
+        // Its fresh skew unknown (a topology kept from before it was recorded): one build is
+        // made, gains nothing, and its skew is kept.
+        t.fresh_skew = None;
+        let before = t.clone();
+        assert_eq!(recipe.reform(&mut t), None);
+        assert_eq!(t.fresh_skew, Some(skew));
+        assert_eq!(t.graph, before.graph, "only the measure changed");
+        // Now within the margin of what a build gives: nothing to try.
+        let mut again = t.clone();
+        assert_eq!(recipe.reform(&mut again), None);
+        assert_eq!(again, t);
     }
 
     #[test]

@@ -102,18 +102,16 @@ impl CliqueLayout {
 
     /// The graph: complete inside each clique, plus the bridges.
     pub fn graph(&self) -> Graph {
-        let mut g = Graph::with_members(self.cliques.values().flatten().copied());
-        for members in self.cliques.values() {
-            for (k, &a) in members.iter().enumerate() {
-                for &b in &members[k + 1..] {
-                    g.add_edge(a, b);
-                }
-            }
-        }
-        for b in &self.bridges {
-            g.add_edge(b.a, b.b);
-        }
-        g
+        let inside = self.cliques.values().flat_map(|members| {
+            members
+                .iter()
+                .enumerate()
+                .flat_map(move |(k, &a)| members[k + 1..].iter().map(move |&b| (a, b)))
+        });
+        Graph::from_edges(
+            self.cliques.values().flatten().copied(),
+            inside.chain(self.bridges.iter().map(|b| (b.a, b.b))),
+        )
     }
 
     fn bridge_ends(&self, id: MemberId) -> usize {

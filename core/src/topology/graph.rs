@@ -20,6 +20,44 @@ impl Graph {
         }
     }
 
+    /// The graph over `members` with `edges` (either way round; repeats count once). Built in
+    /// bulk, from sorted lists: a D-Cliques graph of 10 000 members is rebuilt this way on every
+    /// change, and edge-by-edge insertion was most of what a change cost.
+    pub fn from_edges(
+        members: impl IntoIterator<Item = MemberId>,
+        edges: impl IntoIterator<Item = (MemberId, MemberId)>,
+    ) -> Self {
+        let mut ids: Vec<MemberId> = members.into_iter().collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let mut lists: Vec<Vec<MemberId>> = vec![Vec::new(); ids.len()];
+        let index = |m: MemberId| {
+            ids.binary_search(&m)
+                .unwrap_or_else(|_| panic!("edge to unknown member {m}"))
+        };
+        for (a, b) in edges {
+            assert!(a != b, "self-loop on member {a}");
+            let (i, j) = (index(a), index(b));
+            lists[i].push(b);
+            lists[j].push(a);
+        }
+        let mut ends = 0;
+        let adjacency = ids
+            .iter()
+            .zip(lists)
+            .map(|(&m, mut list)| {
+                list.sort_unstable();
+                list.dedup();
+                ends += list.len();
+                (m, list.into_iter().collect())
+            })
+            .collect();
+        Self {
+            adjacency,
+            edge_count: ends / 2,
+        }
+    }
+
     pub fn add_member(&mut self, id: MemberId) {
         self.adjacency.entry(id).or_default();
     }
@@ -146,5 +184,18 @@ mod tests {
         assert!(!g.is_connected());
         assert!(g.remove_edge(3, 2));
         assert_eq!(g.edge_count(), 0);
+    }
+
+    #[test]
+    fn a_graph_built_in_bulk_equals_one_built_edge_by_edge() {
+        let edges = [(3, 1), (1, 3), (0, 1), (2, 0), (1, 2), (4, 0)];
+        let mut one_by_one = Graph::with_members([4, 0, 1, 2, 3, 5]);
+        for (a, b) in edges {
+            one_by_one.add_edge(a, b);
+        }
+        let bulk = Graph::from_edges([5, 4, 3, 2, 1, 0, 1], edges);
+        assert_eq!(bulk, one_by_one);
+        assert_eq!(bulk.edge_count(), 5);
+        assert_eq!(bulk.degree(5), 0);
     }
 }

@@ -180,6 +180,12 @@ pub struct Topology {
     pub shape: Shape,
     /// Profiles of current members (kept for data-aware repair and skew measures).
     pub profiles: BTreeMap<MemberId, MemberProfile>,
+    /// The worst clique's label skew that a fresh build over (nearly) these members reached, the
+    /// last time one was made: repair is measured against it, so that a fresh build, the
+    /// costliest step of a change at 10 000 members, is made again only when repair has drifted
+    /// clearly past it. None until a build has been measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fresh_skew: Option<f64>,
 }
 
 /// Build a topology of `spec.kind` over `members` (version 1).
@@ -207,6 +213,7 @@ pub fn build(spec: &BuildSpec, members: &[MemberProfile]) -> Result<Topology, To
         graph,
         shape,
         profiles: members.iter().map(|m| (m.id, m.clone())).collect(),
+        fresh_skew: None,
     })
 }
 
@@ -225,6 +232,7 @@ pub fn random_regular(
         graph: simple::random_regular(&ids, degree, seed)?,
         shape: Shape::RandomRegular { degree },
         profiles: members.iter().map(|m| (m.id, m.clone())).collect(),
+        fresh_skew: None,
     })
 }
 
@@ -247,6 +255,7 @@ pub fn moshpit(members: &[MemberProfile], group_size: usize) -> Result<Topology,
         graph: grid.union_graph(),
         shape: Shape::Grid(grid),
         profiles: members.iter().map(|m| (m.id, m.clone())).collect(),
+        fresh_skew: None,
     })
 }
 

@@ -117,7 +117,7 @@ pub(super) fn shape_topology(
                 .collect();
             if before != Some(t.version)
                 && zones.len() <= 1
-                && let Some(fresh) = Recipe::for_job(spec).reform(t)
+                && let Some(fresh) = Recipe::for_job(spec).reform(&mut *t)
             {
                 actions.push(event(
                     EventKind::Normal,
