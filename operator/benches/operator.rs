@@ -89,41 +89,47 @@ fn steady(settings: &Settings) -> Steady {
         b"00".to_vec(),
         Memory::new(now),
     );
-    let first = decide(&Inputs {
-        job: &job,
-        problems: None,
-        pods: &[],
-        node: &ready,
-        start_event: &|_| None,
-        zone: &|_| None,
-        service: None,
-        secret: None,
-        config_map: None,
-        config_map_memory: None,
-        network_policy: None,
-        disruption_budget: None,
-        driver: &driver,
-        created: &created,
-        key_hex: "00",
-        status_written: None,
-        settings,
-        now,
-    });
-    driver.commit(&first.plan, now);
-    let pods: Vec<Pod> = first
-        .create
-        .iter()
-        .cloned()
-        .map(|mut p| {
-            p.metadata.creation_timestamp = Some(Time(now));
-            p.spec.as_mut().unwrap().node_name = Some("node-1".into());
-            p.status = Some(PodStatus {
-                phase: Some("Running".into()),
-                ..Default::default()
-            });
-            p
-        })
-        .collect();
+    // The members are created a burst per plan; each burst's pods run on node-1.
+    let running = |mut p: Pod| {
+        p.metadata.creation_timestamp = Some(Time(now));
+        p.spec.as_mut().unwrap().node_name = Some("node-1".into());
+        p.status = Some(PodStatus {
+            phase: Some("Running".into()),
+            ..Default::default()
+        });
+        p
+    };
+    let mut pods: Vec<Pod> = Vec::new();
+    let first = loop {
+        let refs: Vec<&Pod> = pods.iter().collect();
+        let d = decide(&Inputs {
+            job: &job,
+            problems: None,
+            pods: &refs,
+            node: &ready,
+            start_event: &|_| None,
+            zone: &|_| None,
+            service: None,
+            secret: None,
+            config_map: None,
+            config_map_memory: None,
+            network_policy: None,
+            disruption_budget: None,
+            driver: &driver,
+            created: &created,
+            key_hex: "00",
+            status_written: None,
+            settings,
+            now,
+        });
+        driver.commit(&d.plan, now);
+        let burst = d.create.len();
+        pods.extend(d.create.iter().cloned().map(running));
+        if burst < planner::CREATES_PER_PLAN {
+            break d;
+        }
+    };
+    assert_eq!(pods.len(), *MEMBERS as usize);
     for id in 0..*MEMBERS {
         let mut histogram = vec![0u64; 10];
         histogram[(id % 10) as usize] = 50;
@@ -159,7 +165,6 @@ fn steady(settings: &Settings) -> Steady {
     });
     driver.commit(&built.plan, now);
     // The cluster carries out the relabelling (clique labels follow the topology).
-    let mut pods = pods;
     for (name, clique) in &built.relabel {
         let pod = pods
             .iter_mut()

@@ -213,8 +213,19 @@ fn the_memory_of_ten_thousand_members_fits_a_config_map() {
             "big-{id}-{attempt}.big-peers.scale.svc.cluster.local:7070"
         ))
     };
-    let plan = d.plan(&spec, None, facts(&d), &address, at(1));
-    d.commit(&plan, at(1));
+    // Created a burst per plan.
+    loop {
+        let plan = d.plan(&spec, None, facts(&d), &address, at(1));
+        d.commit(&plan, at(1));
+        let creates = plan
+            .actions
+            .iter()
+            .filter(|a| matches!(a, crate::planner::Action::Create { .. }))
+            .count();
+        if creates < crate::planner::CREATES_PER_PLAN {
+            break;
+        }
+    }
     for id in 0..10_000 {
         let histogram = (0..10)
             .map(|c| if c == id % 10 { 400 } else { 10 })

@@ -7,7 +7,9 @@ use k8s_openapi::jiff::Timestamp;
 use murmur_core::api::{Capacity, DecentralizedTrainingJobSpec, JobPhase};
 use murmur_core::topology::MemberId;
 
-use super::{Action, EventKind, JobState, Observation, Reason, event, seconds_since};
+use super::{
+    Action, CREATES_PER_PLAN, EventKind, JobState, Observation, Reason, event, seconds_since,
+};
 use crate::member::{End, Lifecycle, NotStarting};
 
 /// Lifecycle events of the current attempts: placed on a node, joined, waiting too long, kept
@@ -163,7 +165,23 @@ pub(super) fn fall_back(
     }
 }
 
-/// Create the first attempt of every member, and a new one for each lost member.
+/// The members whose next attempt is due to be created: those of `0..target` with no live or
+/// completed attempt, not given up on, past their backoff.
+pub(super) fn creatable<'a>(
+    spec: &DecentralizedTrainingJobSpec,
+    s: &'a JobState,
+    now: Timestamp,
+) -> impl Iterator<Item = MemberId> + 'a {
+    (0..spec.replicas.target).filter(move |id| {
+        s.members.get(id).is_none_or(|r| {
+            !(r.lifecycle.is_live() || r.lifecycle.is_completed() || r.given_up)
+                && r.not_before.is_none_or(|t| t <= now)
+        })
+    })
+}
+
+/// Create the first attempt of every member, and a new one for each lost member: at most
+/// [`CREATES_PER_PLAN`] of them, the lowest ids first.
 pub(super) fn create_members(
     spec: &DecentralizedTrainingJobSpec,
     s: &mut JobState,
@@ -173,14 +191,9 @@ pub(super) fn create_members(
     if s.phase.is_finished() {
         return;
     }
-    for id in 0..spec.replicas.target {
+    let due: Vec<MemberId> = creatable(spec, s, now).take(CREATES_PER_PLAN).collect();
+    for id in due {
         let record = s.members.entry(id).or_default();
-        if record.lifecycle.is_live() || record.lifecycle.is_completed() || record.given_up {
-            continue;
-        }
-        if record.not_before.is_some_and(|t| t > now) {
-            continue;
-        }
         // A refused attempt never existed: it is tried again as it was.
         let again = record.lifecycle == (Lifecycle::Ended { how: End::Refused });
         let replacing = record.lifecycle != Lifecycle::New && !again;

@@ -58,6 +58,10 @@ pub const JOIN_GRACE_SECONDS: f64 = 15.0;
 pub const PREEMPTIONS_KEPT: usize = 100;
 /// Crash backoff doubles per crash of the same member up to this.
 pub const MAX_BACKOFF_SECONDS: f64 = 300.0;
+/// Attempts one plan creates at most (a ReplicaSet's burst is 500 too): a 10 000-member job's
+/// first plan would otherwise hold every pod in one decision and write them all in one
+/// reconcile. The rest wait for the next plans, which [`next_deadline`] asks for at once.
+pub const CREATES_PER_PLAN: usize = 500;
 
 /// What a runtime sees of every member, with what their trainers posted.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -338,6 +342,10 @@ pub fn next_deadline(
     }
     if s.topology.is_none() {
         deadlines.push(after(s.created_at, JOIN_GRACE_SECONDS));
+    }
+    // More members to create than the last plan could: the next plan is due now.
+    if !spec.suspend && !s.finishing() && members::creatable(spec, s, now).next().is_some() {
+        deadlines.push(after(now, 0.001));
     }
     deadlines.into_iter().filter(|&t| t > now).min()
 }

@@ -1464,3 +1464,37 @@ fn cliques_a_burst_of_losses_left_skewed_are_formed_afresh() {
     let skew = murmur_core::topology::measures::clique_skew(t).unwrap().max;
     assert!(skew < 1e-9, "the worst clique's skew is {skew}");
 }
+
+#[test]
+fn a_large_job_is_created_a_burst_per_plan_and_the_next_plan_is_due_at_once() {
+    let mut spec = spec();
+    spec.replicas.target = 2 * CREATES_PER_PLAN as u32 + 7;
+    spec.replicas.max = spec.replicas.target;
+    let mut w = World::new(spec);
+    let creates = |actions: &[Action]| -> Vec<u32> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Create { member, .. } => Some(*member),
+                _ => None,
+            })
+            .collect()
+    };
+    let first = creates(&w.plan());
+    assert_eq!(first, (0..CREATES_PER_PLAN as u32).collect::<Vec<_>>());
+    let due = next_deadline(&w.spec, &w.state, &w.observed, at(w.now)).unwrap();
+    assert!(due <= at(w.now + 0.01), "{due}");
+    w.now = 1.0;
+    let second = creates(&w.plan());
+    assert_eq!(second.len(), CREATES_PER_PLAN);
+    assert_eq!(second[0], CREATES_PER_PLAN as u32);
+    w.now = 2.0;
+    assert_eq!(creates(&w.plan()).len(), 7);
+    // All created: the next deadline is the join grace's, not now.
+    assert_eq!(
+        next_deadline(&w.spec, &w.state, &w.observed, at(w.now)),
+        Some(at(JOIN_GRACE_SECONDS))
+    );
+    w.now = 3.0;
+    assert!(creates(&w.plan()).is_empty());
+}

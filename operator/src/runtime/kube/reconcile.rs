@@ -26,6 +26,9 @@ use super::{observe, resources};
 use crate::planner;
 use crate::status::Inbound;
 
+/// Events a reconcile writes at once.
+const EVENTS_AT_ONCE: usize = 16;
+
 /// What a job's trainers post goes to its driver; a post that changes the job (a join report,
 /// a member's new state) reconciles it now rather than at the next resync.
 pub(super) async fn listen(
@@ -281,9 +284,15 @@ async fn execute(
         }
     }
     ctx.metrics.observe(&d.plan.view);
-    for event in &d.kube_events() {
-        let pod = Decision::pod_of(&name, event);
-        record_event(ctx, job, event, pod).await;
+    // Several at once: a join wave's plan names a score of members, and one at a time their
+    // round trips were most of a 10 000-member job's reconcile.
+    let events = d.kube_events();
+    for batch in events.chunks(EVENTS_AT_ONCE) {
+        let writes: Vec<_> = batch
+            .iter()
+            .map(|event| record_event(ctx, job, event, Decision::pod_of(&name, event)))
+            .collect();
+        futures::future::join_all(writes).await;
     }
     if d.delete_job {
         let jobs: Api<DecentralizedTrainingJob> = Api::namespaced(ctx.client.clone(), &namespace);
