@@ -409,7 +409,12 @@ fn delete_on_lost_nodes(lost: &[String], d: &mut Decision) {
     }
 }
 
-/// Clique labels follow the topology, so `kubectl get pods -l murmur.dev/clique=3` works.
+/// Pods one reconcile relabels at most; the rest are the next reconcile's, a second later.
+pub const RELABELS_PER_RECONCILE: usize = 500;
+
+/// Clique labels follow the topology, so `kubectl get pods -l murmur.dev/clique=3` works. At
+/// most [`RELABELS_PER_RECONCILE`] a reconcile: a new topology of thousands of members is
+/// labelled over several, each short, so the job's next news is not kept waiting.
 fn relabel(i: &Inputs, d: &mut Decision) {
     let state = &d.plan.memory.state;
     let cliques = state
@@ -449,6 +454,10 @@ fn relabel(i: &Inputs, d: &mut Decision) {
             && let Some(name) = &pod.metadata.name
             && !d.delete.iter().any(|(n, _)| n == name)
         {
+            if d.relabel.len() == RELABELS_PER_RECONCILE {
+                d.requeue = d.requeue.min(Duration::from_secs(1));
+                break;
+            }
             d.relabel.push((name.clone(), want));
         }
     }

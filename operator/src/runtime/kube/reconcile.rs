@@ -21,7 +21,7 @@ use super::context::{Context, JobKey, Live};
 use super::decide::{self, Decision, Inputs, decide};
 use super::error::{Error, kube_err};
 use super::labels::LABEL_JOB;
-use super::writes::{apply_object, apply_status, record_event, write_pods};
+use super::writes::{apply_object, apply_status, record_event, write_labels, write_pods};
 use super::{observe, resources};
 use crate::planner;
 use crate::status::Inbound;
@@ -294,6 +294,9 @@ async fn execute(
             .collect();
         futures::future::join_all(writes).await;
     }
+    // Last: a label that cannot be written fails the reconcile, and the plan's memory and
+    // events are written by then.
+    write_labels(ctx, &namespace, &d.relabel).await?;
     if d.delete_job {
         let jobs: Api<DecentralizedTrainingJob> = Api::namespaced(ctx.client.clone(), &namespace);
         match jobs.delete(&name, &DeleteParams::background()).await {

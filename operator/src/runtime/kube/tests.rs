@@ -2786,3 +2786,44 @@ async fn similar_events_beyond_ten_are_recorded_as_one() {
         "{combined}"
     );
 }
+
+#[tokio::test]
+async fn a_large_job_is_created_and_labelled_a_burst_per_reconcile() {
+    let target = planner::CREATES_PER_PLAN + decide::RELABELS_PER_RECONCILE / 2;
+    let manifest = MANIFEST.replace(
+        "replicas: {min: 2, target: 4, max: 4}",
+        &format!("replicas: {{min: {target}, target: {target}, max: {target}}}"),
+    );
+    let mut c = Cluster::new(&manifest);
+    let (again, calls) = c.reconcile().await;
+    assert_eq!(pods_created(&calls).len(), planner::CREATES_PER_PLAN);
+    assert_eq!(
+        again,
+        Action::requeue(Duration::from_secs(1)),
+        "the rest at once"
+    );
+    let (_, calls) = c.reconcile().await;
+    assert_eq!(
+        pods_created(&calls).len(),
+        target - planner::CREATES_PER_PLAN
+    );
+    c.schedule_all();
+    c.reconcile().await;
+    c.join(&(0..target as u32).collect::<Vec<_>>()).await;
+    let labelled = |calls: &[Call]| {
+        calls
+            .iter()
+            .filter(|c| c.is("PATCH", "/pods/") && !c.query.contains("force"))
+            .count()
+    };
+    let (again, calls) = c.reconcile().await;
+    let handle = c.ctx.hub.job("ml", "mnist").unwrap();
+    let published = handle.topology().borrow().as_ref().map(|t| t.version);
+    assert_eq!(published, Some(1), "published with the first labels");
+    assert_eq!(labelled(&calls), decide::RELABELS_PER_RECONCILE);
+    assert_eq!(again, Action::requeue(Duration::from_secs(1)));
+    let (_, calls) = c.reconcile().await;
+    assert_eq!(labelled(&calls), target - decide::RELABELS_PER_RECONCILE);
+    let (_, calls) = c.reconcile().await;
+    assert_eq!(labelled(&calls), 0);
+}
