@@ -638,12 +638,11 @@ spec:
         !warnings.contains("Warning"),
         "installing the CRD printed warnings:\n{warnings}"
     );
-    cp.kubectl_ok(&[
-        "wait",
-        "--for=condition=NamesAccepted=False",
-        ours,
-        "--timeout=60s",
-    ]);
+    cp.wait_crd_condition(
+        "decentralizedtrainingjobs.murmur.dev",
+        "NamesAccepted",
+        "False",
+    );
 
     // Too short a wait: a named error, not "not installed".
     let impatient = helm::operator(env, "crd-impatient-operator.log", &["--crd-wait", "3s"]);

@@ -62,8 +62,19 @@ fn written(
             })
             .collect()
     };
-    let plan = driver.plan(&job.spec, None, facts(&driver), &address, at(1));
-    driver.commit(&plan, at(1));
+    // Created a burst per plan.
+    loop {
+        let plan = driver.plan(&job.spec, None, facts(&driver), &address, at(1));
+        driver.commit(&plan, at(1));
+        let creates = plan
+            .actions
+            .iter()
+            .filter(|a| matches!(a, murmur::planner::Action::Create { .. }))
+            .count();
+        if creates < murmur::planner::CREATES_PER_PLAN {
+            break;
+        }
+    }
     for id in 0..n {
         let mut histogram = vec![0; 10];
         histogram[(id % 10) as usize] = 480;

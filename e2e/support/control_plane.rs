@@ -239,24 +239,29 @@ impl ControlPlane {
         self.kubectl_with(args, None)
     }
 
-    /// Wait (at most a minute) until the CRD `name` is Established. Polled, because `kubectl
-    /// wait` fails at once when it reads a CRD the API server has not given conditions yet
-    /// ("<nil> is of the type <nil>"), as it can right after the CRD is created.
+    /// Wait (at most a minute) until the CRD `name` is Established.
     pub fn wait_established(&self, name: &str) {
+        self.wait_crd_condition(name, "Established", "True");
+    }
+
+    /// Wait (at most a minute) until CRD `name`'s `condition` reads `status`. Polled, because
+    /// `kubectl wait` fails at once when it reads a CRD the API server has not given conditions
+    /// yet ("<nil> is of the type <nil>"), as it can right after the CRD is created.
+    pub fn wait_crd_condition(&self, name: &str, condition: &str, status: &str) {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
         loop {
             let out = self.kubectl(&[
                 "get",
                 &format!("crd/{name}"),
                 "-o",
-                "jsonpath={.status.conditions[?(@.type==\"Established\")].status}",
+                &format!("jsonpath={{.status.conditions[?(@.type==\"{condition}\")].status}}"),
             ]);
-            if out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "True" {
+            if out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == status {
                 return;
             }
             assert!(
                 std::time::Instant::now() < deadline,
-                "crd/{name} not Established within 60 s: {}",
+                "crd/{name} not {condition}={status} within 60 s: {}",
                 String::from_utf8_lossy(&out.stderr)
             );
             std::thread::sleep(std::time::Duration::from_millis(200));
