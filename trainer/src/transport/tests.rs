@@ -202,29 +202,28 @@ async fn payloads_under_another_agreement_are_not_averaged() {
     assert_eq!(b.take_drops()[0].reason, DropReason::VersionMismatch);
 }
 
+/// The first of what `take` drains from `at` once something arrives (`what`: named if nothing
+/// does).
+async fn first_arriving<T>(at: &Transport, take: impl Fn(&Transport) -> Vec<T>, what: &str) -> T {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        if let Some(r) = take(at).pop() {
+            return r;
+        }
+        assert!(Instant::now() < deadline, "no {what} arrived");
+        at.changed(deadline).await;
+    }
+}
+
 /// `joiner` asks `neighbour` for its state: the request as it reaches `neighbour`.
 async fn state_request(joiner: &Transport, neighbour: &Transport) -> StateRequest {
     assert!(joiner.request_state(neighbour.me()));
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        if let Some(r) = neighbour.take_state_requests().pop() {
-            return r;
-        }
-        assert!(Instant::now() < deadline, "no state request arrived");
-        neighbour.changed(deadline).await;
-    }
+    first_arriving(neighbour, Transport::take_state_requests, "state request").await
 }
 
 /// The first state reply that reaches `joiner`.
 async fn state_reply(joiner: &Transport) -> StateReply {
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        if let Some(r) = joiner.take_state_replies().pop() {
-            return r;
-        }
-        assert!(Instant::now() < deadline, "no state reply arrived");
-        joiner.changed(deadline).await;
-    }
+    first_arriving(joiner, Transport::take_state_replies, "state reply").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
