@@ -85,6 +85,41 @@ fn cases() -> Vec<Broken> {
             spec(json!({"algorithm": {"kind": "moshpit"}})),
         ),
         broken(
+            "algorithm.outer.localSteps must be from 1 to 100000",
+            "spec.algorithm.outer.localSteps",
+            spec(json!({"algorithm": {"outer": {"localSteps": 0}}})),
+        ),
+        broken(
+            "algorithm.outer.learningRate must be in (0, 10]",
+            "spec.algorithm.outer.learningRate",
+            spec(json!({"algorithm": {"outer": {"localSteps": 10, "learningRate": 0}}})),
+        ),
+        broken(
+            "algorithm.outer.momentum must be in [0, 1)",
+            "spec.algorithm.outer.momentum",
+            spec(json!({"algorithm": {"outer": {"localSteps": 10, "momentum": 1.0}}})),
+        ),
+        broken(
+            "algorithm.outer does not apply to kind asyncGossip (it has no rounds)",
+            "spec.algorithm.outer",
+            spec(json!({"algorithm": {"kind": "asyncGossip", "outer": {"localSteps": 10}}})),
+        ),
+        broken(
+            "algorithm.averageEvery does not apply with algorithm.outer (outer.localSteps sets the rounds)",
+            "spec.algorithm.averageEvery",
+            spec(json!({"algorithm": {"averageEvery": 2, "outer": {"localSteps": 10}}})),
+        ),
+        broken(
+            "algorithm.outer.localSteps must not exceed training.steps",
+            "spec.algorithm.outer.localSteps",
+            spec(json!({"algorithm": {"outer": {"localSteps": 500}}})),
+        ),
+        edited(
+            "algorithm.outer is immutable",
+            "spec.algorithm.outer",
+            spec(json!({"algorithm": {"outer": {"localSteps": 10}}})),
+        ),
+        broken(
             "algorithm.averageEvery must be a whole number of steps from 1 to 999999999, or auto",
             "spec.algorithm.averageEvery",
             spec(json!({"algorithm": {"averageEvery": 0}})),

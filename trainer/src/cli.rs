@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use crate::algorithms::{AutoPolicy, Averaging};
+use crate::algorithms::{AutoPolicy, Averaging, OuterConfig};
 use crate::compression::Compression;
 use crate::data::{self, DataError, partition::Partition};
 use crate::runtime::{self, RunError, RunOptions, RunSetup};
@@ -118,7 +118,7 @@ struct SimulateArgs {
     /// mini-batch) an edge's models should reach by each averaging; its gap follows.
     #[arg(long, default_value_t = murmur_core::api::AutoAverageSpec::DEFAULT_TARGET_SKEW)]
     auto_target_skew: f64,
-    /// none, fp16, int8 or top-k:RATIO.
+    /// none, fp16, int8, int4 or top-k:RATIO.
     #[arg(long, default_value = "none")]
     compression: String,
     #[arg(long, default_value_t = 1)]
@@ -159,6 +159,19 @@ struct SimulateArgs {
     /// between zones; with --zone-aware, cliques form inside zones.
     #[arg(long, default_value_t = 0)]
     zones: usize,
+    /// Outer steps (DiLoCo, SlowMo): this many local steps, then an averaging round whose mix
+    /// moves an anchor by an outer optimizer step (replaces --average-every).
+    #[arg(long)]
+    outer_local_steps: Option<u64>,
+    /// With --outer-local-steps: the outer optimizer.
+    #[arg(long, value_enum, default_value = "nesterov")]
+    outer_optimizer: murmur_core::api::OuterOptimizerKind,
+    /// With --outer-local-steps: the outer learning rate.
+    #[arg(long, default_value_t = murmur_core::api::OuterSpec::DEFAULT_LEARNING_RATE)]
+    outer_learning_rate: f64,
+    /// With --outer-local-steps: the outer momentum.
+    #[arg(long, default_value_t = murmur_core::api::OuterSpec::DEFAULT_MOMENTUM)]
+    outer_momentum: f64,
     /// Threads to spread the members and their kernels over (default: every core). Results are
     /// the same whatever the count.
     #[arg(long)]
@@ -317,10 +330,11 @@ fn compression(text: &str) -> Result<Compression, CliError> {
         "none" => Ok(Compression::None),
         "fp16" => Ok(Compression::Fp16),
         "int8" => Ok(Compression::Int8),
+        "int4" => Ok(Compression::Int4),
         _ => match text.strip_prefix("top-k:").map(str::parse::<f64>) {
             Some(Ok(ratio)) if ratio > 0.0 && ratio <= 1.0 => Ok(Compression::TopK { ratio }),
             _ => Err(CliError::Flag(format!(
-                "--compression {text:?}: use none, fp16, int8 or top-k:RATIO with RATIO in (0, 1]"
+                "--compression {text:?}: use none, fp16, int8, int4 or top-k:RATIO with RATIO in (0, 1]"
             ))),
         },
     }
@@ -517,7 +531,33 @@ fn write_termination_message(message: &murmur_core::contract::TerminationMessage
     }
 }
 
+/// `--outer-*`: the outer optimizer, with the ranges `algorithm.outer` takes in a manifest.
+fn outer(args: &SimulateArgs) -> Result<Option<OuterConfig>, CliError> {
+    let Some(local_steps) = args.outer_local_steps else {
+        return Ok(None);
+    };
+    if !(args.outer_learning_rate > 0.0 && args.outer_learning_rate <= 10.0) {
+        return Err(CliError::Flag(format!(
+            "--outer-learning-rate must be in (0, 10], not {}",
+            args.outer_learning_rate
+        )));
+    }
+    if !(0.0..1.0).contains(&args.outer_momentum) {
+        return Err(CliError::Flag(format!(
+            "--outer-momentum must be in [0, 1), not {}",
+            args.outer_momentum
+        )));
+    }
+    Ok(Some(OuterConfig {
+        local_steps,
+        optimizer: args.outer_optimizer,
+        learning_rate: args.outer_learning_rate,
+        momentum: args.outer_momentum,
+    }))
+}
+
 fn simulate(args: SimulateArgs) -> Result<(), CliError> {
+    let outer = outer(&args)?;
     let config = SimulationConfig {
         members: args.members,
         topologies: args.topology.clone(),
@@ -548,6 +588,7 @@ fn simulate(args: SimulateArgs) -> Result<(), CliError> {
         target_consensus: args.target_consensus,
         departed: args.departed,
         zones: args.zones,
+        outer,
     };
     if args.target_accuracy.is_some() && args.target_consensus.is_some() {
         return Err(CliError::Flag(

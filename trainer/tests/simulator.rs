@@ -1,8 +1,10 @@
 //! The simulator end to end, on small jobs: same member code, in-process exchange.
 
-use murmur_core::api::{CliqueMix, InterClique, ModelKind, OptimizerKind, TopologyKind};
+use murmur_core::api::{
+    CliqueMix, InterClique, ModelKind, OptimizerKind, OuterOptimizerKind, TopologyKind,
+};
 use murmur_core::topology::{GraphChoice, TopologyOptions};
-use murmur_trainer::algorithms::{AutoPolicy, Averaging};
+use murmur_trainer::algorithms::{AutoPolicy, Averaging, OuterConfig};
 use murmur_trainer::compression::Compression;
 use murmur_trainer::data::{self, partition::Partition};
 use murmur_trainer::simulator::{SimulationConfig, simulate};
@@ -48,6 +50,7 @@ fn config(
         target_consensus: None,
         departed: 0,
         zones: 0,
+        outer: None,
     }
 }
 
@@ -448,4 +451,146 @@ fn zone_aware_cliques_keep_clique_traffic_inside_zones() {
     cfg.zones = 0;
     let r = simulate::<B>(&cfg, &data, &Default::default(), |_, _| {}).unwrap();
     assert_eq!(r[0].cross_zone_bytes, None);
+}
+
+fn outer(local_steps: u64, optimizer: OuterOptimizerKind, lr: f64, mu: f64) -> OuterConfig {
+    OuterConfig {
+        local_steps,
+        optimizer,
+        learning_rate: lr,
+        momentum: mu,
+    }
+}
+
+/// With SGD, learning rate 1 and no momentum, the anchor becomes the mix: the same run as
+/// averaging every `localSteps` steps.
+#[test]
+fn an_outer_sgd_step_of_one_without_momentum_is_averaging_every_local_steps() {
+    let data = data::embedded();
+    let mut plain = config(
+        6,
+        vec![GraphChoice::Family(TopologyKind::Ring)],
+        Partition::ClassesPerMember { k: 2 },
+        24,
+    );
+    plain.eval_every = 4;
+    plain.averaging = Averaging::Every(4);
+    let mut outer_cfg = plain.clone();
+    outer_cfg.averaging = Averaging::Every(1);
+    outer_cfg.outer = Some(outer(4, OuterOptimizerKind::Sgd, 1.0, 0.0));
+    let run = |cfg: &SimulationConfig| simulate::<B>(cfg, &data, &Default::default(), |_, _| {});
+    let (a, b) = (run(&plain).unwrap(), run(&outer_cfg).unwrap());
+    assert_eq!(a[0].curve.len(), b[0].curve.len());
+    for (p, o) in a[0].curve.iter().zip(&b[0].curve) {
+        assert_eq!(p.step, o.step);
+        assert!(
+            (p.mean_accuracy - o.mean_accuracy).abs() < 1e-9,
+            "step {}: {} against {}",
+            p.step,
+            p.mean_accuracy,
+            o.mean_accuracy
+        );
+        assert!((p.consensus_distance - o.consensus_distance).abs() < 1e-5);
+    }
+    assert_eq!(a[0].bytes_sent, b[0].bytes_sent);
+    // Nesterov's outer step is not averaging: the same rounds, another run.
+    outer_cfg.outer = Some(outer(4, OuterOptimizerKind::Nesterov, 0.7, 0.9));
+    let c = run(&outer_cfg).unwrap();
+    assert_eq!(c[0].bytes_sent, a[0].bytes_sent);
+    assert_ne!(
+        c[0].curve.last().unwrap().consensus_distance,
+        a[0].curve.last().unwrap().consensus_distance
+    );
+}
+
+/// Outer steps on every synchronous algorithm and a spread of graphs and codecs: each trains,
+/// and sends a round's bytes every `localSteps` steps, not every step. The run's last step
+/// always ends in a round, even when the steps are not a multiple of `localSteps`.
+#[test]
+fn outer_steps_train_every_algorithm_with_a_round_every_local_steps() {
+    use murmur_core::api::AlgorithmKind;
+    let data = data::embedded();
+    for (algorithm, topology) in [
+        (
+            AlgorithmKind::Dpsgd,
+            GraphChoice::Family(TopologyKind::Ring),
+        ),
+        (
+            AlgorithmKind::Gossip,
+            GraphChoice::Family(TopologyKind::Exponential),
+        ),
+        (AlgorithmKind::Moshpit, GraphChoice::Moshpit),
+        (
+            AlgorithmKind::CliqueAveraging,
+            GraphChoice::Family(TopologyKind::DCliques),
+        ),
+        (
+            AlgorithmKind::Dpsgd,
+            GraphChoice::Family(TopologyKind::ExponentialOnePeer),
+        ),
+    ] {
+        for compression in [
+            Compression::None,
+            Compression::Int4,
+            Compression::TopK { ratio: 0.2 },
+        ] {
+            let mut per_step = config(10, vec![topology], Partition::Iid, 30);
+            per_step.algorithm = Some(algorithm);
+            per_step.compression = compression;
+            let mut outer_cfg = per_step.clone();
+            outer_cfg.outer = Some(outer(4, OuterOptimizerKind::Nesterov, 0.7, 0.9));
+            let run = |cfg: &SimulationConfig| {
+                simulate::<B>(cfg, &data, &Default::default(), |_, _| {}).unwrap()
+            };
+            let (dense, sparse) = (run(&per_step), run(&outer_cfg));
+            let (first, last) = (&sparse[0].curve[0], sparse[0].curve.last().unwrap());
+            let what = format!(
+                "{algorithm:?} on {} with {compression:?}",
+                sparse[0].topology
+            );
+            assert!(
+                last.mean_accuracy > first.mean_accuracy + 0.3,
+                "{what}: {} -> {}",
+                first.mean_accuracy,
+                last.mean_accuracy
+            );
+            // Rounds after steps 4, 8, .., 28 and the last (30): 8 of 30. Clique averaging's
+            // per-step gradients stay (they are its point; never top-k'd), its parameters go
+            // 8 times.
+            let rounds = sparse[0].bytes_sent as f64 / dense[0].bytes_sent as f64;
+            if algorithm == AlgorithmKind::CliqueAveraging {
+                assert!(rounds < 0.85, "{what}: {rounds}");
+            } else {
+                assert!(
+                    (8.0 / 30.0 * 0.8..8.0 / 30.0 * 1.25).contains(&rounds),
+                    "{what}: byte ratio {rounds}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn outer_steps_refuse_asynchronous_gossip_another_cadence_and_more_steps_than_the_run() {
+    let data = data::embedded();
+    let mut cfg = config(
+        4,
+        vec![GraphChoice::Family(TopologyKind::Ring)],
+        Partition::Iid,
+        8,
+    );
+    cfg.outer = Some(outer(4, OuterOptimizerKind::Nesterov, 0.7, 0.9));
+    let refusal = |cfg: &SimulationConfig| {
+        simulate::<B>(cfg, &data, &Default::default(), |_, _| {})
+            .unwrap_err()
+            .to_string()
+    };
+    cfg.algorithm = Some(murmur_core::api::AlgorithmKind::AsyncGossip);
+    assert!(refusal(&cfg).contains("asynchronous gossip"));
+    cfg.algorithm = None;
+    cfg.averaging = Averaging::Every(2);
+    assert!(refusal(&cfg).contains("--average-every"));
+    cfg.averaging = Averaging::Every(1);
+    cfg.outer = Some(outer(9, OuterOptimizerKind::Nesterov, 0.7, 0.9));
+    assert!(refusal(&cfg).contains("--outer-local-steps must be from 1 to --steps (8), not 9"));
 }

@@ -65,6 +65,7 @@ pub const VERSION: &str = "v1alpha1";
     validation = Rule::new("self.trainer.backend != 'cuda' || (has(self.trainer.resources) && has(self.trainer.resources.gpus) && self.trainer.resources.gpus >= 1)").message("trainer.backend cuda needs trainer.resources.gpus >= 1").field_path(".trainer.backend"),
     validation = Rule::new("!has(self.topology.cliqueSize) || self.topology.cliqueSize <= self.replicas.max").message("topology.cliqueSize must not exceed replicas.max").field_path(".topology.cliqueSize"),
     validation = Rule::new("!has(self.training.dataset) || self.training.dataset.source != 'text' || !(self.topology.kind in ['dCliques', 'proxyClumps'])").message("topology.kind dCliques and proxyClumps group members by the classes they hold, and training.dataset.source text has none").field_path(".topology.kind"),
+    validation = Rule::new("!has(self.algorithm.outer) || !has(self.training.steps) || self.algorithm.outer.localSteps <= self.training.steps").message("algorithm.outer.localSteps must not exceed training.steps").field_path(".algorithm.outer.localSteps"),
 )]
 #[serde(rename_all = "camelCase")]
 pub struct DecentralizedTrainingJobSpec {
@@ -211,6 +212,9 @@ pub enum AlgorithmKind {
     validation = Rule::new("!has(self.maxStaleness) || (self.maxStaleness >= 1 && self.maxStaleness <= 1000)").message("algorithm.maxStaleness must be from 1 to 1000").field_path(".maxStaleness"),
     validation = Rule::new("self.kind == 'asyncGossip' || !has(self.maxStaleness)").message("algorithm.maxStaleness applies only to kind asyncGossip").field_path(".maxStaleness"),
     validation = Rule::new("self.kind != 'asyncGossip' || !has(self.compression) || self.compression.kind != 'topK'").message("algorithm.compression topK does not apply to kind asyncGossip (requests and replies cross on different connections, so per-link estimates cannot stay in step): use int8 or fp16").field_path(".compression.kind"),
+    validation = Rule::new("!has(self.outer) || self.kind != 'asyncGossip'").message("algorithm.outer does not apply to kind asyncGossip (it has no rounds)").field_path(".outer"),
+    validation = Rule::new("!has(self.outer) || string(self.averageEvery) == '1'").message("algorithm.averageEvery does not apply with algorithm.outer (outer.localSteps sets the rounds)").field_path(".averageEvery"),
+    validation = Rule::new("has(self.outer) == has(oldSelf.outer)").message("algorithm.outer is immutable").field_path(".outer"),
 )]
 pub struct AlgorithmSpec {
     #[x_kube(validation = Rule::new("self == oldSelf").message("algorithm.kind is immutable"))]
@@ -236,6 +240,12 @@ pub struct AlgorithmSpec {
     /// own steps is dropped, and the request given up (default 8).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_staleness: Option<u32>,
+    /// Outer steps (DiLoCo, SlowMo): `localSteps` optimizer steps on local data, then one
+    /// averaging round whose mix moves an anchor copy of the parameters by an outer optimizer
+    /// step; the next local steps start from the anchor.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("algorithm.outer is immutable"))]
+    pub outer: Option<OuterSpec>,
 }
 
 impl AlgorithmSpec {
@@ -267,6 +277,7 @@ impl Default for AlgorithmSpec {
             round_timeout: default_round_timeout(),
             group_size: None,
             max_staleness: None,
+            outer: None,
         }
     }
 }
@@ -369,6 +380,53 @@ pub struct AutoAverageSpec {
     pub target_skew: Option<f64>,
 }
 
+/// `algorithm.outer`: the outer optimizer and how many local steps it waits for.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("self.localSteps >= 1 && self.localSteps <= 100000").message("algorithm.outer.localSteps must be from 1 to 100000").field_path(".localSteps"),
+    validation = Rule::new("!has(self.learningRate) || (self.learningRate > 0.0 && self.learningRate <= 10.0)").message("algorithm.outer.learningRate must be in (0, 10]").field_path(".learningRate"),
+    validation = Rule::new("!has(self.momentum) || (self.momentum >= 0.0 && self.momentum < 1.0)").message("algorithm.outer.momentum must be in [0, 1)").field_path(".momentum"),
+)]
+pub struct OuterSpec {
+    /// Optimizer steps on local data between two outer steps.
+    pub local_steps: u32,
+    /// The outer optimizer: `nesterov` (DiLoCo's) or `sgd` with heavy-ball momentum (SlowMo's).
+    #[serde(default)]
+    pub optimizer: OuterOptimizerKind,
+    /// The outer learning rate (default 0.7, DiLoCo's). With `sgd`, 1 and momentum 0, an outer
+    /// step is plain averaging every `localSteps` steps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub learning_rate: Option<f64>,
+    /// The outer momentum (default 0.9).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub momentum: Option<f64>,
+}
+
+impl OuterSpec {
+    pub const DEFAULT_LEARNING_RATE: f64 = 0.7;
+    pub const DEFAULT_MOMENTUM: f64 = 0.9;
+
+    pub fn learning_rate(&self) -> f64 {
+        self.learning_rate.unwrap_or(Self::DEFAULT_LEARNING_RATE)
+    }
+
+    pub fn momentum(&self) -> f64 {
+        self.momentum.unwrap_or(Self::DEFAULT_MOMENTUM)
+    }
+}
+
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[serde(rename_all = "camelCase")]
+pub enum OuterOptimizerKind {
+    /// Nesterov momentum (DiLoCo).
+    #[default]
+    Nesterov,
+    /// Heavy-ball momentum (SlowMo).
+    Sgd,
+}
+
 impl AutoAverageSpec {
     pub const DEFAULT_MAX_EVERY: u32 = 16;
     /// Chosen by measurement (docs/claims.md, "Adaptive averaging"): equal accuracy on the D-Cliques
@@ -383,6 +441,8 @@ pub enum CompressionKind {
     None,
     Fp16,
     Int8,
+    /// 4-bit values with a scale per 256, error feedback as int8: an eighth of f32's bytes.
+    Int4,
     TopK,
 }
 

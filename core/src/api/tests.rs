@@ -370,6 +370,51 @@ fn every_cel_rule_rejects_with_the_field_it_guards() {
             "model: gnLenet\n    dataset: {source: idx, path: /d, shape: [3, 32, 32]}",
             "spec.training.dataset.shape",
         ),
+        (
+            "roundTimeout: 5s}",
+            "roundTimeout: 5s, outer: {localSteps: 0}}",
+            "spec.algorithm.outer.localSteps",
+        ),
+        (
+            "roundTimeout: 5s}",
+            "roundTimeout: 5s, outer: {localSteps: 100001}}",
+            "spec.algorithm.outer.localSteps",
+        ),
+        (
+            "roundTimeout: 5s}",
+            "roundTimeout: 5s, outer: {localSteps: 10, learningRate: 0}}",
+            "spec.algorithm.outer.learningRate",
+        ),
+        (
+            "roundTimeout: 5s}",
+            "roundTimeout: 5s, outer: {localSteps: 10, learningRate: 10.5}}",
+            "spec.algorithm.outer.learningRate",
+        ),
+        (
+            "roundTimeout: 5s}",
+            "roundTimeout: 5s, outer: {localSteps: 10, momentum: 1}}",
+            "spec.algorithm.outer.momentum",
+        ),
+        (
+            "roundTimeout: 5s}",
+            "roundTimeout: 5s, outer: {localSteps: 10, momentum: -0.1}}",
+            "spec.algorithm.outer.momentum",
+        ),
+        (
+            "{kind: cliqueAveraging, averageEvery: 1, roundTimeout: 5s}",
+            "{kind: asyncGossip, roundTimeout: 5s, outer: {localSteps: 10}}",
+            "spec.algorithm.outer",
+        ),
+        (
+            "{kind: cliqueAveraging, averageEvery: 1, roundTimeout: 5s}",
+            "{kind: cliqueAveraging, averageEvery: 2, roundTimeout: 5s, outer: {localSteps: 10}}",
+            "spec.algorithm.averageEvery",
+        ),
+        (
+            "roundTimeout: 5s}",
+            "roundTimeout: 5s, outer: {localSteps: 101}}",
+            "spec.algorithm.outer.localSteps",
+        ),
         ("{name: job}", "{name: Job_1}", "metadata.name"),
         ("{name: job}", "{}", "metadata.name"),
         (
@@ -414,6 +459,19 @@ fn the_boundaries_of_each_rule_are_accepted() {
             "roundTimeout: 5s, compression: {kind: int8}}",
         ),
         ("steps: 100", "epochs: 1"),
+        (
+            "roundTimeout: 5s}",
+            "roundTimeout: 5s, outer: {localSteps: 1, learningRate: 10, momentum: 0}}",
+        ),
+        (
+            "roundTimeout: 5s}",
+            "roundTimeout: 5s, outer: {localSteps: 100, optimizer: sgd, momentum: 0.99}}",
+        ),
+        // With epochs, not steps, only the trainer knows the run's length.
+        (
+            "roundTimeout: 5s}\n  training:\n    model: mlp\n    partition: {kind: classesPerMember, k: 1}\n    steps: 100",
+            "roundTimeout: 5s, outer: {localSteps: 100000}}\n  training:\n    model: mlp\n    partition: {kind: classesPerMember, k: 1}\n    epochs: 1",
+        ),
         ("averageEvery: 1,", "averageEvery: auto,"),
         (
             "averageEvery: 1,",
@@ -562,6 +620,11 @@ fn fields_that_cannot_change_mid_run_are_immutable() {
             "{kind: dCliques, cliqueSize: 4, interClique: smallWorld}",
             "{kind: proxyClumps}",
             "spec.topology.kind",
+        ),
+        (
+            "roundTimeout: 5s}",
+            "roundTimeout: 5s, outer: {localSteps: 10}}",
+            "spec.algorithm.outer",
         ),
     ] {
         let new = with(from, to).unwrap();

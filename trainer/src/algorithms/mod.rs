@@ -8,6 +8,7 @@ pub mod cadence;
 mod member;
 pub mod mixing;
 mod neighbourhood;
+pub mod outer;
 pub mod sgd;
 
 use murmur_core::topology::MemberId;
@@ -16,6 +17,7 @@ pub use async_gossip::{GossipCounts, Letter, LetterKind, Mailbox};
 pub use cadence::{AutoPolicy, Averaging};
 pub use member::{Member, MemberConfig, MemberError, Optim, StepReport};
 pub use neighbourhood::Neighbourhood;
+pub use outer::{Outer, OuterConfig};
 
 /// Why a payload is sent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

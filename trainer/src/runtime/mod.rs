@@ -391,6 +391,18 @@ fn partition_classes<D: Data>(data: &D, plan: &MemberPlan) -> Result<Vec<usize>,
         .collect())
 }
 
+/// Outer steps longer than the run never take one: refused, naming the field. (With
+/// `training.steps` the API server refuses it already; epochs are known only here.)
+fn outer_fits(plan: &MemberPlan, total_steps: u64) -> Result<(), RunError> {
+    match plan.member.outer {
+        Some(outer) if outer.local_steps > total_steps => Err(RunError::Spec(format!(
+            "algorithm.outer.localSteps: {} local steps exceed the run's {total_steps} steps (training.epochs over the mean shard): lower it, or train longer",
+            outer.local_steps
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// Run one member of `task` to the end. Call inside a multi-threaded tokio runtime's
 /// `block_on`: the training compute holds this thread while the transport's tasks run on the
 /// workers.
@@ -420,6 +432,7 @@ pub async fn run<B: AutodiffBackend, T: Task>(
     );
     let shard = parts[plan.shard_of(me)].clone();
     let total_steps = plan.total_steps(split.train.len());
+    outer_fits(&plan, total_steps)?;
     let (task, train) = (Arc::new(task), Arc::new(split.train));
     // Every member starts from the same model: the backend is seeded from the job's seed.
     B::seed(&device, plan.member.seed);
@@ -441,7 +454,8 @@ pub async fn run<B: AutodiffBackend, T: Task>(
     } else {
         None
     };
-    let member = Member::new(me, plan.member.clone(), task, initial, train, shard, device)?;
+    let mut member = Member::new(me, plan.member.clone(), task, initial, train, shard, device)?;
+    member.set_total_steps(total_steps);
     let layout_len = member.layout().len();
 
     let transport = Transport::bind(
@@ -555,6 +569,7 @@ mod tests {
     use murmur_core::api::parse_manifest;
 
     use super::*;
+    use crate::algorithms::Averaging;
 
     /// Examples with no classes (next-token prediction).
     struct Unlabelled;
@@ -585,5 +600,21 @@ mod tests {
             partition_classes(&Unlabelled, &plan("{kind: iid}")).unwrap(),
             vec![0; 10]
         );
+    }
+
+    #[test]
+    fn outer_steps_longer_than_the_run_are_refused_naming_the_field() {
+        let text = "apiVersion: murmur.dev/v1alpha1\nkind: DecentralizedTrainingJob\nmetadata: {name: t}\nspec:\n  replicas: {min: 2, target: 2, max: 2}\n  algorithm: {kind: dpsgd, outer: {localSteps: 50}}\n  training:\n    model: mlp\n    epochs: 1\n    batchSize: 10\n";
+        let plan = MemberPlan::from_spec(&parse_manifest(text, "t.yaml").unwrap().spec);
+        assert_eq!(plan.member.averaging, Averaging::Every(50));
+        // 200 examples in 2 shards: 10 steps of 10, against 50 local steps.
+        let e = outer_fits(&plan, plan.total_steps(200))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("algorithm.outer.localSteps: 50 local steps exceed the run's 10 steps"),
+            "{e}"
+        );
+        outer_fits(&plan, plan.total_steps(1000)).unwrap();
     }
 }

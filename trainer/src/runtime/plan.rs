@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use murmur_core::api::{AverageEvery, DecentralizedTrainingJobSpec, ModelKind, TopologyKind};
 
-use crate::algorithms::{AutoPolicy, Averaging, MemberConfig};
+use crate::algorithms::{AutoPolicy, Averaging, MemberConfig, OuterConfig};
 use crate::compression::Compression;
 use crate::data::partition::Partition;
 
@@ -27,12 +27,15 @@ pub struct MemberPlan {
 impl MemberPlan {
     pub fn from_spec(spec: &DecentralizedTrainingJobSpec) -> Self {
         let training = &spec.training;
+        let outer = spec.algorithm.outer.as_ref().map(OuterConfig::from_spec);
         Self {
             member: MemberConfig {
                 algorithm: spec.algorithm.kind,
-                averaging: match spec.algorithm.average_every {
-                    AverageEvery::Steps(n) => Averaging::Every(u64::from(n.max(1))),
-                    AverageEvery::Auto => {
+                averaging: match (outer, spec.algorithm.average_every) {
+                    // An outer step ends every round: the rounds come every localSteps steps.
+                    (Some(outer), _) => Averaging::Every(outer.local_steps),
+                    (None, AverageEvery::Steps(n)) => Averaging::Every(u64::from(n.max(1))),
+                    (None, AverageEvery::Auto) => {
                         Averaging::Auto(AutoPolicy::from_spec(spec.algorithm.auto.as_ref()))
                     }
                 },
@@ -44,6 +47,7 @@ impl MemberPlan {
                 seed: training.seed,
                 group_size: spec.algorithm.group_size(),
                 max_staleness: spec.algorithm.max_staleness(),
+                outer,
             },
             model: training.model,
             partition: Partition::from_spec(&training.partition),

@@ -28,7 +28,7 @@ use murmur_core::topology::{
 
 use crate::algorithms::mixing::consensus_distance;
 use crate::algorithms::{
-    Averaging, Letter, Mailbox, Member, MemberConfig, MemberError, Neighbourhood,
+    Averaging, Letter, Mailbox, Member, MemberConfig, MemberError, Neighbourhood, OuterConfig,
 };
 use crate::compression::Compression;
 use crate::data::partition::Partition;
@@ -80,6 +80,8 @@ pub struct SimulationConfig {
     /// Spread the members over this many zones (as evenly as possible, at random by the seed:
     /// [`topology::zones::scatter`]; 0: no zones), and count the bytes that cross between zones.
     pub zones: usize,
+    /// Outer steps: every round moves an anchor by an outer optimizer step.
+    pub outer: Option<OuterConfig>,
 }
 
 /// Virtual time per step of a full-speed member. Integer ticks keep the order of events exact.
@@ -288,7 +290,11 @@ fn build_topology<B: AutodiffBackend>(
 fn member_config(config: &SimulationConfig, algorithm: AlgorithmKind) -> MemberConfig {
     MemberConfig {
         algorithm,
-        averaging: config.averaging,
+        // An outer step ends every round: the rounds come every localSteps steps.
+        averaging: match config.outer {
+            Some(outer) => Averaging::Every(outer.local_steps),
+            None => config.averaging,
+        },
         compression: config.compression,
         optimizer: config.optimizer,
         momentum: config.momentum,
@@ -302,6 +308,7 @@ fn member_config(config: &SimulationConfig, algorithm: AlgorithmKind) -> MemberC
         seed: config.seed,
         group_size: config.topology.group_size,
         max_staleness: config.max_staleness,
+        outer: config.outer,
     }
 }
 
@@ -395,6 +402,25 @@ pub fn simulate<B: AutodiffBackend>(
                 "--average-every auto paces the edges of a static graph under D-PSGD or clique averaging, not {algorithm:?} on {}",
                 choice.name()
             )));
+        }
+        if let Some(outer) = config.outer {
+            if algorithm == AlgorithmKind::AsyncGossip {
+                return Err(SimulationError::Config(
+                    "--outer-local-steps does not apply to asynchronous gossip (it has no rounds)"
+                        .into(),
+                ));
+            }
+            if config.averaging != Averaging::Every(1) {
+                return Err(SimulationError::Config(
+                    "--average-every does not apply with --outer-local-steps (the outer steps set the rounds)".into(),
+                ));
+            }
+            if outer.local_steps == 0 || outer.local_steps > config.steps {
+                return Err(SimulationError::Config(format!(
+                    "--outer-local-steps must be from 1 to --steps ({}), not {}",
+                    config.steps, outer.local_steps
+                )));
+            }
         }
         if algorithm == AlgorithmKind::AsyncGossip
             && matches!(config.compression, Compression::TopK { .. })
@@ -521,6 +547,7 @@ fn run_rounds<B: AutodiffBackend>(
             shards.parts[id as usize].clone(),
             device.clone(),
         )?;
+        member.set_total_steps(config.steps);
         let mut exchange = LocalExchange {
             me: id,
             boxes: boxes.clone(),

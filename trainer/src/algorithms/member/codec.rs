@@ -39,7 +39,7 @@ impl<B: AutodiffBackend, T: Task> Member<B, T> {
                     (to, with_trailer(bytes))
                 })
                 .collect(),
-            Compression::None | Compression::Fp16 | Compression::Int8 => {
+            Compression::None | Compression::Fp16 | Compression::Int8 | Compression::Int4 => {
                 let shared = with_trailer(
                     self.shared_encoders
                         .entry(purpose)

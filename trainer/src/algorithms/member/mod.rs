@@ -39,6 +39,7 @@ use murmur_core::topology::MemberId;
 use super::Purpose;
 use super::async_gossip::Requests;
 use super::cadence::{Averaging, Cadence};
+use super::outer::{Outer, OuterConfig};
 use super::sgd::InPlaceSgd;
 use crate::compression::{Compression, Decoder, Encoder};
 use crate::model::{self, FlatError, Layout};
@@ -58,6 +59,9 @@ pub struct MemberConfig {
     pub group_size: usize,
     /// Asynchronous gossip: replies to requests older than this many steps are dropped.
     pub max_staleness: u64,
+    /// Outer steps: every averaging round moves an anchor by an outer optimizer step.
+    /// `averaging` is then `Every(local_steps)`.
+    pub outer: Option<OuterConfig>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -170,6 +174,10 @@ pub struct Member<B: AutodiffBackend, T: Task> {
     pub bytes_received: u64,
     device: B::Device,
     scratch: Vec<f32>,
+    /// Outer steps: the anchor and the outer momentum.
+    outer: Option<Outer>,
+    /// The run's last step (0-based), where outer steps take a round whatever the cadence.
+    last_step: Option<u64>,
 }
 
 impl<B: AutodiffBackend, T: Task> Member<B, T> {
@@ -189,6 +197,13 @@ impl<B: AutodiffBackend, T: Task> Member<B, T> {
         let layout = model::layout(&initial);
         // Ids every member shares, so optimizer state can move between members.
         let initial = model::with_slot_ids(initial);
+        let (initial, outer) = match config.outer {
+            Some(_) => {
+                let (initial, values, _) = model::export(initial);
+                (initial, Some(Outer::start(&values)))
+            }
+            None => (initial, None),
+        };
         let rng = ChaCha8Rng::seed_from_u64(config.seed ^ (u64::from(id) << 32) ^ 0x5eed);
         let cadence = match config.averaging {
             Averaging::Auto(policy) => Some(Cadence::new(id, policy)),
@@ -217,6 +232,8 @@ impl<B: AutodiffBackend, T: Task> Member<B, T> {
             bytes_received: 0,
             device,
             scratch: Vec::new(),
+            outer,
+            last_step: None,
         })
     }
 
@@ -245,12 +262,17 @@ impl<B: AutodiffBackend, T: Task> Member<B, T> {
         Ok(())
     }
 
-    /// Replace the parameters (state transfer from a peer); the optimizer state stays.
+    /// Replace the parameters (state transfer from a peer); the optimizer state stays. With
+    /// outer steps the anchor restarts from them, with no outer momentum, until
+    /// [`set_outer_state`](Self::set_outer_state) says otherwise.
     pub fn set_parameters(&mut self, values: &[f32]) -> Result<(), MemberError> {
         let model = self.model.take().expect("model present");
         match model::import(model.clone(), values, &self.layout) {
             Ok(m) => {
                 self.model = Some(m);
+                if self.outer.is_some() {
+                    self.outer = Some(Outer::start(values));
+                }
                 Ok(())
             }
             Err(e) => {
@@ -258,6 +280,40 @@ impl<B: AutodiffBackend, T: Task> Member<B, T> {
                 Err(e.into())
             }
         }
+    }
+
+    /// The run ends after `steps` steps: with outer steps, the last one ends in a round.
+    pub fn set_total_steps(&mut self, steps: u64) {
+        self.last_step = steps.checked_sub(1);
+    }
+
+    /// With outer steps: the anchor and the outer momentum.
+    pub fn outer_state(&self) -> Option<&Outer> {
+        self.outer.as_ref()
+    }
+
+    /// Take a neighbour's (or a checkpoint's) [`outer_state`](Self::outer_state). Refused when
+    /// this member takes no outer steps or the lengths are not this model's.
+    pub fn set_outer_state(&mut self, state: Outer) -> Result<(), MemberError> {
+        let expected = self.layout.len();
+        if self.outer.is_none() {
+            return Err(MemberError::Record {
+                what: "outer state",
+                message: "this member takes no outer steps".into(),
+            });
+        }
+        if state.anchor.len() != expected || state.momentum.len() != expected {
+            return Err(MemberError::Record {
+                what: "outer state",
+                message: format!(
+                    "anchor of {} and momentum of {} values, for a model of {expected}",
+                    state.anchor.len(),
+                    state.momentum.len()
+                ),
+            });
+        }
+        self.outer = Some(state);
+        Ok(())
     }
 
     pub fn layout(&self) -> &Layout {
@@ -292,6 +348,10 @@ impl<B: AutodiffBackend, T: Task> Member<B, T> {
         );
         self.optim = optim.load_bytes(optimizer, &self.device)?;
         self.model = Some(restored);
+        if self.outer.is_some() {
+            let values = self.parameters();
+            self.outer = Some(Outer::start(&values));
+        }
         Ok(())
     }
 

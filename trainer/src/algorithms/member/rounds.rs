@@ -56,13 +56,18 @@ impl<B: AutodiffBackend, T: Task> Member<B, T> {
 
         // Auto averaging labels a round by its step: at most one a step, and both ends of an
         // edge agree on its steps.
+        // With outer steps the run's last step ends in a round too, so the model the run ends
+        // with is an anchor, not a member's drift on its own data.
         let round = match self.config.averaging {
-            Averaging::Every(n) => (step + 1).is_multiple_of(n.max(1)).then(|| step / n.max(1)),
+            Averaging::Every(n) => ((step + 1).is_multiple_of(n.max(1))
+                || (self.outer.is_some() && self.last_step == Some(step)))
+            .then(|| step / n.max(1)),
             Averaging::Auto(_) => Some(step),
         };
         let plan = round.map(|round| (round, self.averaging_plan(step, round, hood)));
+        // With outer steps, every round ends in an outer step, heard from anyone or not.
         if let Some((round, plan)) = plan
-            && !plan.from.is_empty()
+            && (!plan.from.is_empty() || self.outer.is_some())
         {
             // The scratch buffer keeps its pages between rounds: no page faults on every export.
             let mut own = std::mem::take(&mut self.scratch);
@@ -73,8 +78,11 @@ impl<B: AutodiffBackend, T: Task> Member<B, T> {
                 .as_ref()
                 .filter(|_| plan.paced)
                 .map(|c| c.trailer(&plan.to));
-            let received = self
-                .share(
+            let received = if plan.to.is_empty() && plan.from.is_empty() {
+                Vec::new()
+            } else {
+                exchanged = true;
+                self.share(
                     ex,
                     round,
                     Purpose::Parameters,
@@ -82,9 +90,9 @@ impl<B: AutodiffBackend, T: Task> Member<B, T> {
                     &own,
                     trailer.as_deref(),
                 )
-                .await;
+                .await
+            };
             heard_from += received.len();
-            exchanged = true;
             // The local disagreement is the distance to the plain mean of what was averaged;
             // computed in the same pass over the received models as the mix itself.
             let (mixed, disagreement) = if plan.weighted {
@@ -138,7 +146,14 @@ impl<B: AutodiffBackend, T: Task> Member<B, T> {
             }
             drop(received);
             self.scratch = own;
-            model = model::import(model, &mixed, &self.layout)?;
+            model = match (&mut self.outer, &self.config.outer) {
+                // The next local steps start from the anchor the outer step moved.
+                (Some(outer), Some(config)) => {
+                    outer.step(&mixed, config);
+                    model::import(model, &outer.anchor, &self.layout)?
+                }
+                _ => model::import(model, &mixed, &self.layout)?,
+            };
         }
         self.model = Some(model);
         Ok(StepReport {

@@ -37,6 +37,7 @@ fn a_member_given_a_neighbours_optimizer_state_steps_as_that_neighbour_does() {
         seed: 1,
         group_size: 2,
         max_staleness: 1,
+        outer: None,
     };
     let device = Default::default();
     // The whole shard is every mini-batch, so the members' different shuffles draw alike.
