@@ -463,7 +463,7 @@ fn outer(local_steps: u64, optimizer: OuterOptimizerKind, lr: f64, mu: f64) -> O
 }
 
 /// With SGD, learning rate 1 and no momentum, the anchor becomes the mix: the same run as
-/// averaging every `localSteps` steps.
+/// averaging every `localSteps` steps (with no inner momentum, which an outer step restarts).
 #[test]
 fn an_outer_sgd_step_of_one_without_momentum_is_averaging_every_local_steps() {
     let data = data::embedded();
@@ -474,6 +474,7 @@ fn an_outer_sgd_step_of_one_without_momentum_is_averaging_every_local_steps() {
         24,
     );
     plain.eval_every = 4;
+    plain.momentum = 0.0;
     plain.averaging = Averaging::Every(4);
     let mut outer_cfg = plain.clone();
     outer_cfg.averaging = Averaging::Every(1);

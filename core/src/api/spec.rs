@@ -394,8 +394,8 @@ pub struct OuterSpec {
     /// The outer optimizer: `nesterov` (DiLoCo's) or `sgd` with heavy-ball momentum (SlowMo's).
     #[serde(default)]
     pub optimizer: OuterOptimizerKind,
-    /// The outer learning rate (default 0.7, DiLoCo's). With `sgd`, 1 and momentum 0, an outer
-    /// step is plain averaging every `localSteps` steps.
+    /// The outer learning rate (default 0.7, DiLoCo's). With `sgd`, 1 and momentum 0 (and SGD
+    /// without momentum inside), an outer step is plain averaging every `localSteps` steps.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub learning_rate: Option<f64>,
     /// The outer momentum (default 0.9).

@@ -147,9 +147,11 @@ impl<B: AutodiffBackend, T: Task> Member<B, T> {
             drop(received);
             self.scratch = own;
             model = match (&mut self.outer, &self.config.outer) {
-                // The next local steps start from the anchor the outer step moved.
+                // The next local steps start from the anchor the outer step moved, with no
+                // momentum of their own: see `Optim::restart_momentum`.
                 (Some(outer), Some(config)) => {
                     outer.step(&mixed, config);
+                    self.optim.restart_momentum(self.config.momentum);
                     model::import(model, &outer.anchor, &self.layout)?
                 }
                 _ => model::import(model, &mixed, &self.layout)?,
