@@ -203,6 +203,49 @@ fn a_job_whose_members_all_died_resumes_from_the_newest_valid_checkpoint() {
     );
 }
 
+/// With outer steps the checkpoint holds the anchor and outer momentum (format 2), and a
+/// resumed job takes them back.
+#[test]
+fn with_outer_steps_a_resumed_job_takes_its_anchor_back_from_the_checkpoint() {
+    let text = manifest(200, 2, Some(50)).replace(
+        "algorithm: {kind: dpsgd, roundTimeout: 2s}",
+        "algorithm: {kind: dpsgd, roundTimeout: 2s, outer: {localSteps: 10}}",
+    );
+    let job = LocalJob::new(2, TopologyKind::Ring, &text);
+    let ckpt = job.dir.path().join("checkpoints");
+    let env = [("MURMUR_CHECKPOINT_DIR", ckpt.display().to_string())];
+    let mut procs = Reaper::default();
+    for id in 0..2 {
+        procs.0.push(job.spawn(id, 0, &env));
+    }
+    wait_for(Duration::from_secs(60), "step 60", || {
+        (0..2).all(|id| job.step(id).is_some_and(|s| s >= 60))
+    });
+    for c in &mut procs.0 {
+        c.kill().unwrap();
+        c.wait().unwrap();
+    }
+    let bytes = std::fs::read(ckpt.join("member-0-step-0000000050.ckpt")).unwrap();
+    assert_eq!(bytes[8..12], 2u32.to_le_bytes(), "format 2: outer state");
+    let mut procs = Reaper::default();
+    for id in 0..2 {
+        procs.0.push(job.spawn(id, 1, &env));
+    }
+    for c in &mut procs.0 {
+        let status = wait_exit(c, Duration::from_secs(120)).expect("hung");
+        assert!(status.success(), "{status:?}");
+    }
+    for id in 0..2 {
+        let lines = job.log(id, 1);
+        let resumed = logged(&lines, "resumed from checkpoint").expect("did not resume");
+        assert_eq!(resumed["step"], 50, "member {id}: {resumed}");
+        assert_eq!(resumed["outer"], true, "member {id}: {resumed}");
+        let done = logged(&lines, "done").expect("did not finish");
+        assert_eq!(done["step"], 200);
+        assert!(done["accuracy"].as_f64().unwrap() >= 0.85, "{done}");
+    }
+}
+
 #[test]
 fn a_member_whose_data_is_missing_names_the_file_in_its_termination_message() {
     let missing = "/nonexistent/murmur-dataset";

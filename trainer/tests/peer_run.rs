@@ -293,3 +293,49 @@ fn a_member_left_far_behind_catches_up_with_its_neighbours() {
     println!("with a member stopped and caught up: {accuracy:.4}");
     assert!(accuracy >= 0.85, "accuracy {accuracy}");
 }
+
+/// With outer steps a replacement takes a neighbour's anchor and outer momentum with its
+/// parameters, and goes on in step with the ring.
+#[test]
+fn with_outer_steps_a_replacement_takes_a_neighbours_anchor_and_outer_momentum() {
+    let manifest = MANIFEST
+        .replace(
+            "averageEvery: 1, roundTimeout: 2s",
+            "roundTimeout: 2s, outer: {localSteps: 10}",
+        )
+        .replace("steps: 600", "steps: 400");
+    let job = LocalJob::new(MEMBERS, TopologyKind::Ring, &manifest);
+    let mut procs = Reaper::default();
+    for id in 0..MEMBERS {
+        procs.0.push(job.spawn(id, 0, &[]));
+    }
+    wait_for(Duration::from_secs(120), "step 100", || {
+        job.step(0).is_some_and(|s| s >= 100)
+    });
+    procs.0[2].kill().unwrap();
+    procs.0[2].wait().unwrap();
+    procs.0.push(job.spawn(2, 1, &[]));
+    for (i, c) in procs.0.iter_mut().enumerate() {
+        if i == 2 {
+            continue; // the killed one
+        }
+        let status = wait_exit(c, Duration::from_secs(240)).expect("a member hung");
+        assert!(status.success(), "member process {i}: {status:?}");
+    }
+    let lines = job.log(2, 1);
+    let transferred = logged(&lines, "state transferred from a neighbour")
+        .expect("the replacement did not fetch state from a neighbour");
+    assert!(
+        (100..400).contains(&transferred["step"].as_u64().unwrap()),
+        "{transferred}"
+    );
+    // After ten or more outer steps the momentum is far from zero; a replacement that
+    // restarted its anchor would hold none.
+    assert!(
+        transferred["outer_momentum_norm"].as_f64().unwrap() > 0.01,
+        "{transferred}"
+    );
+    let accuracy = final_accuracy(&job, &[(0, 0), (1, 0), (2, 1), (3, 0)]);
+    println!("outer steps with a SIGKILL and a replacement: {accuracy:.4}");
+    assert!(accuracy >= 0.85, "accuracy {accuracy}");
+}

@@ -3,7 +3,9 @@
 //! A file that fails its checksum or its checks is skipped with a warning, never loaded.
 //!
 //! Layout: `MRMRCKPT` · format u32 · meta length u32 · meta (JSON) · model length u64 · model
-//! record · optimizer length u64 · optimizer record · SHA-256 (32 bytes).
+//! record · optimizer length u64 · optimizer record · (format 2 only: outer length u64 · the
+//! outer steps' anchor then momentum, f32 little-endian) · SHA-256 (32 bytes). A checkpoint
+//! without outer state is written in format 1, which every reader takes.
 
 use std::fs;
 use std::io::Write;
@@ -14,6 +16,8 @@ use sha2::{Digest, Sha256};
 
 const MAGIC: &[u8; 8] = b"MRMRCKPT";
 const FORMAT: u32 = 1;
+/// Format 1 with the outer steps' state after the optimizer record.
+const FORMAT_OUTER: u32 = 2;
 /// Checkpoints kept per member: the newest, and one to fall back on if it is damaged.
 const KEEP: usize = 2;
 
@@ -33,6 +37,9 @@ pub struct Checkpoint {
     pub meta: CheckpointMeta,
     pub model: Vec<u8>,
     pub optimizer: Vec<u8>,
+    /// Outer steps: the anchor and the outer momentum (f32 little-endian, one model length
+    /// each); empty without outer steps.
+    pub outer: Vec<u8>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -58,10 +65,18 @@ impl Checkpoint {
         let meta = serde_json::to_vec(&self.meta).expect("plain struct");
         let mut b = Vec::with_capacity(64 + meta.len() + self.model.len() + self.optimizer.len());
         b.extend_from_slice(MAGIC);
-        b.extend_from_slice(&FORMAT.to_le_bytes());
+        let (format, parts) = if self.outer.is_empty() {
+            (FORMAT, vec![&self.model, &self.optimizer])
+        } else {
+            (
+                FORMAT_OUTER,
+                vec![&self.model, &self.optimizer, &self.outer],
+            )
+        };
+        b.extend_from_slice(&format.to_le_bytes());
         b.extend_from_slice(&(meta.len() as u32).to_le_bytes());
         b.extend_from_slice(&meta);
-        for part in [&self.model, &self.optimizer] {
+        for part in parts {
             b.extend_from_slice(&(part.len() as u64).to_le_bytes());
             b.extend_from_slice(part);
         }
@@ -91,8 +106,11 @@ impl Checkpoint {
             Ok(part)
         };
         let format = u32::from_le_bytes(take(4)?.try_into().expect("4 bytes"));
-        if format != FORMAT {
-            return Err(invalid(file, format!("format {format}, expected {FORMAT}")));
+        if format != FORMAT && format != FORMAT_OUTER {
+            return Err(invalid(
+                file,
+                format!("format {format}, expected {FORMAT} or {FORMAT_OUTER}"),
+            ));
         }
         let meta_len = u32::from_le_bytes(take(4)?.try_into().expect("4 bytes")) as usize;
         let meta: CheckpointMeta = serde_json::from_slice(take(meta_len)?)
@@ -101,10 +119,20 @@ impl Checkpoint {
         let model = take(model_len)?.to_vec();
         let optimizer_len = u64::from_le_bytes(take(8)?.try_into().expect("8 bytes")) as usize;
         let optimizer = take(optimizer_len)?.to_vec();
+        let outer = if format == FORMAT_OUTER {
+            let outer_len = u64::from_le_bytes(take(8)?.try_into().expect("8 bytes")) as usize;
+            take(outer_len)?.to_vec()
+        } else {
+            Vec::new()
+        };
+        if at != body.len() {
+            return Err(invalid(file, "bytes after the last part"));
+        }
         Ok(Checkpoint {
             meta,
             model,
             optimizer,
+            outer,
         })
     }
 
@@ -214,7 +242,36 @@ mod tests {
             },
             model: vec![1, 2, 3],
             optimizer: vec![4; 10],
+            outer: Vec::new(),
         }
+    }
+
+    #[test]
+    fn outer_state_is_written_in_format_2_and_read_back() {
+        let mut c = checkpoint(1, 40);
+        let plain = c.encode();
+        assert_eq!(
+            plain[8..12],
+            FORMAT.to_le_bytes(),
+            "no outer state: format 1"
+        );
+        c.outer = (0..16).collect();
+        let bytes = c.encode();
+        assert_eq!(bytes[8..12], FORMAT_OUTER.to_le_bytes());
+        let file = Path::new("c.ckpt");
+        assert_eq!(Checkpoint::decode(&bytes, file).unwrap(), c);
+        // Format 1 read as format 2 runs past the end; format 2 read as 1 leaves bytes over.
+        let relabel = |mut b: Vec<u8>, format: u32| {
+            b.truncate(b.len() - 32);
+            b[8..12].copy_from_slice(&format.to_le_bytes());
+            let digest = Sha256::digest(&b);
+            b.extend_from_slice(&digest);
+            b
+        };
+        let e = Checkpoint::decode(&relabel(plain, FORMAT_OUTER), file).unwrap_err();
+        assert!(e.to_string().contains("past the end"), "{e}");
+        let e = Checkpoint::decode(&relabel(bytes, FORMAT), file).unwrap_err();
+        assert!(e.to_string().contains("bytes after the last part"), "{e}");
     }
 
     #[test]

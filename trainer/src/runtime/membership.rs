@@ -46,7 +46,7 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
         if requests.is_empty() {
             return;
         }
-        let parameters = self.member.parameters();
+        let parameters = self.member.transferable_state();
         let optimizer = self.member.optimizer_state().unwrap_or_else(|e| {
             tracing::warn!(error = %e, "cannot record the optimizer state; sending parameters only");
             Vec::new()
@@ -254,7 +254,21 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
                 .await;
         }
         if let Some((peer, step)) = self.adopt_best(&replies)? {
-            tracing::info!(peer, step, "state transferred from a neighbour");
+            match self.member.outer_state() {
+                // The outer momentum's size: zero had it not come along.
+                Some(outer) => tracing::info!(
+                    peer,
+                    step,
+                    outer_momentum_norm = outer
+                        .momentum
+                        .iter()
+                        .map(|v| f64::from(*v).powi(2))
+                        .sum::<f64>()
+                        .sqrt(),
+                    "state transferred from a neighbour"
+                ),
+                None => tracing::info!(peer, step, "state transferred from a neighbour"),
+            }
         }
         Ok(())
     }
@@ -264,12 +278,12 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
     fn adopt_best(&mut self, replies: &[StateReply]) -> Result<Option<(MemberId, u64)>, RunError> {
         let Some(best) = replies
             .iter()
-            .filter(|r| r.step > self.step && r.parameters.len() == self.member.layout().len())
+            .filter(|r| r.step > self.step && r.parameters.len() == self.member.transferable_len())
             .max_by_key(|r| r.step)
         else {
             return Ok(None);
         };
-        self.member.set_parameters(&best.parameters)?;
+        self.member.set_transferable_state(&best.parameters)?;
         // Its optimizer state too: a fresh Adam's first steps move every parameter by the whole
         // learning rate, and averaging spreads that jolt to the neighbours.
         if !best.optimizer.is_empty()
@@ -311,14 +325,15 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
         }
         let ahead: Vec<&StateReply> = replies
             .iter()
-            .filter(|r| r.step > self.step && r.parameters.len() == self.member.layout().len())
+            .filter(|r| r.step > self.step && r.parameters.len() == self.member.transferable_len())
             .collect();
         let Some(step) = ahead.iter().map(|r| r.step).max() else {
             return Ok(());
         };
         let theirs: Vec<&[f32]> = ahead.iter().map(|r| r.parameters.as_slice()).collect();
-        let merged = mixing::mean(&self.member.parameters(), &theirs);
-        self.member.set_parameters(&merged)?;
+        // With outer steps, anchors and outer momenta are averaged alike.
+        let merged = mixing::mean(&self.member.transferable_state(), &theirs);
+        self.member.set_transferable_state(&merged)?;
         let peers: Vec<MemberId> = ahead.iter().map(|r| r.from).collect();
         tracing::info!(
             ?peers,

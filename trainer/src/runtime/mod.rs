@@ -467,7 +467,9 @@ pub async fn run<B: AutodiffBackend, T: Task>(
             layout_fingerprint: member.layout().fingerprint(),
             // The largest message is a state reply: the parameters and the optimizer state
             // (Adam: two moments per parameter), with room for the records' names.
-            max_message: (layout_len as u64) * 4 * 4 + (1 << 16),
+            // A state reply: the transferable state (one model length, three with outer steps)
+            // and an optimizer state of up to three (Adam's moments and their record).
+            max_message: (member.transferable_len() as u64 + 3 * layout_len as u64) * 4 + (1 << 16),
             round_timeout: plan.round_timeout,
         },
     )

@@ -8,6 +8,7 @@ use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder, Recorder};
 use burn::tensor::backend::AutodiffBackend;
 
 use super::{Checkpoint, CheckpointMeta, RunError, Trainer, newest_valid};
+use crate::algorithms::{MemberError, Outer};
 use crate::model::Layout;
 use crate::task::Task;
 
@@ -17,6 +18,17 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
             return Ok(());
         };
         let (model, optimizer) = self.member.records()?;
+        let outer = self
+            .member
+            .outer_state()
+            .map(|o| {
+                o.anchor
+                    .iter()
+                    .chain(&o.momentum)
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect()
+            })
+            .unwrap_or_default();
         let path = Checkpoint {
             meta: CheckpointMeta {
                 job: self.job_key(),
@@ -27,6 +39,7 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
             },
             model,
             optimizer,
+            outer,
         }
         .save(dir)?;
         tracing::info!(step = self.step, file = %path.display(), "checkpoint written");
@@ -43,10 +56,16 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
             tracing::warn!(error = %e, "skipping a checkpoint");
         }
         if let Some((path, c)) = best {
-            match self.member.restore(c.model, c.optimizer) {
+            let outer = outer_state(&c.outer, self.member.layout().len());
+            match outer.and_then(|outer| {
+                self.member.restore(c.model, c.optimizer)?;
+                // A checkpoint without outer state restarts the anchor at its parameters.
+                outer.map_or(Ok(()), |o| self.member.set_outer_state(o))
+            }) {
                 Ok(()) => {
                     self.step = c.meta.step;
-                    tracing::info!(step = self.step, file = %path.display(), "resumed from checkpoint");
+                    let outer = !c.outer.is_empty();
+                    tracing::info!(step = self.step, outer, file = %path.display(), "resumed from checkpoint");
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, file = %path.display(), "skipping a checkpoint")
@@ -114,4 +133,31 @@ pub fn write_model<B: AutodiffBackend, M: Module<B>>(
     safetensors::tensor::serialize_to_file(tensors, None, &path)
         .map_err(|e| fail(&path, e.to_string()))?;
     Ok(())
+}
+
+/// A checkpoint's outer part as the anchor and momentum of a model of `values` parameters:
+/// None when it has none; an error when it is not two model lengths of f32s.
+fn outer_state(bytes: &[u8], values: usize) -> Result<Option<Outer>, MemberError> {
+    if bytes.is_empty() {
+        return Ok(None);
+    }
+    if bytes.len() != 8 * values {
+        return Err(MemberError::Record {
+            what: "outer state",
+            message: format!(
+                "{} bytes, where a model of {values} parameters takes {}",
+                bytes.len(),
+                8 * values
+            ),
+        });
+    }
+    let floats: Vec<f32> = bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
+        .collect();
+    let (anchor, momentum) = floats.split_at(values);
+    Ok(Some(Outer {
+        anchor: anchor.to_vec(),
+        momentum: momentum.to_vec(),
+    }))
 }

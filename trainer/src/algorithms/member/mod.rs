@@ -298,6 +298,47 @@ impl<B: AutodiffBackend, T: Task> Member<B, T> {
         self.last_step = steps.checked_sub(1);
     }
 
+    /// What a joining or lagging neighbour takes from this member: the parameters, and with
+    /// outer steps the anchor and the outer momentum after them (three model lengths), so
+    /// that it takes its next outer step as this member will.
+    pub fn transferable_state(&mut self) -> Vec<f32> {
+        let mut state = self.parameters();
+        if let Some(outer) = &self.outer {
+            state.extend_from_slice(&outer.anchor);
+            state.extend_from_slice(&outer.momentum);
+        }
+        state
+    }
+
+    /// The length of [`transferable_state`](Self::transferable_state).
+    pub fn transferable_len(&self) -> usize {
+        self.layout.len() * if self.outer.is_some() { 3 } else { 1 }
+    }
+
+    /// Take a neighbour's [`transferable_state`](Self::transferable_state); one of another
+    /// length (a member without outer steps, another model) is refused and changes nothing.
+    pub fn set_transferable_state(&mut self, state: &[f32]) -> Result<(), MemberError> {
+        let n = self.layout.len();
+        if state.len() != self.transferable_len() {
+            return Err(MemberError::Record {
+                what: "state",
+                message: format!(
+                    "{} values, where this member takes {}",
+                    state.len(),
+                    self.transferable_len()
+                ),
+            });
+        }
+        self.set_parameters(&state[..n])?;
+        if self.outer.is_some() {
+            self.outer = Some(Outer {
+                anchor: state[n..2 * n].to_vec(),
+                momentum: state[2 * n..].to_vec(),
+            });
+        }
+        Ok(())
+    }
+
     /// With outer steps: the anchor and the outer momentum.
     pub fn outer_state(&self) -> Option<&Outer> {
         self.outer.as_ref()

@@ -76,3 +76,101 @@ fn a_member_given_a_neighbours_optimizer_state_steps_as_that_neighbour_does() {
     assert!(largest_difference(&joiner.parameters(), &expected) < 1e-5);
     assert!(largest_difference(&fresh.parameters(), &expected) > 1e-3);
 }
+
+/// An exchange with no one on it: a member without neighbours still takes its outer steps.
+struct Alone;
+
+impl crate::algorithms::Exchange for Alone {
+    async fn exchange(
+        &mut self,
+        _: u64,
+        _: crate::algorithms::Purpose,
+        _: Vec<(murmur_core::topology::MemberId, crate::algorithms::Payload)>,
+        _: &[murmur_core::topology::MemberId],
+    ) -> Vec<(murmur_core::topology::MemberId, crate::algorithms::Payload)> {
+        Vec::new()
+    }
+}
+
+/// With outer steps, a member that takes a neighbour's transferable state (parameters, anchor,
+/// outer momentum) steps as that neighbour does; one given the parameters alone restarts its
+/// anchor there and parts from it at the next outer step.
+#[test]
+fn with_outer_steps_a_member_given_a_neighbours_state_steps_as_that_neighbour_does() {
+    use crate::algorithms::{Neighbourhood, OuterConfig};
+    let task = Arc::new(ImageClassification {
+        model: ModelKind::LogisticRegression,
+    });
+    let data = Arc::new(crate::data::embedded().train);
+    let config = MemberConfig {
+        algorithm: AlgorithmKind::Dpsgd,
+        averaging: Averaging::Every(3),
+        compression: Compression::None,
+        optimizer: OptimizerKind::Sgd,
+        momentum: 0.0,
+        learning_rate: 0.05,
+        batch_size: 32,
+        seed: 1,
+        group_size: 2,
+        max_staleness: 1,
+        outer: Some(OuterConfig {
+            local_steps: 3,
+            optimizer: murmur_core::api::OuterOptimizerKind::Nesterov,
+            learning_rate: 0.7,
+            momentum: 0.9,
+        }),
+    };
+    let device = Default::default();
+    let shard: Vec<usize> = (0..32).collect();
+    let member = |id| {
+        Cpu::seed(&device, 1);
+        Member::<Cpu, ImageClassification>::new(
+            id,
+            config.clone(),
+            task.clone(),
+            task.init::<Cpu>(&data, &device),
+            data.clone(),
+            shard.clone(),
+            device,
+        )
+        .unwrap()
+    };
+    let hood = Neighbourhood {
+        me: 0,
+        version: 1,
+        self_weight: 1.0,
+        neighbours: Vec::new(),
+        clique_mates: Vec::new(),
+        edges: Vec::new(),
+        members: vec![0],
+        one_peer_schedule: false,
+    };
+    let run = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let steps = |m: &mut Member<Cpu, ImageClassification>, from: u64, to: u64| {
+        for step in from..to {
+            run.block_on(m.step(step, &hood, &mut Alone)).unwrap();
+        }
+    };
+    let mut neighbour = member(0);
+    // Two outer steps and one local step into the third round.
+    steps(&mut neighbour, 0, 7);
+    let state = neighbour.transferable_state();
+    assert_eq!(state.len(), 3 * neighbour.layout().len());
+    let mut joiner = member(1);
+    joiner.set_transferable_state(&state).unwrap();
+    let mut fresh = member(2);
+    fresh.set_parameters(&neighbour.parameters()).unwrap();
+    for m in [&mut neighbour, &mut joiner, &mut fresh] {
+        steps(m, 7, 9);
+    }
+    let expected = neighbour.parameters();
+    assert!(largest_difference(&joiner.parameters(), &expected) < 1e-6);
+    assert!(largest_difference(&fresh.parameters(), &expected) > 1e-3);
+    // A state of another length changes nothing.
+    let before = joiner.transferable_state();
+    let e = joiner.set_transferable_state(&expected).unwrap_err();
+    assert!(e.to_string().contains("where this member takes"), "{e}");
+    assert_eq!(joiner.transferable_state(), before);
+}
