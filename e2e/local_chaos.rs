@@ -1,5 +1,5 @@
-//! End to end: `murmur run` on the D-Cliques example, undisturbed and with members SIGKILLed
-//! every few seconds. The chaotic run must succeed, land within 1.5 points of the calm one, and
+//! End to end: `murmur run` on the D-Cliques example, and on it with outer steps, undisturbed
+//! and with members SIGKILLed every few seconds. The chaotic run must succeed, land within 1.5 points of the calm one, and
 //! the status API must have shown every preemption while it ran. It also measures how fast the
 //! job heals: kill → the survivors' first round without the member, and a replacement's spawn →
 //! its first averaging round (printed; run with `--nocapture` to read them).
@@ -10,12 +10,29 @@ use std::collections::BTreeSet;
 
 use support::*;
 
-const EXAMPLE: &str = "manifests/examples/dcliques-spot-cpu.yaml";
-const JOB: &str = "/api/v1/namespaces/default/jobs/mnist-dcliques";
-
 #[test]
 fn a_job_under_preemption_chaos_succeeds_close_to_an_undisturbed_run() {
-    let calm = Run::start(EXAMPLE, &[]);
+    // Every 4 s: the example trains in about 25 s here, and the test needs at least three kills.
+    chaos_lands_close_to_calm(
+        "manifests/examples/dcliques-spot-cpu.yaml",
+        "/api/v1/namespaces/default/jobs/mnist-dcliques",
+        "4s",
+    );
+}
+
+/// With outer steps a replacement takes its neighbour's anchor and outer momentum, mid-round.
+#[test]
+fn with_outer_steps_a_job_under_preemption_chaos_succeeds_close_to_an_undisturbed_run() {
+    // Every second: the example trains in about 8 s here.
+    chaos_lands_close_to_calm(
+        "manifests/examples/dcliques-outer-cpu.yaml",
+        "/api/v1/namespaces/default/jobs/mnist-dcliques-outer",
+        "1s",
+    );
+}
+
+fn chaos_lands_close_to_calm(example: &str, job: &str, every: &str) {
+    let calm = Run::start(example, &[]);
     let calm = calm.finish(|_| {});
     assert!(calm.status.success(), "calm run failed:\n{}", calm.stdout);
     let calm_summary = calm.summary();
@@ -23,11 +40,10 @@ fn a_job_under_preemption_chaos_succeeds_close_to_an_undisturbed_run() {
     assert_eq!(calm_summary["preemptionsSurvived"], 0);
 
     // While the chaotic run goes, read the job the way a user would, every 200 ms.
-    // Every 4 s: the example trains in about 25 s here, and the test needs at least three kills.
-    let chaos = Run::start(EXAMPLE, &["--chaos", "preempt", "--every", "4s", "--kill"]);
+    let chaos = Run::start(example, &["--chaos", "preempt", "--every", every, "--kill"]);
     let mut seen = BTreeSet::new();
     let chaos = chaos.finish(|url| {
-        if let Some((200, body)) = http_get(url, JOB) {
+        if let Some((200, body)) = http_get(url, job) {
             let view: serde_json::Value = serde_json::from_str(&body).unwrap();
             for p in view["preemptionHistory"].as_array().unwrap() {
                 seen.insert((
