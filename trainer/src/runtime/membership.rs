@@ -13,7 +13,7 @@ use murmur_core::topology::MemberId;
 use super::{RunError, Trainer};
 use crate::algorithms::{Neighbourhood, mixing};
 use crate::task::Task;
-use crate::transport::{Agreements, StateReply};
+use crate::transport::{Agreements, StateReply, StateRequest};
 
 /// How many members beyond its neighbourhood a joiner asks for state at a time.
 const STATE_ASK_BATCH: usize = 8;
@@ -40,10 +40,18 @@ fn beyond_neighbourhood(
 }
 
 impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
-    /// Answer joining members with our step and parameters.
+    /// Answer joining members with our step and parameters; one as far on as we are gets our
+    /// step alone (members starting together all ask, and a state at step 0 is of no use).
     pub(super) fn serve_state_requests(&mut self) {
-        let requests = self.transport.take_state_requests();
-        if requests.is_empty() {
+        let (behind, level): (Vec<StateRequest>, Vec<StateRequest>) = self
+            .transport
+            .take_state_requests()
+            .into_iter()
+            .partition(|r| r.step < self.step);
+        for request in level {
+            self.transport.reply_state(request, self.step, &[], &[]);
+        }
+        if behind.is_empty() {
             return;
         }
         let parameters = self.member.transferable_state();
@@ -51,7 +59,7 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
             tracing::warn!(error = %e, "cannot record the optimizer state; sending parameters only");
             Vec::new()
         });
-        for request in requests {
+        for request in behind {
             tracing::info!(
                 peer = request.from,
                 step = self.step,
@@ -202,7 +210,7 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
         let under_way = self.job_ahead();
         let mut beyond: Option<Vec<MemberId>> = None;
         for &n in &neighbours {
-            self.transport.request_state(n);
+            self.transport.request_state(n, self.step);
         }
         let mut asked_beyond: Vec<MemberId> = Vec::new();
         let deadline = Instant::now() + timeout;
@@ -236,7 +244,7 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
                     "no neighbour has trained yet; asking members beyond them"
                 );
                 for &n in &batch {
-                    self.transport.request_state(n);
+                    self.transport.request_state(n, self.step);
                 }
                 asked_beyond.extend(batch);
                 continue;
@@ -308,7 +316,7 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
             return Ok(());
         }
         for &peer in &ahead {
-            self.transport.request_state(peer);
+            self.transport.request_state(peer, self.step);
         }
         let deadline = Instant::now() + self.plan.round_timeout;
         let mut replies: Vec<StateReply> = Vec::new();

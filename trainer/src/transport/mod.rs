@@ -60,6 +60,8 @@ type ReplyTx = mpsc::Sender<Outgoing>;
 /// A joining member asks for our parameters; answer with [`StateRequest::reply`].
 pub struct StateRequest {
     pub from: MemberId,
+    /// The requester's own step: a state no further on is of no use to it.
+    pub step: u64,
     reply: ReplyTx,
 }
 
@@ -371,8 +373,10 @@ impl Transport {
     }
 
     /// Ask `peer` for its parameters and step.
-    pub fn request_state(&self, peer: MemberId) -> bool {
-        self.send(peer, Kind::StateRequest, 0, Vec::new())
+    /// Ask `peer` for its state; `step` is ours, so that a peer no further on answers with
+    /// its step alone.
+    pub fn request_state(&self, peer: MemberId, step: u64) -> bool {
+        self.send(peer, Kind::StateRequest, step, Vec::new())
     }
 
     /// Answer a state request with our step, parameters and optimizer state.

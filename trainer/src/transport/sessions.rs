@@ -262,6 +262,7 @@ pub(super) async fn serve_incoming(shared: Arc<Shared>, stream: TcpStream) {
                 shared.book.lock().state_requested(peer);
                 shared.state_requests.lock().push(StateRequest {
                     from: peer,
+                    step: message.round,
                     reply: reply_tx.clone(),
                 });
                 shared.changed.notify_waiters();

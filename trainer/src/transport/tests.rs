@@ -215,9 +215,9 @@ async fn first_arriving<T>(at: &Transport, take: impl Fn(&Transport) -> Vec<T>, 
     }
 }
 
-/// `joiner` asks `neighbour` for its state: the request as it reaches `neighbour`.
-async fn state_request(joiner: &Transport, neighbour: &Transport) -> StateRequest {
-    assert!(joiner.request_state(neighbour.me()));
+/// `joiner`, at `step`, asks `neighbour` for its state: the request as it reaches `neighbour`.
+async fn state_request(joiner: &Transport, neighbour: &Transport, step: u64) -> StateRequest {
+    assert!(joiner.request_state(neighbour.me(), step));
     first_arriving(neighbour, Transport::take_state_requests, "state request").await
 }
 
@@ -230,8 +230,8 @@ async fn state_reply(joiner: &Transport) -> StateReply {
 async fn a_joining_member_fetches_state_from_a_neighbour() {
     let ts = members(2).await;
     let (a, b) = (ts[0].clone(), ts[1].clone());
-    let request = state_request(&b, &a).await;
-    assert_eq!(request.from, 1);
+    let request = state_request(&b, &a, 7).await;
+    assert_eq!((request.from, request.step), (1, 7));
     let parameters: Vec<f32> = (0..300_000).map(|i| i as f32 * 0.5).collect();
     let optimizer = b"an optimizer record".to_vec();
     a.reply_state(request, 42, &parameters, &optimizer);
@@ -247,7 +247,7 @@ async fn a_joining_member_fetches_state_from_a_neighbour() {
 async fn a_state_reply_too_large_for_a_message_carries_the_parameters_alone() {
     let ts = members(2).await;
     let (a, b) = (ts[0].clone(), ts[1].clone());
-    let request = state_request(&b, &a).await;
+    let request = state_request(&b, &a, 0).await;
     let parameters: Vec<f32> = (0..300_000).map(|i| i as f32).collect();
     // 1.2 MB of parameters and 3.6 MB of optimizer state: past the 4 MiB a message may hold.
     a.reply_state(request, 7, &parameters, &vec![1u8; 3_600_000]);

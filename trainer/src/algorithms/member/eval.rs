@@ -8,9 +8,16 @@ use crate::model;
 use crate::task::{Data, Inner, Score, Task};
 
 impl<B: AutodiffBackend, T: Task> Member<B, T> {
-    /// This member's model on the whole of `test`: the task's metric and the mean loss.
+    /// This member's model on the whole of `test`: the task's metric and the mean loss. With
+    /// outer steps that is the anchor, as DiLoCo evaluates its outer model: between two rounds
+    /// the parameters are part way through local steps on this member's data alone.
     pub fn evaluate(&self, test: &T::Data) -> (f64, f64) {
-        let model = self.model().valid();
+        let model = match &self.outer {
+            Some(outer) => model::import(self.model().clone(), &outer.anchor, &self.layout)
+                .expect("the anchor has the model's layout")
+                .valid(),
+            None => self.model().valid(),
+        };
         let all: Vec<usize> = (0..test.len()).collect();
         let mut total = Score::default();
         for batch in all.chunks(self.task.evaluation_batch().max(1)) {
