@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# Time and bytes to a target accuracy, and final accuracy, for the D-Cliques example's job (MLP,
+# the embedded MNIST sample, 10 processes, two classes each, batch 32, SGD lr 0.05 momentum 0.9,
+# 400 steps) trained five ways on the same cores:
+#   - murmur per-step: `murmur run` of manifests/examples/dcliques-spot-cpu.yaml;
+#   - murmur outer, int4: manifests/examples/dcliques-outer-cpu.yaml (outer steps every 8);
+#   - murmur outer, none: the same, uncompressed;
+#   - murmur outer, int4, under chaos: members SIGKILLed every CHAOS_EVERY (default 2s; the run
+#     is about 8 s long);
+#   - PyTorch DDP (torchrun, gloo) and torchft's DiLoCo (sync every 8, Nesterov outer step lr 0.7
+#     momentum 0.9): trainer/bench/peers_torch.py.
+# Time is from launch to the first evaluation at which the members' mean accuracy reaches
+# TARGET (default 0.90); bytes are what the loopback interface sent during the run (every
+# process talks over it, frames and TCP headers included), prorated to that step. One line per
+# run, then key=value figures. Needs python3 with torch, mlxtend and torchft (pip install torch
+# mlxtend torchft); PYTHON names another interpreter. About 3 minutes on 2 cores.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+TARGET=${TARGET:-0.90}
+CHAOS_EVERY=${CHAOS_EVERY:-2s}
+PYTHON=${PYTHON:-python3}
+if ! "$PYTHON" -c 'import torch, mlxtend, torchft' 2>/dev/null; then
+    echo "$PYTHON lacks torch, mlxtend or torchft: pip install torch mlxtend torchft" >&2
+    exit 3
+fi
+cargo build --release --quiet -p murmur -p murmur-trainer
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+lo_sent() { awk '$1 == "lo:" {print $10}' /proc/net/dev; }
+now() { date +%s.%N; }
+
+# Prints: name|seconds to target|fraction of the steps at target|final accuracy|bytes|wall.
+# Reads `step seconds accuracy` lines (any member, any order) on stdin.
+judge() {
+    "$PYTHON" -c '
+import sys, collections
+name, target, total_bytes, wall = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+by = collections.defaultdict(list)
+for line in sys.stdin:
+    step, seconds, acc = line.split()
+    by[int(step)].append((float(seconds), float(acc)))
+steps = sorted(by)
+last = steps[-1]
+final = sum(a for _, a in by[last]) / len(by[last])
+hit = next((s for s in steps if sum(a for _, a in by[s]) / len(by[s]) >= target), None)
+if hit is None:
+    print(f"{name}|nan|nan|{final:.4f}|{total_bytes}|{wall:.2f}")
+else:
+    seconds = max(t for t, _ in by[hit])
+    print(f"{name}|{seconds:.2f}|{hit / last:.4f}|{final:.4f}|{total_bytes}|{wall:.2f}")
+' "$@"
+}
+
+murmur_run() { # name manifest [murmur run flags]
+    local name=$1 manifest=$2
+    shift 2
+    local before started
+    before=$(lo_sent)
+    started=$(now)
+    target/release/murmur run "$manifest" --output "$work/$name" "$@" > "$work/$name.out" 2>&1
+    echo "$name: $(grep -o 'preemptions survived.*' "$work/$name.out")" >&2
+    local sent=$(($(lo_sent) - before)) wall
+    wall=$("$PYTHON" -c "print($(now) - $started)")
+    # Evaluations every 25 steps (the trainers' default), one line per member.
+    awk -F, 'NR > 1 && $6 != "" && $4 % 25 == 0 {print $4, $1, $6}' "$work/$name/metrics.csv" |
+        judge "$name" "$TARGET" "$sent" "$wall"
+}
+
+torch_run() { # name mode
+    local name=$1 mode=$2 before
+    mkdir -p "$work/$name"
+    before=$(lo_sent)
+    export MURMUR_BENCH_T0
+    MURMUR_BENCH_T0=$(now)
+    if [ "$mode" = ddp ]; then
+        "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node 10 \
+            trainer/bench/peers_torch.py ddp "$work/$name" > "$work/$name.out" 2>&1
+    else
+        "$PYTHON" trainer/bench/peers_torch.py lighthouse "$work" --members 10 \
+            > "$work/lighthouse" 2> "$work/lighthouse.log" &
+        local lighthouse=$!
+        while ! [ -s "$work/lighthouse" ]; do sleep 0.1; done
+        local pids=()
+        for rank in $(seq 0 9); do
+            "$PYTHON" trainer/bench/peers_torch.py diloco --rank "$rank" --members 10 \
+                --lighthouse "$(head -1 "$work/lighthouse")" "$work/$name" \
+                > "$work/$name.$rank.out" 2>&1 &
+            pids+=($!)
+        done
+        wait "${pids[@]}"
+        kill "$lighthouse"
+    fi
+    local sent=$(($(lo_sent) - before)) wall
+    wall=$("$PYTHON" -c "print($(now) - $MURMUR_BENCH_T0)")
+    cat "$work/$name"/rank-*.jsonl |
+        "$PYTHON" -c 'import sys, json
+for l in sys.stdin:
+    d = json.loads(l); print(d["step"], d["seconds"], d["accuracy"])' |
+        judge "$name" "$TARGET" "$sent" "$wall"
+}
+
+sed 's/compression: {kind: int4}/compression: {kind: none}/' \
+    manifests/examples/dcliques-outer-cpu.yaml > "$work/outer-none.yaml"
+results=$work/results
+{
+    murmur_run per-step manifests/examples/dcliques-spot-cpu.yaml
+    murmur_run outer-int4 manifests/examples/dcliques-outer-cpu.yaml
+    murmur_run outer-none "$work/outer-none.yaml"
+    murmur_run outer-int4-chaos manifests/examples/dcliques-outer-cpu.yaml \
+        --chaos preempt --every "$CHAOS_EVERY" --kill
+    torch_run ddp ddp
+    torch_run diloco diloco
+} > "$results"
+"$PYTHON" - "$results" "$TARGET" <<'EOF'
+import math, sys
+print(f"{'run':<18} {'wall s':>8} {'s to ' + sys.argv[2]:>10} {'at fraction':>12} {'final':>8} {'MB sent':>10} {'MB to target':>13}")
+for line in open(sys.argv[1]):
+    name, seconds, fraction, final, sent, wall = line.strip().split("|")
+    f = float(fraction)
+    to = "n/a" if math.isnan(f) else f"{int(sent) * f / 1e6:.1f}"
+    print(f"{name:<18} {float(wall):8.1f} {seconds:>10} {fraction:>12} {100 * float(final):7.2f}% {int(sent) / 1e6:10.1f} {to:>13}")
+EOF
+"$PYTHON" - "$results" <<'EOF'
+import math, sys
+runs = {}
+for line in open(sys.argv[1]):
+    name, seconds, fraction, final, sent, wall = line.strip().split("|")
+    runs[name] = dict(seconds=float(seconds), fraction=float(fraction), final=float(final),
+                      bytes=int(sent), wall=float(wall))
+def to_target(r):
+    return r["bytes"] * r["fraction"]
+def ratio(a, b):
+    return "nan" if math.isnan(a) or math.isnan(b) or b == 0 else f"{a / b:.3f}"
+step, outer, chaos = runs["per-step"], runs["outer-int4"], runs["outer-int4-chaos"]
+print(f"bytes_outer_vs_per_step={ratio(outer['bytes'], step['bytes'])}")
+print(f"accuracy_outer_minus_per_step={100 * (outer['final'] - step['final']):.2f}")
+print(f"wall_outer_vs_per_step={ratio(outer['wall'], step['wall'])}")
+print(f"time_to_target_outer_vs_per_step={ratio(outer['seconds'], step['seconds'])}")
+print(f"time_to_target_vs_ddp={ratio(outer['seconds'], runs['ddp']['seconds'])}")
+print(f"bytes_to_target_vs_diloco_peer={ratio(to_target(outer), to_target(runs['diloco']))}")
+print(f"time_to_target_chaos_vs_calm={ratio(chaos['seconds'], outer['seconds'])}")
+EOF
