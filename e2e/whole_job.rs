@@ -14,6 +14,10 @@
 //!    loss a preemption (no restart), every replacement on a spot node and averaging again, the
 //!    topology version never going backwards.
 //!
+//! 4. `manifests/examples/dcliques-outer-cpu.yaml` (outer steps every 8, int4): Succeeded,
+//!    within 1.5 points of its own `murmur run`, at least 50x fewer bytes than the per-step run
+//!    of 1.
+//!
 //! Needs root, podman, mmdebstrap, catatonit, iproute2, jq and Go; skipped with the reason otherwise, unless
 //! `MURMUR_REQUIRE_CONTROLPLANE` is set (CI sets it). One job at a time (two cores).
 
@@ -28,6 +32,7 @@ use support::control_plane::{self, repository};
 use support::tools;
 
 const MANIFEST: &str = "manifests/examples/dcliques-spot-cpu.yaml";
+const OUTER: &str = "manifests/examples/dcliques-outer-cpu.yaml";
 
 fn main() -> ExitCode {
     if !control_plane::real_nodes_available("the whole-job tests") {
@@ -36,7 +41,7 @@ fn main() -> ExitCode {
     std::panic::set_hook(Box::new(|info| eprintln!("\n{info}\n")));
     control_plane::build();
     let started = Instant::now();
-    let reference = murmur_run();
+    let reference = murmur_run(MANIFEST);
     println!("murmur run: {:.2}%", 100.0 * reference);
 
     // 1. The user's flow, the manifest as it is (zone-aware cliques by default), with the
@@ -296,8 +301,27 @@ fn main() -> ExitCode {
     for m in members {
         assert_eq!(m["nodeLabels"]["karpenter.sh/capacity-type"], "spot", "{m}");
     }
+    // 4. Outer steps in the cluster: the same job with a round every 8 steps, 4-bit.
+    let outer_reference = murmur_run(OUTER);
+    let outer = job_of(OUTER, &["--seed", "4"]);
+    let (plain_bytes, outer_bytes) = (bytes_out(&plain), bytes_out(&outer));
     println!(
-        "whole job: 3 runs and murmur run in {:.0} s",
+        "outer steps: {} {:.2}% (murmur run {:.2}%) in {:.1} s, {:.1} MB against {:.1} MB per-step: {:.0}x fewer",
+        outer["phase"],
+        100.0 * outer["finalAccuracy"].as_f64().unwrap_or(0.0),
+        100.0 * outer_reference,
+        outer["jobSeconds"].as_f64().unwrap_or(f64::NAN),
+        outer_bytes as f64 / 1e6,
+        plain_bytes as f64 / 1e6,
+        plain_bytes as f64 / outer_bytes.max(1) as f64
+    );
+    assert_succeeded_near(&outer, outer_reference, "with outer steps in the cluster");
+    assert!(
+        50 * outer_bytes <= plain_bytes,
+        "outer steps should send at least 50x fewer bytes: {outer_bytes} against {plain_bytes}"
+    );
+    println!(
+        "whole job: 4 runs and 2 murmur runs in {:.0} s",
         started.elapsed().as_secs_f64()
     );
     ExitCode::SUCCESS
@@ -320,13 +344,13 @@ fn assert_succeeded_near(result: &Value, reference: f64, when: &str) {
     );
 }
 
-/// `murmur run` of the manifest: its final accuracy.
-fn murmur_run() -> f64 {
+/// `murmur run` of `manifest`: its final accuracy.
+fn murmur_run(manifest: &str) -> f64 {
     let out = tempfile::tempdir().unwrap();
     let status = Command::new(env!("CARGO_BIN_EXE_murmur"))
         .args([
             "run",
-            MANIFEST,
+            manifest,
             "--status-address",
             "127.0.0.1:0",
             "--output",
@@ -336,7 +360,7 @@ fn murmur_run() -> f64 {
         .stdout(Stdio::null())
         .status()
         .expect("run murmur run");
-    assert!(status.success(), "murmur run {MANIFEST} failed");
+    assert!(status.success(), "murmur run {manifest} failed");
     let summary: Value =
         serde_json::from_str(&std::fs::read_to_string(out.path().join("summary.json")).unwrap())
             .unwrap();
@@ -345,10 +369,15 @@ fn murmur_run() -> f64 {
 
 /// `job.sh MANIFEST ARGS...` with the test build's binaries: its final status (the last line).
 fn job(args: &[&str]) -> Value {
+    job_of(MANIFEST, args)
+}
+
+/// `job.sh manifest ARGS...`, as [`job`].
+fn job_of(manifest: &str, args: &[&str]) -> Value {
     let keep = tempfile::tempdir().unwrap().keep().join("logs");
     let began = Instant::now();
     let out = Command::new(repository().join("e2e/controlplane/job.sh"))
-        .arg(MANIFEST)
+        .arg(manifest)
         .args(args)
         .args(["--timeout", "600", "--keep"])
         .arg(&keep)
@@ -378,6 +407,19 @@ fn job(args: &[&str]) -> Value {
 
 fn kept(result: &Value) -> PathBuf {
     PathBuf::from(result["keptLogs"].as_str().unwrap()).join("job")
+}
+
+/// Bytes every member's current attempt sent to its peers, from the operator's status API.
+fn bytes_out(result: &Value) -> u64 {
+    let view: Value =
+        serde_json::from_str(&std::fs::read_to_string(kept(result).join("view.json")).unwrap())
+            .unwrap();
+    view["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["bytesOut"].as_u64())
+        .sum()
 }
 
 /// Bytes every member sent to members in other zones, from the operator's status API.
