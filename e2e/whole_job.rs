@@ -409,12 +409,14 @@ fn kept(result: &Value) -> PathBuf {
     PathBuf::from(result["keptLogs"].as_str().unwrap()).join("job")
 }
 
+/// The job as the operator's status API showed it last.
+fn view_of(result: &Value) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(kept(result).join("view.json")).unwrap()).unwrap()
+}
+
 /// Bytes every member's current attempt sent to its peers, from the operator's status API.
 fn bytes_out(result: &Value) -> u64 {
-    let view: Value =
-        serde_json::from_str(&std::fs::read_to_string(kept(result).join("view.json")).unwrap())
-            .unwrap();
-    view["members"]
+    view_of(result)["members"]
         .as_array()
         .unwrap()
         .iter()
@@ -424,10 +426,7 @@ fn bytes_out(result: &Value) -> u64 {
 
 /// Bytes every member sent to members in other zones, from the operator's status API.
 fn cross_zone_bytes(result: &Value) -> u64 {
-    let view: Value =
-        serde_json::from_str(&std::fs::read_to_string(kept(result).join("view.json")).unwrap())
-            .unwrap();
-    view["members"]
+    view_of(result)["members"]
         .as_array()
         .unwrap()
         .iter()

@@ -125,22 +125,32 @@ fn a_member_is_ready_once_it_has_a_topology_and_leaves_on_sigterm() {
     }
 }
 
-#[test]
-fn a_job_whose_members_all_died_resumes_from_the_newest_valid_checkpoint() {
-    let job = LocalJob::new(2, TopologyKind::Ring, &manifest(300, 2, Some(50)));
+/// Run both members of `job`, checkpointing into its `checkpoints`, until both reach `step`,
+/// then SIGKILL them: the checkpoint directory and the environment that names it.
+fn run_then_kill_all(
+    job: &LocalJob,
+    step: u64,
+) -> (std::path::PathBuf, [(&'static str, String); 1]) {
     let ckpt = job.dir.path().join("checkpoints");
     let env = [("MURMUR_CHECKPOINT_DIR", ckpt.display().to_string())];
     let mut procs = Reaper::default();
     for id in 0..2 {
         procs.0.push(job.spawn(id, 0, &env));
     }
-    wait_for(Duration::from_secs(60), "step 110", || {
-        (0..2).all(|id| job.step(id).is_some_and(|s| s >= 110))
+    wait_for(Duration::from_secs(60), &format!("step {step}"), || {
+        (0..2).all(|id| job.step(id).is_some_and(|s| s >= step))
     });
     for c in &mut procs.0 {
         c.kill().unwrap();
         c.wait().unwrap();
     }
+    (ckpt, env)
+}
+
+#[test]
+fn a_job_whose_members_all_died_resumes_from_the_newest_valid_checkpoint() {
+    let job = LocalJob::new(2, TopologyKind::Ring, &manifest(300, 2, Some(50)));
+    let (ckpt, env) = run_then_kill_all(&job, 110);
     // Damage member 0's newest checkpoint: it must be skipped, not loaded.
     let newest = ckpt.join("member-0-step-0000000100.ckpt");
     let mut bytes = std::fs::read(&newest).unwrap();
@@ -212,19 +222,7 @@ fn with_outer_steps_a_resumed_job_takes_its_anchor_back_from_the_checkpoint() {
         "algorithm: {kind: dpsgd, roundTimeout: 2s, outer: {localSteps: 10}}",
     );
     let job = LocalJob::new(2, TopologyKind::Ring, &text);
-    let ckpt = job.dir.path().join("checkpoints");
-    let env = [("MURMUR_CHECKPOINT_DIR", ckpt.display().to_string())];
-    let mut procs = Reaper::default();
-    for id in 0..2 {
-        procs.0.push(job.spawn(id, 0, &env));
-    }
-    wait_for(Duration::from_secs(60), "step 60", || {
-        (0..2).all(|id| job.step(id).is_some_and(|s| s >= 60))
-    });
-    for c in &mut procs.0 {
-        c.kill().unwrap();
-        c.wait().unwrap();
-    }
+    let (ckpt, env) = run_then_kill_all(&job, 60);
     let bytes = std::fs::read(ckpt.join("member-0-step-0000000050.ckpt")).unwrap();
     assert_eq!(bytes[8..12], 2u32.to_le_bytes(), "format 2: outer state");
     let mut procs = Reaper::default();

@@ -44,6 +44,17 @@ fn final_accuracy(job: &LocalJob, attempts: &[(u32, u32)]) -> f64 {
     accs.iter().sum::<f64>() / accs.len() as f64
 }
 
+/// Every process but the one at `killed` exits successfully within four minutes.
+fn all_but_the_killed_one_succeed(procs: &mut Reaper, killed: usize) {
+    for (i, c) in procs.0.iter_mut().enumerate() {
+        if i == killed {
+            continue;
+        }
+        let status = wait_exit(c, Duration::from_secs(240)).expect("a member hung");
+        assert!(status.success(), "member process {i}: {status:?}");
+    }
+}
+
 #[test]
 fn a_ring_trains_through_a_sigkill_and_a_restart() {
     // Undisturbed run.
@@ -91,13 +102,7 @@ fn a_ring_trains_through_a_sigkill_and_a_restart() {
     // Replaced at once, as the control plane would: it must catch up mid-run.
     let replacement = job.spawn(2, 1, &[]);
     procs.0.push(replacement);
-    for (i, c) in procs.0.iter_mut().enumerate() {
-        if i == 2 {
-            continue; // the killed one
-        }
-        let status = wait_exit(c, Duration::from_secs(240)).expect("a member hung");
-        assert!(status.success(), "member process {i}: {status:?}");
-    }
+    all_but_the_killed_one_succeed(&mut procs, 2);
     let lines = job.log(2, 1);
     let transferred = logged(&lines, "state transferred from a neighbour")
         .expect("the replacement did not fetch state from a neighbour");
@@ -315,13 +320,7 @@ fn with_outer_steps_a_replacement_takes_a_neighbours_anchor_and_outer_momentum()
     procs.0[2].kill().unwrap();
     procs.0[2].wait().unwrap();
     procs.0.push(job.spawn(2, 1, &[]));
-    for (i, c) in procs.0.iter_mut().enumerate() {
-        if i == 2 {
-            continue; // the killed one
-        }
-        let status = wait_exit(c, Duration::from_secs(240)).expect("a member hung");
-        assert!(status.success(), "member process {i}: {status:?}");
-    }
+    all_but_the_killed_one_succeed(&mut procs, 2);
     let lines = job.log(2, 1);
     let transferred = logged(&lines, "state transferred from a neighbour")
         .expect("the replacement did not fetch state from a neighbour");

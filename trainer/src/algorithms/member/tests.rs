@@ -17,15 +17,33 @@ fn largest_difference(a: &[f32], b: &[f32]) -> f32 {
         .fold(0.0, f32::max)
 }
 
+/// Member `id` of a logistic regression whose shard, 32 examples, is every mini-batch, so that
+/// members' different shuffles draw alike. Each inits its own model, as each process does: the
+/// same values (the same seed), but burn draws every parameter's id at random.
+fn member(id: u32, config: &MemberConfig) -> Member<Cpu, ImageClassification> {
+    let task = Arc::new(ImageClassification {
+        model: ModelKind::LogisticRegression,
+    });
+    let data = Arc::new(crate::data::embedded().train);
+    let device = Default::default();
+    Cpu::seed(&device, 1);
+    Member::new(
+        id,
+        config.clone(),
+        task.clone(),
+        task.init::<Cpu>(&data, &device),
+        data,
+        (0..32).collect(),
+        device,
+    )
+    .unwrap()
+}
+
 /// A member that takes a neighbour's parameters and optimizer state steps as the neighbour does;
 /// with the parameters alone, a fresh Adam's first step moves every parameter by the whole
 /// learning rate, and the two part.
 #[test]
 fn a_member_given_a_neighbours_optimizer_state_steps_as_that_neighbour_does() {
-    let task = Arc::new(ImageClassification {
-        model: ModelKind::LogisticRegression,
-    });
-    let data = Arc::new(crate::data::embedded().train);
     let config = MemberConfig {
         algorithm: AlgorithmKind::Dpsgd,
         averaging: Averaging::Every(1),
@@ -39,24 +57,7 @@ fn a_member_given_a_neighbours_optimizer_state_steps_as_that_neighbour_does() {
         max_staleness: 1,
         outer: None,
     };
-    let device = Default::default();
-    // The whole shard is every mini-batch, so the members' different shuffles draw alike.
-    let shard: Vec<usize> = (0..32).collect();
-    // Each member inits its own model, as each process does: the same values (the same seed),
-    // but burn draws every parameter's id at random.
-    let member = |id| {
-        Cpu::seed(&device, 1);
-        Member::<Cpu, ImageClassification>::new(
-            id,
-            config.clone(),
-            task.clone(),
-            task.init::<Cpu>(&data, &device),
-            data.clone(),
-            shard.clone(),
-            device,
-        )
-        .unwrap()
-    };
+    let member = |id| member(id, &config);
     let mut neighbour = member(0);
     for _ in 0..5 {
         neighbour.local_step();
@@ -98,10 +99,6 @@ impl crate::algorithms::Exchange for Alone {
 #[test]
 fn with_outer_steps_a_member_given_a_neighbours_state_steps_as_that_neighbour_does() {
     use crate::algorithms::{Neighbourhood, OuterConfig};
-    let task = Arc::new(ImageClassification {
-        model: ModelKind::LogisticRegression,
-    });
-    let data = Arc::new(crate::data::embedded().train);
     let config = MemberConfig {
         algorithm: AlgorithmKind::Dpsgd,
         averaging: Averaging::Every(3),
@@ -120,21 +117,7 @@ fn with_outer_steps_a_member_given_a_neighbours_state_steps_as_that_neighbour_do
             momentum: 0.9,
         }),
     };
-    let device = Default::default();
-    let shard: Vec<usize> = (0..32).collect();
-    let member = |id| {
-        Cpu::seed(&device, 1);
-        Member::<Cpu, ImageClassification>::new(
-            id,
-            config.clone(),
-            task.clone(),
-            task.init::<Cpu>(&data, &device),
-            data.clone(),
-            shard.clone(),
-            device,
-        )
-        .unwrap()
-    };
+    let member = |id| member(id, &config);
     let hood = Neighbourhood {
         me: 0,
         version: 1,
