@@ -125,6 +125,18 @@ fn a_member_is_ready_once_it_has_a_topology_and_leaves_on_sigterm() {
     }
 }
 
+/// Start both members of `job` again (attempt 1) with `env`, and wait for both to finish well.
+fn resume_both(job: &LocalJob, env: &[(&str, String)]) {
+    let mut procs = Reaper::default();
+    for id in 0..2 {
+        procs.0.push(job.spawn(id, 1, env));
+    }
+    for c in &mut procs.0 {
+        let status = wait_exit(c, Duration::from_secs(120)).expect("hung");
+        assert!(status.success(), "{status:?}");
+    }
+}
+
 /// Run both members of `job`, checkpointing into its `checkpoints`, until both reach `step`,
 /// then SIGKILL them: the checkpoint directory and the environment that names it.
 fn run_then_kill_all(
@@ -165,14 +177,7 @@ fn a_job_whose_members_all_died_resumes_from_the_newest_valid_checkpoint() {
         ("MURMUR_OUTPUT_DIR", out.display().to_string()),
         ("MURMUR_TERMINATION_LOG", termination.display().to_string()),
     ];
-    let mut procs = Reaper::default();
-    for id in 0..2 {
-        procs.0.push(job.spawn(id, 1, &env));
-    }
-    for c in &mut procs.0 {
-        let status = wait_exit(c, Duration::from_secs(120)).expect("hung");
-        assert!(status.success(), "{status:?}");
-    }
+    resume_both(&job, &env);
     for id in 0..2 {
         let lines = job.log(id, 1);
         let resumed = logged(&lines, "resumed from checkpoint").expect("did not resume");
@@ -225,14 +230,7 @@ fn with_outer_steps_a_resumed_job_takes_its_anchor_back_from_the_checkpoint() {
     let (ckpt, env) = run_then_kill_all(&job, 60);
     let bytes = std::fs::read(ckpt.join("member-0-step-0000000050.ckpt")).unwrap();
     assert_eq!(bytes[8..12], 2u32.to_le_bytes(), "format 2: outer state");
-    let mut procs = Reaper::default();
-    for id in 0..2 {
-        procs.0.push(job.spawn(id, 1, &env));
-    }
-    for c in &mut procs.0 {
-        let status = wait_exit(c, Duration::from_secs(120)).expect("hung");
-        assert!(status.success(), "{status:?}");
-    }
+    resume_both(&job, &env);
     for id in 0..2 {
         let lines = job.log(id, 1);
         let resumed = logged(&lines, "resumed from checkpoint").expect("did not resume");

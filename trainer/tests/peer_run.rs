@@ -44,6 +44,20 @@ fn final_accuracy(job: &LocalJob, attempts: &[(u32, u32)]) -> f64 {
     accs.iter().sum::<f64>() / accs.len() as f64
 }
 
+/// Start every member of `job`, and SIGKILL member 2 once member 0 is at step 100.
+fn start_then_kill_member_2(job: &LocalJob) -> Reaper {
+    let mut procs = Reaper::default();
+    for id in 0..MEMBERS {
+        procs.0.push(job.spawn(id, 0, &[]));
+    }
+    wait_for(Duration::from_secs(120), "step 100", || {
+        job.step(0).is_some_and(|s| s >= 100)
+    });
+    procs.0[2].kill().unwrap();
+    procs.0[2].wait().unwrap();
+    procs
+}
+
 /// Every process but the one at `killed` exits successfully within four minutes.
 fn all_but_the_killed_one_succeed(procs: &mut Reaper, killed: usize) {
     for (i, c) in procs.0.iter_mut().enumerate() {
@@ -76,15 +90,7 @@ fn a_ring_trains_through_a_sigkill_and_a_restart() {
 
     // Same seed; member 2 is SIGKILLed mid-run and restarted.
     let job = LocalJob::new(MEMBERS, TopologyKind::Ring, MANIFEST);
-    let mut procs = Reaper::default();
-    for id in 0..MEMBERS {
-        procs.0.push(job.spawn(id, 0, &[]));
-    }
-    wait_for(Duration::from_secs(120), "step 100", || {
-        job.step(0).is_some_and(|s| s >= 100)
-    });
-    procs.0[2].kill().unwrap();
-    procs.0[2].wait().unwrap();
+    let mut procs = start_then_kill_member_2(&job);
     let killed_at = Instant::now();
     let steps_then: Vec<u64> = [1, 3].iter().map(|&id| job.step(id).unwrap()).collect();
     // The survivors next to it keep training within one round timeout.
@@ -310,15 +316,7 @@ fn with_outer_steps_a_replacement_takes_a_neighbours_anchor_and_outer_momentum()
         )
         .replace("steps: 600", "steps: 400");
     let job = LocalJob::new(MEMBERS, TopologyKind::Ring, &manifest);
-    let mut procs = Reaper::default();
-    for id in 0..MEMBERS {
-        procs.0.push(job.spawn(id, 0, &[]));
-    }
-    wait_for(Duration::from_secs(120), "step 100", || {
-        job.step(0).is_some_and(|s| s >= 100)
-    });
-    procs.0[2].kill().unwrap();
-    procs.0[2].wait().unwrap();
+    let mut procs = start_then_kill_member_2(&job);
     procs.0.push(job.spawn(2, 1, &[]));
     all_but_the_killed_one_succeed(&mut procs, 2);
     let lines = job.log(2, 1);

@@ -56,7 +56,7 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
             tracing::warn!(error = %e, "skipping a checkpoint");
         }
         if let Some((path, c)) = best {
-            let outer = outer_state(&c.outer, self.member.layout().len());
+            let outer = outer_part(&c.outer, self.member.layout().len());
             match outer.and_then(|outer| {
                 self.member.restore(c.model, c.optimizer)?;
                 // A checkpoint without outer state restarts the anchor at its parameters.
@@ -137,7 +137,7 @@ pub fn write_model<B: AutodiffBackend, M: Module<B>>(
 
 /// A checkpoint's outer part as the anchor and momentum of a model of `values` parameters:
 /// None when it has none; an error when it is not two model lengths of f32s.
-fn outer_state(bytes: &[u8], values: usize) -> Result<Option<Outer>, MemberError> {
+fn outer_part(bytes: &[u8], values: usize) -> Result<Option<Outer>, MemberError> {
     if bytes.is_empty() {
         return Ok(None);
     }
