@@ -277,13 +277,19 @@ impl<B: AutodiffBackend, T: Task> Member<B, T> {
     /// outer steps the anchor restarts from them, with no outer momentum, until
     /// [`set_outer_state`](Self::set_outer_state) says otherwise.
     pub fn set_parameters(&mut self, values: &[f32]) -> Result<(), MemberError> {
+        self.import_parameters(values)?;
+        if self.outer.is_some() {
+            self.outer = Some(Outer::start(values));
+        }
+        Ok(())
+    }
+
+    /// Replace the parameters alone; on an error the model stays as it was.
+    fn import_parameters(&mut self, values: &[f32]) -> Result<(), MemberError> {
         let model = self.model.take().expect("model present");
         match model::import(model.clone(), values, &self.layout) {
             Ok(m) => {
                 self.model = Some(m);
-                if self.outer.is_some() {
-                    self.outer = Some(Outer::start(values));
-                }
                 Ok(())
             }
             Err(e) => {
@@ -329,13 +335,14 @@ impl<B: AutodiffBackend, T: Task> Member<B, T> {
                 ),
             });
         }
-        self.set_parameters(&state[..n])?;
-        if self.outer.is_some() {
-            self.outer = Some(Outer {
-                anchor: state[n..2 * n].to_vec(),
-                momentum: state[2 * n..].to_vec(),
-            });
+        if self.outer.is_none() {
+            return self.set_parameters(state);
         }
+        self.import_parameters(&state[..n])?;
+        self.outer = Some(Outer {
+            anchor: state[n..2 * n].to_vec(),
+            momentum: state[2 * n..].to_vec(),
+        });
         Ok(())
     }
 
