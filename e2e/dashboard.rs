@@ -77,6 +77,22 @@ fn the_dashboard_draws_the_graph_and_curves_of_a_running_job() {
         "an accuracy curve:\n{dom}"
     );
     assert!(dom.contains("class=\"edge\""), "edges in the graph");
+    // Bytes and dollars to date beside the accuracy; local processes have no zone, so their
+    // bytes are shown unpriced.
+    let stats = &dom[dom.find("id=\"stats\"").unwrap()..];
+    let stats = &stats[..stats.find("</div>").unwrap()];
+    assert!(
+        stats.contains(" sent · $0.00"),
+        "bytes and dollars in the stats: {stats}"
+    );
+    let traffic = &dom[dom.find("id=\"traffic\"").unwrap()..];
+    let traffic = &traffic[..traffic.find("</div>").unwrap()];
+    assert!(
+        traffic.contains("Model traffic: within zones 0.0 MB")
+            && traffic.contains("(not priced)")
+            && traffic.contains("per GB"),
+        "the traffic by locality: {traffic}"
+    );
     assert!(
         dom.contains("class=\"preemption\""),
         "the preemption timeline"

@@ -167,8 +167,9 @@ fn main() -> ExitCode {
         "--seed",
         "2",
     ];
+    // The zone-blind run's two zones are in two regions: its traffic crosses regions.
     let aware = job(&[&twenty[..], &["--zone-aware", "on"]].concat());
-    let blind = job(&[&twenty[..], &["--zone-aware", "off"]].concat());
+    let blind = job(&[&twenty[..], &["--zone-aware", "off", "--regions", "2"]].concat());
     assert_eq!(aware["phase"], "Succeeded", "{aware:#}");
     assert_eq!(blind["phase"], "Succeeded", "{blind:#}");
     let (aware_bytes, blind_bytes) = (cross_zone_bytes(&aware), cross_zone_bytes(&blind));
@@ -195,6 +196,30 @@ fn main() -> ExitCode {
         "zone-aware cliques should cut cross-zone bytes 3x: {aware_bytes} against {blind_bytes}"
     );
     assert_eq!(blind["relocations"], 0, "zone-blind jobs move nobody");
+    // The job's traffic by locality, and its cost at the chart's list prices, in its status.
+    let (aware_traffic, blind_traffic) = (traffic(&aware), traffic(&blind));
+    println!(
+        "traffic, zone-aware in one region: {aware_traffic}; zone-blind over two: {blind_traffic}"
+    );
+    assert_eq!(aware_traffic["crossRegionBytes"], 0, "{aware_traffic}");
+    assert_eq!(blind_traffic["crossZoneBytes"], 0, "{blind_traffic}");
+    for (t, crossing, per_gb, members) in [
+        (&aware_traffic, "crossZoneBytes", 0.01, aware_bytes),
+        (&blind_traffic, "crossRegionBytes", 0.02, blind_bytes),
+    ] {
+        let crossed = t[crossing].as_u64().unwrap();
+        let within = t["withinZoneBytes"].as_u64().unwrap();
+        assert!(within > crossed / 10, "{t}");
+        // The members' own figures count their current attempts only, and the job's every
+        // attempt: the two agree where nobody was replaced mid-run.
+        assert!(
+            crossed.abs_diff(members) * 100 <= members.max(1),
+            "{crossing} {crossed} against the members' {members}: {t}"
+        );
+        let cost = t["costUsd"].as_f64().unwrap();
+        let expected = crossed as f64 * per_gb / 1e9;
+        assert!((cost - expected).abs() <= 1e-9 + expected * 1e-9, "{t}");
+    }
     assert!(
         (aware_accuracy - blind_accuracy).abs() <= 0.015,
         "zone-aware {aware_accuracy} against zone-blind {blind_accuracy}"
@@ -422,6 +447,11 @@ fn bytes_out(result: &Value) -> u64 {
         .iter()
         .filter_map(|m| m["bytesOut"].as_u64())
         .sum()
+}
+
+/// The job's `status.traffic`, from the operator's status API.
+fn traffic(result: &Value) -> Value {
+    view_of(result)["status"]["traffic"].clone()
 }
 
 /// Bytes every member sent to members in other zones, from the operator's status API.

@@ -12,7 +12,7 @@
 #   JSON object, whatever happened (an "error" field says what went wrong).
 #
 #   e2e/controlplane/job.sh MANIFEST [--evict N] [--drain-node] [--delete-node]
-#                           [--delete-operator-pod] [--upgrade-operator] [--zones N] [--nodes-per-zone N]
+#                           [--delete-operator-pod] [--upgrade-operator] [--zones N] [--nodes-per-zone N] [--regions N]
 #                           [--zone-aware on|off] [--steps N] [--set JQ]... [--namespace NS]
 #                           [--timeout SECONDS] [--seed N] [--keep DIR] [--dashboard DIR]
 #                           [--image ARCHIVE]... [--host-path DIR]...
@@ -27,6 +27,8 @@
 #                          rolling update); must complete within 120 s, a replica leading after
 #   --zones, --nodes-per-zone  the spot nodes, default 2 zones of 2 (each a real node: this
 #                          machine's CPUs and memory), beside one on-demand system node
+#   --regions N            zone z is in region-((z-1) mod N + 1), default 1 (every node carries
+#                          topology.kubernetes.io/region: the job's traffic is priced by it)
 #   --zone-aware on|off    set spec.scheduling.zoneAware   } the manifest is applied as it is
 #   --steps N              set spec.training.steps        } unless these are given
 #   --set JQ               any other change, as a jq update of the object, e.g.
@@ -59,7 +61,7 @@ die() {
     exit 1
 }
 
-MANIFEST='' EVICT=0 DRAIN=0 DELETE_NODE=0 DELETE_OPERATOR=0 UPGRADE_OPERATOR=0 ZONES=2 PER_ZONE=2 ZONE_AWARE=''
+MANIFEST='' EVICT=0 DRAIN=0 DELETE_NODE=0 DELETE_OPERATOR=0 UPGRADE_OPERATOR=0 ZONES=2 PER_ZONE=2 REGIONS=1 ZONE_AWARE=''
 NS=murmur-e2e TIMEOUT=900 SEED=${RANDOM} KEEP='' SET_STEPS='' DASHBOARD=''
 EDITS=() USER_IMAGES=() HOST_PATHS=()
 while (($#)); do
@@ -71,6 +73,7 @@ while (($#)); do
     --upgrade-operator) UPGRADE_OPERATOR=1 ;;
     --zones) ZONES=${2:?--zones N}; shift ;;
     --nodes-per-zone) PER_ZONE=${2:?--nodes-per-zone N}; shift ;;
+    --regions) REGIONS=${2:?--regions N}; shift ;;
     --zone-aware) ZONE_AWARE=${2:?--zone-aware on|off}; shift ;;
     --steps) SET_STEPS=${2:?--steps N}; shift ;;
     --set) EDITS+=("${2:?--set JQ}"); shift ;;
@@ -91,7 +94,8 @@ done
 [[ -z $KEEP || ! -e $KEEP || -z $(ls -A "$KEEP") ]] || die "--keep $KEEP: not empty"
 [[ -f $MANIFEST ]] || die "$MANIFEST: no such file"
 [[ $EVICT =~ ^[0-9]+$ ]] || die "--evict $EVICT: not a count"
-[[ $ZONES =~ ^[1-9][0-9]*$ && $PER_ZONE =~ ^[1-9][0-9]*$ ]] || die "--zones and --nodes-per-zone: positive counts"
+[[ $ZONES =~ ^[1-9][0-9]*$ && $PER_ZONE =~ ^[1-9][0-9]*$ && $REGIONS =~ ^[1-9][0-9]*$ ]] ||
+    die "--zones, --nodes-per-zone and --regions: positive counts"
 [[ -z $ZONE_AWARE || $ZONE_AWARE == on || $ZONE_AWARE == off ]] || die "--zone-aware $ZONE_AWARE: on or off"
 [[ -z $SET_STEPS || $SET_STEPS =~ ^[1-9][0-9]*$ ]] || die "--steps $SET_STEPS: a positive count"
 for archive in ${USER_IMAGES[@]+"${USER_IMAGES[@]}"}; do [[ -f $archive ]] || die "--image $archive: no such file"; done
@@ -158,8 +162,9 @@ now() { date +%s.%N; }
 # pool), then the spot nodes, labelled as Karpenter labels them, all at once. Each line of
 # nodes-ready.txt: NAME SECONDS from container start to Ready.
 SPOT=karpenter.sh/capacity-type
-add_node() { # NAME ZONE CAPACITY
-    "$HERE/nodes.sh" add "$1" --zone "$2" --label "$SPOT=$3" >>"$WORK/nodes-ready.txt"
+add_node() { # NAME ZONE(zone-Z) CAPACITY
+    local region=region-$(((${2#zone-} - 1) % REGIONS + 1))
+    "$HERE/nodes.sh" add "$1" --zone "$2" --label "topology.kubernetes.io/region=$region" --label "$SPOT=$3" >>"$WORK/nodes-ready.txt"
 }
 add_node system-1 zone-1 on-demand || die "the system node did not become Ready"
 "$K" -n kube-system rollout status deploy/coredns --timeout=120s >/dev/null || die "cluster DNS did not become ready"
@@ -171,7 +176,7 @@ for ((z = 1; z <= ZONES; z++)); do
     done
 done
 for pid in "${pids[@]}"; do wait "$pid" || die "a spot node did not become Ready (logs in $MURMUR_CONTROLPLANE_DIR/nodes)"; done
-say "$(wc -l <"$WORK/nodes-ready.txt") real nodes Ready in ${ZONES} zones: $(awk '{printf "%s %ss  ", $1, $2}' "$WORK/nodes-ready.txt")"
+say "$(wc -l <"$WORK/nodes-ready.txt") real nodes Ready in ${ZONES} zones of ${REGIONS} regions: $(awk '{printf "%s %ss  ", $1, $2}' "$WORK/nodes-ready.txt")"
 
 # --- the chart: the operator in the cluster ---------------------------------------------------------
 HELM_CACHE_HOME=$WORK/helm HELM_CONFIG_HOME=$WORK/helm HELM_DATA_HOME=$WORK/helm \

@@ -9,6 +9,7 @@ pub mod reference;
 pub mod scheduling;
 pub mod spec;
 pub mod status;
+pub mod traffic;
 
 use kube::core::CustomResourceExt;
 

@@ -215,6 +215,10 @@ pub struct DecentralizedTrainingJobStatus {
     pub relocations: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<Progress>,
+    /// Model bytes sent between members to date, within a zone, across zones and across
+    /// regions, and what they cost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traffic: Option<super::traffic::Traffic>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_time: Option<Time>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -2,6 +2,7 @@
 
 use clap::{Args, ValueEnum};
 use murmur_core::api;
+use murmur_core::api::traffic::Prices;
 use tracing_subscriber::EnvFilter;
 
 use super::CliError;
@@ -76,6 +77,16 @@ pub struct OperatorArgs {
     /// and probes are never paced.
     #[arg(long, default_value_t = crate::status::pacer::DEFAULT_READS_PER_SECOND)]
     pub status_reads_per_second: u32,
+    /// US dollars per GB (10^9 bytes) that members send within one zone: jobs'
+    /// `status.traffic.costUsd` counts at these three prices.
+    #[arg(long, default_value_t = Prices::LIST.within_zone_per_gb, value_parser = price)]
+    pub price_within_zone_per_gb: f64,
+    /// US dollars per GB sent between zones of one region.
+    #[arg(long, default_value_t = Prices::LIST.cross_zone_per_gb, value_parser = price)]
+    pub price_cross_zone_per_gb: f64,
+    /// US dollars per GB sent between regions.
+    #[arg(long, default_value_t = Prices::LIST.cross_region_per_gb, value_parser = price)]
+    pub price_cross_region_per_gb: f64,
     /// Accept observers' bearer tokens only when issued for one of these audiences (repeat the
     /// flag; default: the API server's own audience). Trainers sign with their job's key.
     #[arg(long = "token-audience", value_name = "AUDIENCE")]
@@ -94,6 +105,14 @@ pub enum OperatorCliError {
     Operator(#[from] kube::OperatorError),
     #[error("--listen {0}: expected HOST:PORT")]
     Listen(String),
+}
+
+/// A price flag: a finite amount of dollars, zero or more.
+fn price(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!("expected dollars per GB, 0 or more, got {text:?}")),
+    }
 }
 
 /// The port of `--listen` (trainers reach the operator's pods on it).
@@ -148,6 +167,11 @@ pub fn run(args: OperatorArgs) -> Result<(), CliError> {
         },
         listen: args.listen,
         reads_per_second: args.status_reads_per_second,
+        prices: Prices {
+            within_zone_per_gb: args.price_within_zone_per_gb,
+            cross_zone_per_gb: args.price_cross_zone_per_gb,
+            cross_region_per_gb: args.price_cross_region_per_gb,
+        },
         token_audiences: args.token_audiences,
         concurrency: args.concurrency,
         pod: args.pod_name.map(|name| PodName {

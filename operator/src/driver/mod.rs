@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use k8s_openapi::jiff::Timestamp;
 use murmur_core::api::DecentralizedTrainingJobSpec;
+use murmur_core::api::traffic::{Place, Traffic, locality};
 use murmur_core::contract::{TopologyDocument, TrainerState, TrainerStatus};
 use murmur_core::topology::{MemberId, Topology};
 use tokio::sync::mpsc;
@@ -52,6 +53,14 @@ pub struct JobDriver {
     statuses: BTreeMap<MemberId, (u32, TrainerStatus)>,
     /// Bytes each attempt sent to its peers, from its newest status.
     bytes_out: BTreeMap<(MemberId, u32), u64>,
+    /// Model bytes sent to date by locality, each status's new bytes counted where sender and
+    /// peer ran then.
+    traffic: Traffic,
+    /// Each member's zone and region, as the runtime last saw its current attempt.
+    places: BTreeMap<MemberId, (Option<String>, Option<String>)>,
+    /// Attempts that ran before this driver started (a restarted operator): their first status
+    /// only sets where their count stands, already in the traffic the job's status held.
+    counted_before: std::collections::BTreeSet<(MemberId, u32)>,
     /// The furthest step any attempt reported: the job's step never goes back when the member
     /// ahead is lost (its neighbours averaged with it; the job got that far).
     furthest_step: u64,
@@ -88,6 +97,9 @@ impl JobDriver {
             memory,
             statuses: BTreeMap::new(),
             bytes_out: BTreeMap::new(),
+            traffic: Traffic::default(),
+            places: BTreeMap::new(),
+            counted_before: Default::default(),
             furthest_step: 0,
             hub,
             handle,
@@ -102,6 +114,25 @@ impl JobDriver {
     /// lost before it reports to this driver.
     pub fn resume_step(&mut self, step: u64) {
         self.furthest_step = self.furthest_step.max(step);
+    }
+
+    /// Carry on from the traffic the job's status last showed (a restarted operator reads it
+    /// back). What the attempts running now sent before is in it: their next statuses count only
+    /// what they send after their first.
+    pub fn resume_traffic(&mut self, traffic: Traffic) {
+        self.traffic = traffic;
+        self.counted_before = self
+            .memory
+            .state
+            .members
+            .iter()
+            .map(|(&id, r)| (id, r.attempt))
+            .collect();
+    }
+
+    /// Model bytes sent to date, by locality, and their cost.
+    pub fn traffic(&self) -> &Traffic {
+        &self.traffic
     }
 
     /// Whether any trainer's status reached this driver (a restarted operator has heard none).
@@ -179,6 +210,7 @@ impl JobDriver {
         now: Timestamp,
     ) -> bool {
         self.bytes_out.insert((member, attempt), status.bytes_out);
+        self.count_traffic(member, attempt, &status);
         self.furthest_step = self.furthest_step.max(status.progress.step);
         self.handle.sample(self.seconds(now), attempt, &status);
         let changed = self
@@ -193,6 +225,36 @@ impl JobDriver {
             self.statuses.insert(member, (attempt, status));
         }
         changed
+    }
+
+    /// Add what `status` says its attempt sent since its previous status, by where the two
+    /// ends run now. A status older than the newest attempt's counts nothing (its bytes would be
+    /// counted twice).
+    fn count_traffic(&mut self, member: MemberId, attempt: u32, status: &TrainerStatus) {
+        let previous = match self.statuses.get(&member) {
+            Some((a, _)) if *a > attempt => return,
+            Some((a, s)) if *a == attempt => Some(&s.bytes_sent_to),
+            _ => None,
+        };
+        if previous.is_none() && self.counted_before.remove(&(member, attempt)) {
+            return;
+        }
+        let place = |id: MemberId| {
+            self.places
+                .get(&id)
+                .map_or(Place::default(), |(z, r)| Place {
+                    zone: z.as_deref(),
+                    region: r.as_deref(),
+                })
+        };
+        for (&peer, &bytes) in &status.bytes_sent_to {
+            let before = previous.and_then(|p| p.get(&peer)).copied().unwrap_or(0);
+            let new = bytes.saturating_sub(before);
+            if new > 0 {
+                let at = locality(place(member), place(peer));
+                self.traffic.add(at, new, &self.hub.prices);
+            }
+        }
     }
 
     /// The state a member's attempt last reported.
@@ -313,6 +375,12 @@ impl JobDriver {
     pub fn commit(&mut self, plan: &Plan, now: Timestamp) {
         // Join reports that arrived while the plan was carried out are kept.
         self.memory.state = plan.memory.state.clone();
+        self.places = plan
+            .observed
+            .members
+            .iter()
+            .map(|(&id, m)| (id, (m.zone.clone(), m.region.clone())))
+            .collect();
         if let Some(doc) = &plan.document
             && doc.version > self.published_version
         {
@@ -356,6 +424,8 @@ impl JobDriver {
         if let Some(p) = v.status.progress.as_mut() {
             p.step = p.step.max(self.furthest_step);
         }
+        v.status.traffic = (self.traffic.total_bytes() > 0).then(|| self.traffic.clone());
+        v.prices = self.hub.prices;
         v
     }
 

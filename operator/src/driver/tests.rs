@@ -312,3 +312,123 @@ fn the_jobs_step_holds_when_the_member_ahead_is_lost() {
     let plan = d.plan(&spec(), None, f, &address, at(5));
     assert_eq!(step_of(&plan.view), Some(50));
 }
+
+/// A status of member `id` (attempt from the driver) that has sent `sent` bytes to each peer.
+fn sent(id: MemberId, sent: &[(MemberId, u64)]) -> TrainerStatus {
+    TrainerStatus {
+        bytes_sent_to: sent.iter().copied().collect(),
+        bytes_out: sent.iter().map(|(_, b)| b).sum(),
+        ..status(id, TrainerState::Training, 1)
+    }
+}
+
+/// Three members: 0 and 1 in zone a of region r1, 2 in zone c of region r2.
+fn placed(d: &JobDriver) -> BTreeMap<MemberId, ObservedMember> {
+    let mut members = facts(d);
+    for (id, m) in &mut members {
+        let (zone, region) = match id {
+            0 | 1 => ("a", "r1"),
+            _ => ("c", "r2"),
+        };
+        m.zone = Some(zone.into());
+        m.region = Some(region.into());
+    }
+    members
+}
+
+fn three() -> DecentralizedTrainingJobSpec {
+    parse_manifest(
+        &MANIFEST.replace("{min: 2, target: 2, max: 2}", "{min: 3, target: 3, max: 3}"),
+        "drive.yaml",
+    )
+    .unwrap()
+    .spec
+}
+
+#[test]
+fn each_status_adds_what_it_sent_since_the_last_by_where_both_ends_run() {
+    let (mut d, _hub) = driver();
+    let plan = d.plan(&three(), None, BTreeMap::new(), &address, at(1));
+    d.commit(&plan, at(1));
+    let plan = d.plan(&three(), None, placed(&d), &address, at(2));
+    d.commit(&plan, at(2));
+
+    d.take_status(0, 0, sent(0, &[(1, 100), (2, 50)]), at(3));
+    // Cumulative counts: only what is new since the previous status counts.
+    d.take_status(0, 0, sent(0, &[(1, 300), (2, 50)]), at(4));
+    d.take_status(2, 0, sent(2, &[(1, 7)]), at(4));
+    let t = d.traffic();
+    assert_eq!(t.within_zone_bytes, 300);
+    assert_eq!(t.cross_region_bytes, 57);
+    assert_eq!(t.cross_zone_bytes, 0);
+    assert_eq!(t.unplaced_bytes, 0);
+    assert!((t.cost_usd - 57.0 * 0.02 / 1e9).abs() < 1e-18);
+    let view = hub_view(&d);
+    assert_eq!(view.status.traffic.as_ref(), Some(t));
+    assert_eq!(view.prices, murmur_core::api::traffic::Prices::LIST);
+
+    // Member 2's next attempt runs in zone b of r1: its bytes to 0 cross zones, counted from
+    // zero (a new attempt's count starts again).
+    let mut members = placed(&d);
+    let m2 = members.get_mut(&2).unwrap();
+    m2.attempt = 1;
+    m2.zone = Some("b".into());
+    m2.region = Some("r1".into());
+    let plan = d.plan(&three(), None, members, &address, at(5));
+    d.commit(&plan, at(5));
+    d.take_status(2, 1, sent(2, &[(0, 40)]), at(6));
+    // A late status of the attempt before counts nothing: its bytes were counted.
+    d.take_status(2, 0, sent(2, &[(1, 9)]), at(6));
+    let t = d.traffic();
+    assert_eq!(
+        (
+            t.within_zone_bytes,
+            t.cross_zone_bytes,
+            t.cross_region_bytes
+        ),
+        (300, 40, 57)
+    );
+}
+
+fn hub_view(d: &JobDriver) -> JobView {
+    d.view(&three(), BTreeMap::new(), at(10))
+}
+
+#[test]
+fn members_with_no_zone_send_unplaced_bytes_that_cost_nothing() {
+    let (mut d, _hub) = driver();
+    step(&mut d, at(1));
+    d.take_status(0, 0, sent(0, &[(1, 1_000_000)]), at(2));
+    assert_eq!(d.traffic().unplaced_bytes, 1_000_000);
+    assert_eq!(d.traffic().cost_usd, 0.0);
+    assert_eq!(d.traffic().total_bytes(), d.bytes_exchanged());
+    let plan = step(&mut d, at(3));
+    assert_eq!(
+        plan.view.status.traffic.map(|t| t.unplaced_bytes),
+        Some(1_000_000)
+    );
+}
+
+#[test]
+fn a_restarted_driver_carries_the_traffic_on_without_counting_running_attempts_twice() {
+    let (mut d, _hub) = driver();
+    step(&mut d, at(1));
+    d.take_status(0, 0, sent(0, &[(1, 500)]), at(2));
+    let before = d.traffic().clone();
+
+    // A new operator: the same memory, the traffic read back from the job's status.
+    let hub = Arc::new(Hub::default());
+    let (mut again, _inbox) =
+        JobDriver::start(hub, "ns", "drive", b"k".to_vec(), d.memory().clone());
+    again.resume_traffic(before.clone());
+    // Attempt 0 of member 0 posts its cumulative count: already counted up to here.
+    again.take_status(0, 0, sent(0, &[(1, 500)]), at(3));
+    assert_eq!(again.traffic(), &before);
+    again.take_status(0, 0, sent(0, &[(1, 800)]), at(4));
+    assert_eq!(again.traffic().unplaced_bytes, 800);
+    // Member 1's running attempt first posts after the restart: its count so far was in the
+    // status (a gap of what it sent between its last counted status and the restart is lost).
+    again.take_status(1, 0, sent(1, &[(0, 60)]), at(5));
+    again.take_status(1, 0, sent(1, &[(0, 90)]), at(6));
+    assert_eq!(again.traffic().unplaced_bytes, 830);
+}

@@ -55,6 +55,9 @@ pub struct ObservedMember {
     /// That node's zone (`topology.kubernetes.io/zone`), when it has one: zone-aware cliques
     /// form inside zones.
     pub zone: Option<String>,
+    /// That node's region (`topology.kubernetes.io/region`), when it has one: what its traffic
+    /// costs.
+    pub region: Option<String>,
     /// Since when it has waited for a node (the operator; local processes never wait).
     pub pending_since: Option<Timestamp>,
     /// Why its container cannot start, while it cannot (pods only).

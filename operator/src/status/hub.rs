@@ -392,6 +392,8 @@ impl Metrics {
 pub struct Hub {
     jobs: RwLock<BTreeMap<(String, String), Arc<JobHandle>>>,
     pub metrics: Metrics,
+    /// What model traffic costs, by locality: every job's `status.traffic` is priced at it.
+    pub(crate) prices: murmur_core::api::traffic::Prices,
     /// What this process serves, as `/readyz` says.
     role: std::sync::atomic::AtomicU8,
 }
@@ -410,6 +412,14 @@ pub enum Role {
 }
 
 impl Hub {
+    /// A hub whose jobs' traffic is priced at `prices`.
+    pub fn with_prices(prices: murmur_core::api::traffic::Prices) -> Self {
+        Self {
+            prices,
+            ..Self::default()
+        }
+    }
+
     pub fn set_role(&self, role: Role) {
         self.role
             .store(role as u8, std::sync::atomic::Ordering::Relaxed);

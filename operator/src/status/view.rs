@@ -74,6 +74,8 @@ pub struct JobView {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
     pub elapsed_seconds: f64,
+    /// The per-GB prices `status.traffic.costUsd` is counted at.
+    pub prices: murmur_core::api::traffic::Prices,
 }
 
 /// `GET /api/v1/jobs`: one line per job.
@@ -323,6 +325,8 @@ pub fn job_view(
         restarts: state.restarts,
         relocations: state.relocations,
         progress: Some(progress),
+        // The driver, which counts the traffic, sets it.
+        traffic: None,
         start_time: Some(Time(whole_seconds(state.created_at))),
         completion_time: state.completed_at.map(|t| Time(whole_seconds(t))),
         observed_generation: None,
@@ -354,5 +358,7 @@ pub fn job_view(
             state.created_at,
             state.completed_at.unwrap_or(now).min(now),
         ),
+        // The driver, which counts the traffic, sets its prices.
+        prices: Default::default(),
     }
 }

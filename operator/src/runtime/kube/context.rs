@@ -219,6 +219,9 @@ impl Context {
         if let Some(progress) = job.status.as_ref().and_then(|s| s.progress.as_ref()) {
             driver.resume_step(progress.step);
         }
+        if let Some(traffic) = job.status.as_ref().and_then(|s| s.traffic.clone()) {
+            driver.resume_traffic(traffic);
+        }
         let live = Arc::new(Mutex::new(Live {
             uid,
             driver,

@@ -89,8 +89,8 @@ pub struct Inputs<'a> {
     /// The newest Warning event that keeps a pod's containers from starting (a volume that
     /// cannot be mounted, a sandbox that cannot be made), as [`NotStarting`].
     pub start_event: &'a dyn Fn(&Pod) -> Option<NotStarting>,
-    /// A node's zone label, when it has one.
-    pub zone: &'a dyn Fn(&str) -> Option<String>,
+    /// A node's zone and region labels, each when it has one.
+    pub place: &'a dyn Fn(&str) -> observe::NodePlace,
     pub service: Option<&'a Service>,
     pub secret: Option<&'a Secret>,
     pub config_map: Option<&'a ConfigMap>,
@@ -515,6 +515,7 @@ pub fn status_due(
 fn without_progress(status: &DecentralizedTrainingJobStatus) -> DecentralizedTrainingJobStatus {
     let mut s = status.clone();
     s.progress = None;
+    s.traffic = None;
     for m in &mut s.members {
         m.step = 0;
         m.cross_zone_bytes = None;
@@ -585,7 +586,7 @@ fn observe(i: &Inputs) -> (BTreeMap<MemberId, ObservedMember>, Vec<String>) {
                     lost.push(name.clone());
                 }
                 let mut m = facts.member;
-                m.zone = m.node.as_deref().and_then(i.zone);
+                (m.zone, m.region) = m.node.as_deref().map(i.place).unwrap_or_default();
                 m.not_starting = m.not_starting.or_else(|| {
                     observe::creating(pod)
                         .then(|| (i.start_event)(pod))

@@ -14,3 +14,5 @@ pub const MANAGED_SELECTOR: &str = "app.kubernetes.io/managed-by=murmur-operator
 
 /// The zone label of a node.
 pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+/// The region label of a node.
+pub const REGION_LABEL: &str = "topology.kubernetes.io/region";

@@ -7,8 +7,8 @@ use k8s_openapi::jiff::Timestamp;
 use murmur_core::contract::TrainerState;
 use murmur_core::topology::MemberId;
 
-pub use super::labels::ZONE_LABEL;
 use super::labels::{LABEL_ATTEMPT, LABEL_MEMBER};
+pub use super::labels::{REGION_LABEL, ZONE_LABEL};
 use crate::member::{Ending, Exit, NotStarting, ObservedMember, Termination, classify, exit};
 use crate::planner::seconds_since;
 
@@ -67,9 +67,14 @@ pub enum NodeState {
     Gone,
 }
 
-/// A node's zone, when it carries the label.
-pub fn zone(node: Option<&Node>) -> Option<String> {
-    node?.metadata.labels.as_ref()?.get(ZONE_LABEL).cloned()
+/// A node's zone and region labels, each when it carries it.
+pub type NodePlace = (Option<String>, Option<String>);
+
+/// A node's zone and region, each when it carries the label.
+pub fn place(node: Option<&Node>) -> NodePlace {
+    let labels = node.and_then(|n| n.metadata.labels.as_ref());
+    let label = |key: &str| labels.and_then(|l| l.get(key).cloned());
+    (label(ZONE_LABEL), label(REGION_LABEL))
 }
 
 /// What the operator reads of a Node (its readiness, labels and taints), the rest dropped before

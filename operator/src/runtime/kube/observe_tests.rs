@@ -48,7 +48,7 @@ fn a_cached_node_keeps_only_what_the_operator_reads() {
     let after = serde_json::to_vec(&node).unwrap().len();
     assert!(after * 10 < before, "{before} bytes cached as {after}");
     assert_eq!(node_state(Some(&node)), NodeState::Ready);
-    assert_eq!(zone(Some(&node)).as_deref(), Some("zone-a"));
+    assert_eq!(place(Some(&node)).0.as_deref(), Some("zone-a"));
     let conditions = node.status.unwrap().conditions.unwrap();
     assert_eq!(conditions.len(), 1, "Ready only");
 }
@@ -92,16 +92,25 @@ fn a_heartbeat_is_no_news_and_a_readiness_change_is() {
 }
 
 #[test]
-fn a_nodes_zone_is_its_well_known_label() {
+fn a_nodes_zone_and_region_are_its_well_known_labels() {
     let mut node = Node::default();
-    assert_eq!(zone(Some(&node)), None);
+    assert_eq!(place(Some(&node)), (None, None));
     node.metadata.labels = Some(
         [(ZONE_LABEL.to_string(), "europe-west4-a".to_string())]
             .into_iter()
             .collect(),
     );
-    assert_eq!(zone(Some(&node)).as_deref(), Some("europe-west4-a"));
-    assert_eq!(zone(None), None, "a node gone from the cache");
+    assert_eq!(place(Some(&node)), (Some("europe-west4-a".into()), None));
+    node.metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert(REGION_LABEL.to_string(), "europe-west4".to_string());
+    assert_eq!(
+        place(Some(&node)),
+        (Some("europe-west4-a".into()), Some("europe-west4".into()))
+    );
+    assert_eq!(place(None), (None, None), "a node gone from the cache");
 }
 
 fn at(s: i64) -> Timestamp {

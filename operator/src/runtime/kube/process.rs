@@ -15,6 +15,7 @@ use super::watch::{Writers, controller, sweep_deleted_jobs};
 use super::writes::error_policy;
 use super::{OperatorMetrics, Settings, access, lease, preflight};
 use crate::status::{Hub, Role};
+use murmur_core::api::traffic::Prices;
 
 /// How the operator runs.
 #[derive(Clone, Debug)]
@@ -24,6 +25,8 @@ pub struct OperatorOptions {
     pub listen: String,
     /// Observer reads the status router serves per second (0: unpaced).
     pub reads_per_second: u32,
+    /// What model traffic costs, by locality.
+    pub prices: Prices,
     /// Observers' tokens must be issued for one of these audiences (empty: the API server's).
     pub token_audiences: Vec<String>,
     /// Reconciles of different jobs in flight at once.
@@ -224,7 +227,7 @@ async fn serve_status(
     client: &Client,
     options: &OperatorOptions,
 ) -> Result<(Arc<Hub>, Arc<OperatorMetrics>), OperatorError> {
-    let mut hub = Hub::default();
+    let mut hub = Hub::with_prices(options.prices);
     let metrics = Arc::new(OperatorMetrics::register(&mut hub.metrics.registry));
     let hub = Arc::new(hub);
     hub.set_role(Role::Starting);

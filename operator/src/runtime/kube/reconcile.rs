@@ -142,9 +142,9 @@ async fn reconcile_inner(
         resources::disruption_budget_name(&name),
     );
     let nodes = ctx.stores.nodes.clone();
-    let zones = nodes.clone();
+    let places = nodes.clone();
     let node = move |n: &str| observe::node_state(nodes.get(&ObjectRef::new(n)).as_deref());
-    let zone = move |n: &str| observe::zone(zones.get(&ObjectRef::new(n)).as_deref());
+    let place = move |n: &str| observe::place(places.get(&ObjectRef::new(n)).as_deref());
     let start_event = |p: &Pod| ctx.stores.start_events.get(p);
     let now = (ctx.clock)();
     let decision = {
@@ -171,7 +171,7 @@ async fn reconcile_inner(
             pods: &pod_refs,
             node: &node,
             start_event: &start_event,
-            zone: &zone,
+            place: &place,
             service: service.as_deref(),
             secret: secret.as_deref(),
             config_map: config_map.as_deref(),

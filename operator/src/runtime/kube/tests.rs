@@ -2416,6 +2416,7 @@ fn replica_a() -> (u16, OperatorOptions) {
         settings: Settings::default(),
         listen: format!("127.0.0.1:{port}"),
         reads_per_second: crate::status::pacer::DEFAULT_READS_PER_SECOND,
+        prices: Default::default(),
         token_audiences: Vec::new(),
         concurrency: 2,
         lease: Some(LeaseOptions {
