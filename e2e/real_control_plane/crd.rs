@@ -114,6 +114,23 @@ fn cases() -> Vec<Broken> {
             "spec.algorithm.outer.localSteps",
             spec(json!({"algorithm": {"outer": {"localSteps": 500}}})),
         ),
+        broken(
+            "algorithm.outer.overlapSteps must be from 1 to localSteps",
+            "spec.algorithm.outer.overlapSteps",
+            spec(
+                json!({"algorithm": {"overlap": true, "outer": {"localSteps": 10, "overlapSteps": 11}}}),
+            ),
+        ),
+        broken(
+            "algorithm.overlap does not apply to kind asyncGossip (it never waits for a round)",
+            "spec.algorithm.overlap",
+            spec(json!({"algorithm": {"kind": "asyncGossip", "overlap": true}})),
+        ),
+        broken(
+            "algorithm.overlap does not apply with averageEvery auto (the cadence scores a round before the next step)",
+            "spec.algorithm.overlap",
+            spec(json!({"algorithm": {"averageEvery": "auto", "overlap": true}})),
+        ),
         edited(
             "algorithm.outer is immutable",
             "spec.algorithm.outer",

@@ -172,6 +172,15 @@ struct SimulateArgs {
     /// With --outer-local-steps: the outer momentum.
     #[arg(long, default_value_t = murmur_core::api::OuterSpec::DEFAULT_MOMENTUM)]
     outer_momentum: f64,
+    /// Exchange while computing: with --outer-local-steps a round is mixed in
+    /// --outer-overlap-steps local steps after it is sent; without, a round's parameters
+    /// travel while the step's gradient is computed.
+    #[arg(long)]
+    overlap: bool,
+    /// With --overlap and --outer-local-steps: the local steps a round's exchange runs beside
+    /// (1 to --outer-local-steps).
+    #[arg(long, default_value_t = 1)]
+    outer_overlap_steps: u64,
     /// Threads to spread the members and their kernels over (default: every core). Results are
     /// the same whatever the count.
     #[arg(long)]
@@ -548,11 +557,18 @@ fn outer(args: &SimulateArgs) -> Result<Option<OuterConfig>, CliError> {
             args.outer_momentum
         )));
     }
+    if !(1..=local_steps).contains(&args.outer_overlap_steps) {
+        return Err(CliError::Flag(format!(
+            "--outer-overlap-steps must be from 1 to --outer-local-steps ({local_steps}), not {}",
+            args.outer_overlap_steps
+        )));
+    }
     Ok(Some(OuterConfig {
         local_steps,
         optimizer: args.outer_optimizer,
         learning_rate: args.outer_learning_rate,
         momentum: args.outer_momentum,
+        overlap_steps: args.outer_overlap_steps,
     }))
 }
 
@@ -588,6 +604,7 @@ fn simulate(args: SimulateArgs) -> Result<(), CliError> {
         target_consensus: args.target_consensus,
         departed: args.departed,
         zones: args.zones,
+        overlap: args.overlap,
         outer,
     };
     if args.target_accuracy.is_some() && args.target_consensus.is_some() {

@@ -71,6 +71,12 @@ fn run(kind: TopologyKind, manifest: &str) {
             done["accuracy"].as_f64().unwrap() >= 0.85,
             "member {id}: {done}"
         );
+        // Where its time went: the waits for peers are a part of the training time.
+        let (trained, waited) = (
+            done["trained_seconds"].as_f64().unwrap(),
+            done["waited_seconds"].as_f64().unwrap(),
+        );
+        assert!(trained > 0.0 && (0.0..trained).contains(&waited), "{done}");
     }
 }
 
@@ -79,6 +85,22 @@ fn gossip_partners_agree_across_processes() {
     run(
         TopologyKind::Ring,
         &manifest("ring", "{kind: gossip, roundTimeout: 5s}"),
+    );
+}
+
+/// Overlapped rounds post before they collect: the posted round waits for no timeout either.
+#[test]
+fn overlapped_rounds_post_then_collect_without_a_timeout() {
+    run(
+        TopologyKind::Ring,
+        &manifest("ring", "{kind: dpsgd, overlap: true, roundTimeout: 5s}"),
+    );
+    run(
+        TopologyKind::Ring,
+        &manifest(
+            "ring",
+            "{kind: dpsgd, overlap: true, outer: {localSteps: 8, overlapSteps: 4}, roundTimeout: 5s}",
+        ),
     );
 }
 

@@ -415,6 +415,26 @@ fn every_cel_rule_rejects_with_the_field_it_guards() {
             "roundTimeout: 5s, outer: {localSteps: 101}}",
             "spec.algorithm.outer.localSteps",
         ),
+        (
+            "{kind: cliqueAveraging, averageEvery: 1, roundTimeout: 5s}",
+            "{kind: asyncGossip, roundTimeout: 5s, overlap: true}",
+            "spec.algorithm.overlap",
+        ),
+        (
+            "roundTimeout: 5s}",
+            "roundTimeout: 5s, outer: {localSteps: 8, overlapSteps: 9}, overlap: true}",
+            "spec.algorithm.outer.overlapSteps",
+        ),
+        (
+            "roundTimeout: 5s}",
+            "roundTimeout: 5s, outer: {localSteps: 8, overlapSteps: 0}, overlap: true}",
+            "spec.algorithm.outer.overlapSteps",
+        ),
+        (
+            "{kind: cliqueAveraging, averageEvery: 1, roundTimeout: 5s}",
+            "{kind: dpsgd, averageEvery: auto, roundTimeout: 5s, overlap: true}",
+            "spec.algorithm.overlap",
+        ),
         ("{name: job}", "{name: Job_1}", "metadata.name"),
         ("{name: job}", "{}", "metadata.name"),
         (
@@ -466,6 +486,14 @@ fn the_boundaries_of_each_rule_are_accepted() {
         (
             "roundTimeout: 5s}",
             "roundTimeout: 5s, outer: {localSteps: 100, optimizer: sgd, momentum: 0.99}}",
+        ),
+        (
+            "roundTimeout: 5s}",
+            "roundTimeout: 5s, outer: {localSteps: 10, overlapSteps: 10}, overlap: true}",
+        ),
+        (
+            "{kind: cliqueAveraging, averageEvery: 1, roundTimeout: 5s}",
+            "{kind: dpsgd, averageEvery: 4, roundTimeout: 5s, overlap: true}",
         ),
         // With epochs, not steps, only the trainer knows the run's length.
         (

@@ -36,17 +36,34 @@ impl Purpose {
 /// one buffer, not a copy per neighbour.
 pub type Payload = std::sync::Arc<Vec<u8>>;
 
-/// The only thing the algorithms need from a network.
+/// The only thing the algorithms need from a network: a round is posted, then collected. In
+/// between, the network delivers while the member computes (overlap); `exchange` does both at
+/// once.
 #[allow(async_fn_in_trait)]
 pub trait Exchange {
-    /// Send each payload in `outgoing` to its member, then collect what every member in `from`
-    /// sent for the same `(round, purpose)`. A member that does not deliver in time (left, was
-    /// preempted, timed out) is absent from the result; callers renormalise over who answered.
+    /// Send each payload in `outgoing` to its member for `(round, purpose)`, and start taking
+    /// what peers send for it. Returns at once.
+    fn post_round(&mut self, round: u64, purpose: Purpose, outgoing: Vec<(MemberId, Payload)>);
+
+    /// What every member in `from` sent for a posted `(round, purpose)`. A member that does not
+    /// deliver in time (left, was preempted, timed out) is absent from the result; callers
+    /// renormalise over who answered.
+    async fn collect_round(
+        &mut self,
+        round: u64,
+        purpose: Purpose,
+        from: &[MemberId],
+    ) -> Vec<(MemberId, Payload)>;
+
+    /// [`post_round`](Self::post_round), then [`collect_round`](Self::collect_round).
     async fn exchange(
         &mut self,
         round: u64,
         purpose: Purpose,
         outgoing: Vec<(MemberId, Payload)>,
         from: &[MemberId],
-    ) -> Vec<(MemberId, Payload)>;
+    ) -> Vec<(MemberId, Payload)> {
+        self.post_round(round, purpose, outgoing);
+        self.collect_round(round, purpose, from).await
+    }
 }

@@ -23,6 +23,8 @@ pub struct OuterConfig {
     pub optimizer: OuterOptimizerKind,
     pub learning_rate: f64,
     pub momentum: f64,
+    /// With overlap: the local steps after a round is posted at which it is mixed in.
+    pub overlap_steps: u64,
 }
 
 impl OuterConfig {
@@ -32,6 +34,7 @@ impl OuterConfig {
             optimizer: spec.optimizer,
             learning_rate: spec.learning_rate(),
             momentum: spec.momentum(),
+            overlap_steps: spec.overlap_steps(),
         }
     }
 }
@@ -100,6 +103,7 @@ mod tests {
             optimizer,
             learning_rate,
             momentum,
+            overlap_steps: 1,
         }
     }
 

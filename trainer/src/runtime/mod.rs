@@ -93,25 +93,28 @@ fn watch_signals(stop: Arc<StopSignal>, grace: Duration) {
     });
 }
 
-/// Times each exchange for the round-latency histogram.
+/// Times what the training loop waits for each averaging round (the communication it does not
+/// hide behind computation) for the round-latency histogram, and adds it to `waited`.
 struct Timed<'a> {
     transport: &'a mut Transport,
     observed: &'a Observed,
+    waited: &'a mut Duration,
 }
 
 impl Exchange for Timed<'_> {
-    async fn exchange(
+    fn post_round(&mut self, round: u64, purpose: Purpose, outgoing: Vec<(MemberId, Payload)>) {
+        self.transport.post_round(round, purpose, outgoing);
+    }
+
+    async fn collect_round(
         &mut self,
         round: u64,
         purpose: Purpose,
-        outgoing: Vec<(MemberId, Payload)>,
         from: &[MemberId],
     ) -> Vec<(MemberId, Payload)> {
         let started = Instant::now();
-        let got = self
-            .transport
-            .exchange(round, purpose, outgoing, from)
-            .await;
+        let got = self.transport.collect_round(round, purpose, from).await;
+        *self.waited += started.elapsed();
         if purpose == Purpose::Parameters {
             self.observed.round(started.elapsed().as_secs_f64());
         }
@@ -140,6 +143,8 @@ struct Trainer<B: AutodiffBackend, T: Task> {
     eval_every: u64,
     /// Whether a round with peers has completed yet (logged once: the join latency).
     averaged_yet: bool,
+    /// Time the loop waited for peers' payloads, all rounds together (logged at the end).
+    waited: Duration,
     /// What this member reported on start; sent again whenever a topology leaves it out (the
     /// operator that took the first report may have restarted before it kept it).
     join: Option<JoinReport>,
@@ -259,6 +264,7 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
     async fn train(&mut self) -> Result<TerminationMessage, RunError> {
         self.observed.set_ready(true);
         self.set_state(TrainerState::Training);
+        let training_began = Instant::now();
         let eval_every = self.eval_every.max(1);
         let mut recent_loss = Vec::new();
         while self.step < self.total_steps {
@@ -289,6 +295,7 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
                 let mut timed = Timed {
                     transport: &mut self.transport,
                     observed: &self.observed,
+                    waited: &mut self.waited,
                 };
                 self.member.step(self.step, &hood, &mut timed).await?
             };
@@ -368,7 +375,18 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
         // rounds with our payloads, then stop counting on us.
         self.transport.leave(Duration::from_secs(5)).await;
         self.post_status(5).await;
-        tracing::info!(step = self.step, accuracy, metric, value, "done");
+        // Where the time went: waiting for peers, and everything else (computing, evaluating).
+        let trained_seconds = training_began.elapsed().as_secs_f64();
+        let waited_seconds = self.waited.as_secs_f64();
+        tracing::info!(
+            step = self.step,
+            accuracy,
+            metric,
+            value,
+            trained_seconds,
+            waited_seconds,
+            "done"
+        );
         Ok(TerminationMessage {
             outcome: TerminationOutcome::Done,
             step: self.step,
@@ -536,6 +554,7 @@ pub async fn run<B: AutodiffBackend, T: Task>(
         total_steps,
         eval_every: options.eval_every,
         averaged_yet: false,
+        waited: Duration::ZERO,
         join: None,
         startup_timeout: options.startup_timeout,
     };

@@ -106,7 +106,7 @@ impl Observed {
         );
         registry.register(
             "round_seconds",
-            "Time spent exchanging with peers per round",
+            "Time the training loop waited for peers per averaging round (what overlap does not hide)",
             m.round_seconds.clone(),
         );
         Arc::new(Self {

@@ -48,6 +48,7 @@ impl MemberPlan {
                 group_size: spec.algorithm.group_size(),
                 max_staleness: spec.algorithm.max_staleness(),
                 outer,
+                overlap: spec.algorithm.overlap,
             },
             model: training.model,
             partition: Partition::from_spec(&training.partition),

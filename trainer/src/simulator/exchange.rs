@@ -44,13 +44,7 @@ pub struct LocalExchange {
 }
 
 impl Exchange for LocalExchange {
-    async fn exchange(
-        &mut self,
-        round: u64,
-        purpose: Purpose,
-        outgoing: Vec<(MemberId, Payload)>,
-        from: &[MemberId],
-    ) -> Vec<(MemberId, Payload)> {
+    fn post_round(&mut self, round: u64, purpose: Purpose, outgoing: Vec<(MemberId, Payload)>) {
         for (to, payload) in outgoing {
             self.boxes
                 .letters
@@ -59,6 +53,14 @@ impl Exchange for LocalExchange {
             // notify_one keeps a permit when nobody waits yet, so no wake-up is lost.
             self.boxes.bell(to).notify_one();
         }
+    }
+
+    async fn collect_round(
+        &mut self,
+        round: u64,
+        purpose: Purpose,
+        from: &[MemberId],
+    ) -> Vec<(MemberId, Payload)> {
         let bell = self.boxes.bell(self.me);
         loop {
             // Registered before the check, so a letter posted in between still wakes us.

@@ -82,6 +82,8 @@ pub struct SimulationConfig {
     pub zones: usize,
     /// Outer steps: every round moves an anchor by an outer optimizer step.
     pub outer: Option<OuterConfig>,
+    /// Exchange while computing (`algorithm.overlap`).
+    pub overlap: bool,
 }
 
 /// Virtual time per step of a full-speed member. Integer ticks keep the order of events exact.
@@ -309,6 +311,7 @@ fn member_config(config: &SimulationConfig, algorithm: AlgorithmKind) -> MemberC
         group_size: config.topology.group_size,
         max_staleness: config.max_staleness,
         outer: config.outer,
+        overlap: config.overlap,
     }
 }
 
@@ -402,6 +405,14 @@ pub fn simulate<B: AutodiffBackend>(
                 "--average-every auto paces the edges of a static graph under D-PSGD or clique averaging, not {algorithm:?} on {}",
                 choice.name()
             )));
+        }
+        if config.overlap
+            && (algorithm == AlgorithmKind::AsyncGossip
+                || matches!(config.averaging, Averaging::Auto(_)))
+        {
+            return Err(SimulationError::Config(
+                "--overlap applies to rounds of fixed cadence: not to asynchronous gossip (it never waits) nor --average-every auto".into(),
+            ));
         }
         if let Some(outer) = config.outer {
             if algorithm == AlgorithmKind::AsyncGossip {

@@ -153,6 +153,9 @@ struct Shared {
     config: TransportConfig,
     agreements: Mutex<Agreements>,
     book: Mutex<RoundBook<ReplyTx>>,
+    /// The agreements each posted round was sent under, until it is collected: a topology
+    /// applied in between changes neither whom it waits for nor how their frames are judged.
+    posted: Mutex<BTreeMap<(Purpose, u64), Agreements>>,
     /// Rung on every change a waiting round or the trainer loop may care about.
     changed: Notify,
     stats: Stats,
@@ -208,6 +211,7 @@ impl Transport {
             config,
             agreements: Mutex::default(),
             book: Mutex::new(RoundBook::default()),
+            posted: Mutex::new(BTreeMap::new()),
             changed: Notify::new(),
             stats: Stats::default(),
             state_requests: Mutex::new(Vec::new()),
@@ -454,14 +458,14 @@ impl Drop for Transport {
 }
 
 impl Exchange for Transport {
-    async fn exchange(
-        &mut self,
-        round: u64,
-        purpose: Purpose,
-        outgoing: Vec<(MemberId, Payload)>,
-        from: &[MemberId],
-    ) -> Vec<(MemberId, Payload)> {
+    fn post_round(&mut self, round: u64, purpose: Purpose, outgoing: Vec<(MemberId, Payload)>) {
         let agreements = self.shared.agreements.lock().clone();
+        let mut posted = self.shared.posted.lock();
+        // A round posted and never collected (its member took a neighbour's state) goes once
+        // it is out of the book's window.
+        posted.retain(|&(p, r), _| p != purpose || r + book::WINDOW >= round);
+        posted.insert((purpose, round), agreements);
+        drop(posted);
         self.shared.book.lock().begin(purpose, round);
         // Readers held back by the window may have room now.
         self.shared.changed.notify_waiters();
@@ -472,6 +476,17 @@ impl Exchange for Transport {
                 self.shared.book.lock().unrecord_sent(purpose, round, to);
             }
         }
+    }
+
+    async fn collect_round(
+        &mut self,
+        round: u64,
+        purpose: Purpose,
+        from: &[MemberId],
+    ) -> Vec<(MemberId, Payload)> {
+        let posted = self.shared.posted.lock().remove(&(purpose, round));
+        let agreements = posted.unwrap_or_else(|| self.shared.agreements.lock().clone());
+        // Counted from the collect: a round posted long before (overlap) still gets its time.
         let deadline = Instant::now() + self.shared.config.round_timeout;
         let (used, excluded) = loop {
             // Register for the next change before looking, so none is missed in between.

@@ -77,9 +77,11 @@ impl Outgoing {
     }
 }
 
-/// What waits to be written to one peer. Bounded, and when full the *oldest* message goes: while
-/// a peer is unreachable (restarting after a preemption), what matters on its return is our
-/// latest rounds, not the first few it missed.
+/// What waits to be written to one peer. Bounded, and when full the *oldest* message of the new
+/// one's kind goes (the oldest of all where none shares it): while a peer is unreachable
+/// (restarting after a preemption), what matters on its return is our latest rounds, not the
+/// first few it missed, and an overlapped parameter round waiting behind the gradient rounds of
+/// the steps that followed it is still that kind's latest.
 #[derive(Default)]
 pub(super) struct SendQueue {
     items: Mutex<std::collections::VecDeque<Outgoing>>,
@@ -91,7 +93,10 @@ impl SendQueue {
     pub(super) fn push(&self, m: Outgoing) -> Option<Outgoing> {
         let mut items = self.items.lock();
         let evicted = (items.len() >= SEND_QUEUE)
-            .then(|| items.pop_front())
+            .then(|| {
+                let at = items.iter().position(|o| o.kind == m.kind).unwrap_or(0);
+                items.remove(at)
+            })
             .flatten();
         items.push_back(m);
         drop(items);
@@ -443,5 +448,36 @@ async fn run_outgoing(shared: &Arc<Shared>, peer: MemberId, stream: TcpStream, q
             }
             _ = &mut answers => return,
         }
+    }
+}
+
+#[cfg(test)]
+mod queue_tests {
+    use super::*;
+
+    fn message(kind: Kind, round: u64) -> Outgoing {
+        Outgoing::new(kind, round, 0, Vec::new())
+    }
+
+    #[test]
+    fn a_full_queue_evicts_the_oldest_message_of_the_new_ones_kind() {
+        let q = SendQueue::default();
+        let params = payload_kind(Purpose::Parameters);
+        let grads = payload_kind(Purpose::Gradients);
+        assert!(q.push(message(params, 0)).is_none());
+        for round in 0..3 {
+            assert!(q.push(message(grads, round)).is_none());
+        }
+        // A fourth gradient round: the oldest gradient round goes, the parameters stay.
+        let evicted = q.push(message(grads, 3)).expect("full");
+        assert_eq!((evicted.kind, evicted.round), (grads, 0));
+        // A kind with nothing queued evicts the oldest message of all.
+        let evicted = q.push(message(Kind::GossipRequest, 9)).expect("full");
+        assert_eq!((evicted.kind, evicted.round), (params, 0));
+        let kept: Vec<(Kind, u64)> = q.items.lock().iter().map(|o| (o.kind, o.round)).collect();
+        assert_eq!(
+            kept,
+            [(grads, 1), (grads, 2), (grads, 3), (Kind::GossipRequest, 9)]
+        );
     }
 }

@@ -89,6 +89,44 @@ impl<B: AutodiffBackend, T: Task> Member<B, T> {
             .collect()
     }
 
+    /// The codec of `purpose`'s payloads: gradients are never top-k'd (an estimate of a
+    /// gradient stream is meaningless).
+    fn compression_of(&self, purpose: Purpose) -> Compression {
+        match (purpose, self.config.compression) {
+            (Purpose::Gradients, Compression::TopK { .. }) => Compression::None,
+            (_, c) => c,
+        }
+    }
+
+    /// Encode `values` for `to` and post them for `(round, purpose)`; `trailer` (auto
+    /// averaging) follows each payload.
+    pub(super) fn post_share<E: Exchange>(
+        &mut self,
+        ex: &mut E,
+        round: u64,
+        purpose: Purpose,
+        to: &[MemberId],
+        values: &[f32],
+        trailer: Option<&[u8]>,
+    ) {
+        let compression = self.compression_of(purpose);
+        let outgoing = self.encode(to, purpose, compression, values, trailer.unwrap_or(&[]));
+        ex.post_round(round, purpose, outgoing);
+    }
+
+    /// Collect and decode what `from` sent for a posted `(round, purpose)`.
+    pub(super) async fn collect_share<E: Exchange>(
+        &mut self,
+        ex: &mut E,
+        round: u64,
+        purpose: Purpose,
+        from: &[MemberId],
+        trailer: bool,
+    ) -> Vec<(MemberId, Decoded, Option<u64>)> {
+        let received = ex.collect_round(round, purpose, from).await;
+        self.decode_all(purpose, self.compression_of(purpose), received, trailer)
+    }
+
     /// Send `values` to `to` and receive from `from` (the same members, except on a one-peer
     /// schedule); `trailer` (auto averaging) follows each payload.
     pub(super) async fn share<E: Exchange>(
@@ -100,13 +138,8 @@ impl<B: AutodiffBackend, T: Task> Member<B, T> {
         values: &[f32],
         trailer: Option<&[u8]>,
     ) -> Vec<(MemberId, Decoded, Option<u64>)> {
-        // Gradients are never top-k'd: an estimate of a gradient stream is meaningless.
-        let compression = match (purpose, self.config.compression) {
-            (Purpose::Gradients, Compression::TopK { .. }) => Compression::None,
-            (_, c) => c,
-        };
-        let outgoing = self.encode(to, purpose, compression, values, trailer.unwrap_or(&[]));
-        let received = ex.exchange(round, purpose, outgoing, from).await;
-        self.decode_all(purpose, compression, received, trailer.is_some())
+        self.post_share(ex, round, purpose, to, values, trailer);
+        self.collect_share(ex, round, purpose, from, trailer.is_some())
+            .await
     }
 }

@@ -62,6 +62,9 @@ pub struct MemberConfig {
     /// Outer steps: every averaging round moves an anchor by an outer optimizer step.
     /// `averaging` is then `Every(local_steps)`.
     pub outer: Option<OuterConfig>,
+    /// Exchange while computing: with `outer`, a round is mixed in one round late; without, a
+    /// round's parameters travel while the step's gradient is computed.
+    pub overlap: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -189,6 +192,8 @@ pub struct Member<B: AutodiffBackend, T: Task> {
     outer: Option<Outer>,
     /// The run's last step (0-based), where outer steps take a round whatever the cadence.
     last_step: Option<u64>,
+    /// Overlap: the round posted and not yet collected.
+    pending: Option<rounds::Pending>,
 }
 
 impl<B: AutodiffBackend, T: Task> Member<B, T> {
@@ -245,6 +250,7 @@ impl<B: AutodiffBackend, T: Task> Member<B, T> {
             scratch: Vec::new(),
             outer,
             last_step: None,
+            pending: None,
         })
     }
 
@@ -284,8 +290,10 @@ impl<B: AutodiffBackend, T: Task> Member<B, T> {
         Ok(())
     }
 
-    /// Replace the parameters alone; on an error the model stays as it was.
+    /// Replace the parameters alone; on an error the model stays as it was. A posted round is
+    /// dropped: what it would mix in belongs to the parameters replaced.
     fn import_parameters(&mut self, values: &[f32]) -> Result<(), MemberError> {
+        self.pending = None;
         let model = self.model.take().expect("model present");
         match model::import(model.clone(), values, &self.layout) {
             Ok(m) => {
@@ -407,6 +415,7 @@ impl<B: AutodiffBackend, T: Task> Member<B, T> {
         );
         self.optim = optim.load_bytes(optimizer, &self.device)?;
         self.model = Some(restored);
+        self.pending = None;
         if self.outer.is_some() {
             let values = self.parameters();
             self.outer = Some(Outer::start(&values));

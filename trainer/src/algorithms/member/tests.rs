@@ -56,6 +56,7 @@ fn a_member_given_a_neighbours_optimizer_state_steps_as_that_neighbour_does() {
         group_size: 2,
         max_staleness: 1,
         outer: None,
+        overlap: false,
     };
     let member = |id| member(id, &config);
     let mut neighbour = member(0);
@@ -82,11 +83,18 @@ fn a_member_given_a_neighbours_optimizer_state_steps_as_that_neighbour_does() {
 struct Alone;
 
 impl crate::algorithms::Exchange for Alone {
-    async fn exchange(
+    fn post_round(
         &mut self,
         _: u64,
         _: crate::algorithms::Purpose,
         _: Vec<(murmur_core::topology::MemberId, crate::algorithms::Payload)>,
+    ) {
+    }
+
+    async fn collect_round(
+        &mut self,
+        _: u64,
+        _: crate::algorithms::Purpose,
         _: &[murmur_core::topology::MemberId],
     ) -> Vec<(murmur_core::topology::MemberId, crate::algorithms::Payload)> {
         Vec::new()
@@ -115,7 +123,9 @@ fn with_outer_steps_a_member_given_a_neighbours_state_steps_as_that_neighbour_do
             optimizer: murmur_core::api::OuterOptimizerKind::Nesterov,
             learning_rate: 0.7,
             momentum: 0.9,
+            overlap_steps: 1,
         }),
+        overlap: false,
     };
     let member = |id| member(id, &config);
     let hood = Neighbourhood {
