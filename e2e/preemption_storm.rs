@@ -1,6 +1,7 @@
 //! End to end: a preemption storm. `murmur run` with twelve members in D-Cliques, one member
 //! SIGKILLed every 5 s for two minutes — bridges between cliques included — must still succeed
-//! within 2 points of the same job undisturbed, with every kill a preemption and none a crash.
+//! within 2 points of the same job undisturbed, with every kill a preemption and none a crash;
+//! and the same with outer steps, whose replacements take a neighbour's anchor.
 
 mod support;
 
@@ -8,8 +9,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use support::*;
 
-const MANIFEST: &str = "e2e/manifests/storm-dcliques-12.yaml";
-const JOB: &str = "/api/v1/namespaces/default/jobs/storm";
+/// The two storms take the cores one at a time: twenty-four trainers on two cores would test
+/// the machine.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Members with an edge into another clique, in a topology document.
 fn bridges(doc: &serde_json::Value) -> BTreeSet<u64> {
@@ -78,19 +80,46 @@ fn assert_no_key_leaked(run: &Finished) {
 
 #[test]
 fn a_two_minute_storm_of_kills_costs_at_most_two_points() {
-    let calm = Run::start(MANIFEST, &[]).finish(|_| {});
+    storm(
+        "e2e/manifests/storm-dcliques-12.yaml",
+        "/api/v1/namespaces/default/jobs/storm",
+        2,
+    );
+}
+
+/// A minute: the outer job is shorter in time (measured: 11 kills, 93.68% against 93.44% calm).
+#[test]
+fn a_one_minute_storm_of_kills_with_outer_steps_costs_at_most_two_points() {
+    storm(
+        "e2e/manifests/storm-dcliques-12-outer.yaml",
+        "/api/v1/namespaces/default/jobs/storm-outer",
+        1,
+    );
+}
+
+/// A kill every 5 s for `minutes` on `manifest` (job `job` in the status API): the job
+/// succeeds within 2 points of the undisturbed run, every kill a preemption, bridges killed too.
+fn storm(manifest: &str, job: &str, minutes: u32) {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let calm = Run::start(manifest, &[]).finish(|_| {});
     assert!(calm.status.success(), "calm run failed:\n{}", calm.stdout);
     let calm_summary = calm.summary();
 
     let storm = Run::start(
-        MANIFEST,
+        manifest,
         &[
-            "--chaos", "preempt", "--every", "5s", "--kill", "--for", "2m",
+            "--chaos",
+            "preempt",
+            "--every",
+            "5s",
+            "--kill",
+            "--for",
+            &format!("{minutes}m"),
         ],
     );
     let mut bridge_members = BTreeSet::new();
     let storm = storm.finish(|port| {
-        if let Some((200, body)) = http_get(port, &format!("{JOB}/topology")) {
+        if let Some((200, body)) = http_get(port, &format!("{job}/topology")) {
             let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
             bridge_members.extend(bridges(&doc));
         }
@@ -107,8 +136,8 @@ fn a_two_minute_storm_of_kills_costs_at_most_two_points() {
     // A job that ends first cuts the storm short (faster training did once): say so plainly.
     let wall = summary["wallSeconds"].as_f64().unwrap();
     assert!(
-        wall > 125.0,
-        "the job ended after {wall} s, before the two-minute storm did: give {MANIFEST} more steps"
+        wall > f64::from(60 * minutes + 5),
+        "the job ended after {wall} s, before the storm did: give {manifest} more steps"
     );
     let events = storm.events();
     let kills: Vec<&serde_json::Value> = events.iter().filter(|e| e["reason"] == "Chaos").collect();
@@ -116,9 +145,9 @@ fn a_two_minute_storm_of_kills_costs_at_most_two_points() {
         .iter()
         .map(|e| e["member"].as_u64().unwrap())
         .collect();
-    // One kill every 5 s for 2 minutes (a tick is skipped while no member is training).
+    // One kill every 5 s (a tick is skipped while no member is training).
     assert!(
-        kills.len() >= 20,
+        kills.len() >= 10 * minutes as usize,
         "only {} kills:\n{}",
         kills.len(),
         storm.stdout
@@ -158,12 +187,12 @@ fn a_two_minute_storm_of_kills_costs_at_most_two_points() {
             }
         }
     }
-    println!("storm: neighbours dropped from rounds, by reason: {dropped:?}");
+    println!("{manifest}: neighbours dropped from rounds, by reason: {dropped:?}");
 
     let calm_accuracy = calm_summary["finalAccuracy"].as_f64().unwrap();
     let accuracy = summary["finalAccuracy"].as_f64().unwrap();
     println!(
-        "storm: {} kills ({} members, bridges {bridges_killed:?}); accuracy undisturbed {:.2}%, storm {:.2}%; wall {} s vs {} s",
+        "{manifest}: {} kills ({} members, bridges {bridges_killed:?}); accuracy undisturbed {:.2}%, storm {:.2}%; wall {} s vs {} s",
         kills.len(),
         killed.len(),
         100.0 * calm_accuracy,

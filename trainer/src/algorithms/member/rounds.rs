@@ -22,7 +22,7 @@ impl<B: AutodiffBackend, T: Task> Member<B, T> {
     /// One local step, then (every `average_every` steps, or on the edges the cadence says are
     /// due) an averaging round. With `overlap`, the round's exchange runs while this member
     /// computes: posted before the step's gradient and collected after it, or (outer steps)
-    /// posted at one boundary and collected at the next.
+    /// posted at a boundary and collected `overlap_steps` local steps later.
     pub async fn step<E: Exchange>(
         &mut self,
         step: u64,
