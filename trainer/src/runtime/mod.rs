@@ -114,9 +114,10 @@ impl Exchange for Timed<'_> {
     ) -> Vec<(MemberId, Payload)> {
         let started = Instant::now();
         let got = self.transport.collect_round(round, purpose, from).await;
-        *self.waited += started.elapsed();
+        let waited = started.elapsed();
+        *self.waited += waited;
         if purpose == Purpose::Parameters {
-            self.observed.round(started.elapsed().as_secs_f64());
+            self.observed.round(waited.as_secs_f64());
         }
         got
     }

@@ -62,8 +62,9 @@ pub struct MemberConfig {
     /// Outer steps: every averaging round moves an anchor by an outer optimizer step.
     /// `averaging` is then `Every(local_steps)`.
     pub outer: Option<OuterConfig>,
-    /// Exchange while computing: with `outer`, a round is mixed in one round late; without, a
-    /// round's parameters travel while the step's gradient is computed.
+    /// Exchange while computing: with `outer`, a round is mixed in `overlap_steps` local steps
+    /// after it is posted; without, a round's parameters travel while the step's gradient is
+    /// computed.
     pub overlap: bool,
 }
 
