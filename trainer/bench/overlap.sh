@@ -22,7 +22,7 @@ one() {
     # murmur reads YAML, and JSON is YAML: the edit is applied with jq.
     python3 -c 'import json, sys, yaml; print(json.dumps(yaml.safe_load(open(sys.argv[1]))))' "$manifest" |
         jq "$edit" > "$work/$name.yaml"
-    rm -rf "$work/$name"
+    rm -rf "${work:?}/$name"
     started=$(date +%s.%N)
     target/release/murmur run "$work/$name.yaml" --output "$work/$name" > "$work/$name.out" 2>&1
     wall=$(python3 -c "print(f'{$(date +%s.%N) - $started:.1f}')")
@@ -41,7 +41,7 @@ print(f"{name:<22} wall {wall:>5} s  trained {trained:5.2f} s  waited {waited:5.
 ' "$name" "$wall" "$work/$name/summary.json"
 }
 
-for run in $(seq "$RUNS"); do
+for _ in $(seq "$RUNS"); do
     one "per-step" manifests/examples/dcliques-spot-cpu.yaml
     one "per-step overlapped" manifests/examples/dcliques-spot-cpu.yaml '.spec.algorithm.overlap = true'
     one "outer" manifests/examples/dcliques-outer-cpu.yaml
