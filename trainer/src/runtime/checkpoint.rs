@@ -192,15 +192,19 @@ fn list(dir: &Path) -> Vec<PathBuf> {
 }
 
 /// The newest valid checkpoint of `job` with this layout in `dir` (any member's: after
-/// averaging, every member's model is a good start), and a warning for each file skipped.
+/// averaging, every member's model is a good start), and a warning for each file skipped on
+/// the way to it. Files are read newest first, by the step in their names, and reading stops
+/// at the first valid one: a directory that every member writes to holds a few of each, and
+/// a replacement reads them while its clique trains without it.
 pub fn newest_valid(
     dir: &Path,
     job: &str,
     layout_fingerprint: u64,
 ) -> (Option<(PathBuf, Checkpoint)>, Vec<CheckpointError>) {
-    let mut best: Option<(PathBuf, Checkpoint)> = None;
+    let mut paths = list(dir);
+    paths.sort_by_key(|p| std::cmp::Reverse(step_in_name(p)));
     let mut skipped = Vec::new();
-    for path in list(dir) {
+    for path in paths {
         let loaded = fs::read(&path)
             .map_err(|source| CheckpointError::Io {
                 file: path.display().to_string(),
@@ -217,14 +221,21 @@ pub fn newest_valid(
                 }
             });
         match loaded {
-            Ok(c) if best.as_ref().is_none_or(|(_, b)| c.meta.step > b.meta.step) => {
-                best = Some((path, c));
-            }
-            Ok(_) => {}
+            Ok(c) => return (Some((path, c)), skipped),
             Err(e) => skipped.push(e),
         }
     }
-    (best, skipped)
+    (None, skipped)
+}
+
+/// The step a checkpoint's file name says (`member-M-step-S.ckpt`); none sorts last.
+fn step_in_name(path: &Path) -> Option<u64> {
+    let name = file_name_of(path);
+    name.strip_suffix(".ckpt")?
+        .rsplit_once("-step-")?
+        .1
+        .parse()
+        .ok()
 }
 
 #[cfg(test)]
@@ -313,6 +324,25 @@ mod tests {
         assert!(best.is_none());
         assert_eq!(skipped.len(), 3);
         assert!(newest_valid(dir.path(), "ml/other", 9).0.is_none());
+    }
+
+    #[test]
+    fn files_are_read_newest_first_whoever_wrote_them() {
+        let dir = tempfile::tempdir().unwrap();
+        checkpoint(3, 900).save(dir.path()).unwrap();
+        checkpoint(0, 1000).save(dir.path()).unwrap();
+        // An older file that does not decode is never read: the newest valid one came first.
+        fs::write(dir.path().join("member-2-step-0000000010.ckpt"), b"junk").unwrap();
+        let (best, skipped) = newest_valid(dir.path(), "ml/mnist", 9);
+        let (path, c) = best.unwrap();
+        assert_eq!((c.meta.member_id, c.meta.step), (0, 1000));
+        assert!(file_name_of(&path).ends_with("0000001000.ckpt"));
+        assert!(skipped.is_empty(), "{skipped:?}");
+        assert_eq!(
+            step_in_name(Path::new("member-1-step-0000000042.ckpt")),
+            Some(42)
+        );
+        assert_eq!(step_in_name(Path::new("member-1.ckpt")), None);
     }
 
     #[test]
