@@ -218,6 +218,31 @@ fn a_job_whose_members_all_died_resumes_from_the_newest_valid_checkpoint() {
     );
 }
 
+/// A member that starts after the run's end (a replacement that resumed from a finished
+/// member's last checkpoint) takes no step of its own: its status says its accuracy at the
+/// step the checkpoint was at, not at step 0.
+#[test]
+fn a_member_resumed_at_the_end_reports_its_accuracy_at_that_step() {
+    let job = LocalJob::new(2, TopologyKind::Ring, &manifest(100, 2, Some(50)));
+    let ckpt = job.dir.path().join("checkpoints");
+    let env = [("MURMUR_CHECKPOINT_DIR", ckpt.display().to_string())];
+    resume_both(&job, &env);
+    let mut late = Reaper::default();
+    late.0.push(job.spawn(0, 2, &env));
+    let mut reported = None;
+    wait_for(Duration::from_secs(60), "an accuracy in the status", || {
+        reported = job
+            .status(0)
+            .filter(|s| s.get("accuracy").is_some_and(|a| !a.is_null()));
+        reported.is_some()
+    });
+    let status = reported.unwrap();
+    assert_eq!(status["step"], 100, "{status}");
+    let lines = job.log(0, 2);
+    let resumed = logged(&lines, "resumed from checkpoint").expect("did not resume");
+    assert_eq!(resumed["step"], 100);
+}
+
 /// With outer steps the checkpoint holds the anchor and outer momentum (format 2), and a
 /// resumed job takes them back.
 #[test]

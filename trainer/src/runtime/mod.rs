@@ -216,8 +216,13 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
             value,
             higher_is_better: metric.higher_is_better,
         };
-        self.observed
-            .update(|s| s.progress.set_quality(quality.clone()));
+        // The step goes with it: a member that ends without a step of its own (a replacement
+        // that resumed from a finished member's checkpoint) said its accuracy at step 0.
+        let step = self.step;
+        self.observed.update(|s| {
+            s.progress.step = step;
+            s.progress.set_quality(quality.clone());
+        });
         quality
     }
 
@@ -559,7 +564,8 @@ pub async fn run<B: AutodiffBackend, T: Task>(
         join: None,
         startup_timeout: options.startup_timeout,
     };
-    trainer.restore_checkpoint()?;
+    // The join goes first: the control plane places a replacement in the topology while it
+    // reads its checkpoint, which its neighbours' state supersedes anyway when they are ahead.
     if let Some(c) = trainer.control.clone() {
         let report = JoinReport {
             member_id: me,
@@ -569,6 +575,7 @@ pub async fn run<B: AutodiffBackend, T: Task>(
         trainer.join = Some(report.clone());
         tokio::spawn(async move { c.post_retrying(&c.join_path(), &report, 30).await });
     }
+    trainer.restore_checkpoint()?;
     if !trainer.wait_for_topology().await {
         return trainer.leave().await;
     }
