@@ -104,10 +104,11 @@ pub fn read_key(path: &Path) -> Result<Vec<u8>, RunError> {
 }
 
 /// The job spec from `MURMUR_JOB_SPEC` (JSON), as the control plane passed it. The operator and
-/// `murmur run` pass only a spec that passed the CRD's rules (`murmur_core::api::validate`), so
-/// it is not checked again here: building the schema and parsing its CEL rules took 100 ms of
-/// CPU at every trainer's start, and a replacement's start is time its clique trains without
-/// it. A manifest given with `--manifest` is checked in full.
+/// `murmur run` pass only a spec that passed the CRD's rules (`murmur_core::api::validate`, in
+/// the operator's reconcile and in `murmur run`'s manifest loading), so it is not checked again
+/// here: building the schema and parsing its CEL rules again took 150-170 ms of every trainer's
+/// start, and a replacement's start is time its clique trains without it. A manifest given with
+/// `--manifest` is checked in full.
 pub fn spec_from_env(env: &TrainerEnv) -> Result<Option<DecentralizedTrainingJobSpec>, RunError> {
     let Some(text) = &env.job_spec else {
         return Ok(None);
