@@ -2,10 +2,16 @@
 //! SIGKILLed every 5 s for two minutes — bridges between cliques included — must still succeed
 //! within 2 points of the same job undisturbed, with every kill a preemption and none a crash;
 //! and the same with outer steps, whose replacements take a neighbour's anchor.
+//!
+//! The job's length is sized to this machine: a short undisturbed run measures its step rate,
+//! and both runs get the steps to outlast the storm by half again. A fixed count sized for the
+//! slowest machine ran each job three times longer than its storm on the others.
 
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::time::Instant;
 
 use support::*;
 
@@ -84,6 +90,7 @@ fn a_two_minute_storm_of_kills_costs_at_most_two_points() {
         "e2e/manifests/storm-dcliques-12.yaml",
         "/api/v1/namespaces/default/jobs/storm",
         2,
+        400,
     );
 }
 
@@ -94,19 +101,76 @@ fn a_one_minute_storm_of_kills_with_outer_steps_costs_at_most_two_points() {
         "e2e/manifests/storm-dcliques-12-outer.yaml",
         "/api/v1/namespaces/default/jobs/storm-outer",
         1,
+        800,
     );
 }
 
-/// A kill every 5 s for `minutes` on `manifest` (job `job` in the status API): the job
-/// succeeds within 2 points of the undisturbed run, every kill a preemption, bridges killed too.
-fn storm(manifest: &str, job: &str, minutes: u32) {
+/// `text` (a manifest with one `steps:` line) with `steps` steps, written in `dir`.
+fn with_steps(text: &str, steps: u64, dir: &Path) -> String {
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.trim_start().starts_with("steps: "))
+        .collect();
+    assert_eq!(lines.len(), 1, "one steps: line in the manifest: {lines:?}");
+    let indent = &lines[0][..lines[0].len() - lines[0].trim_start().len()];
+    let path = dir.join(format!("job-{steps}.yaml"));
+    std::fs::write(
+        &path,
+        text.replace(lines[0], &format!("{indent}steps: {steps}")),
+    )
+    .unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+/// This machine's steps per second for `manifest`'s job undisturbed: a run of `probe` steps,
+/// timed from the first step the status API reports to the last (start-up left out).
+fn steps_per_second(manifest: &str, job: &str) -> f64 {
+    let mut seen: Vec<(Instant, u64)> = Vec::new();
+    let probe = Run::start(manifest, &[]).finish(|port| {
+        if let Some((200, body)) = http_get(port, job) {
+            let view: serde_json::Value = serde_json::from_str(&body).unwrap();
+            if let Some(step) = view["status"]["progress"]["step"]
+                .as_u64()
+                .filter(|&s| s > 0)
+            {
+                seen.push((Instant::now(), step));
+            }
+        }
+    });
+    assert!(
+        probe.status.success(),
+        "probe run failed:\n{}",
+        probe.stdout
+    );
+    let (Some(first), Some(last)) = (seen.first(), seen.last()) else {
+        panic!("the probe reported no step:\n{}", probe.stdout);
+    };
+    assert!(
+        last.1 > first.1 && last.0 > first.0,
+        "the probe's steps did not move: {seen:?}"
+    );
+    (last.1 - first.1) as f64 / (last.0 - first.0).as_secs_f64()
+}
+
+/// A kill every 5 s for `minutes` on `manifest` (job `job` in the status API), its steps sized
+/// by a `probe`-step run: the job succeeds within 2 points of the undisturbed run, every kill a
+/// preemption, bridges killed too.
+fn storm(manifest: &str, job: &str, minutes: u32, probe: u64) {
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let calm = Run::start(manifest, &[]).finish(|_| {});
+    let text = std::fs::read_to_string(workspace().join(manifest)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let rate = steps_per_second(&with_steps(&text, probe, dir.path()), job);
+    // Half again the storm's length undisturbed; a storm slows a job rather than speeding it.
+    let storm_seconds = f64::from(60 * minutes + 5);
+    let steps = ((rate * 1.5 * storm_seconds / 100.0).ceil() as u64 * 100).max(1000);
+    println!("{manifest}: {rate:.1} steps/s undisturbed, so {steps} steps");
+    let sized = with_steps(&text, steps, dir.path());
+    let calm = Run::start(&sized, &[]).finish(|_| {});
     assert!(calm.status.success(), "calm run failed:\n{}", calm.stdout);
     let calm_summary = calm.summary();
 
     let storm = Run::start(
-        manifest,
+        &sized,
         &[
             "--chaos",
             "preempt",
@@ -133,11 +197,11 @@ fn storm(manifest: &str, job: &str, minutes: u32) {
     assert_eq!(summary["phase"], "Succeeded");
     assert_eq!(summary["restarts"], 0, "a kill was counted as a crash");
 
-    // A job that ends first cuts the storm short (faster training did once): say so plainly.
+    // A job that ends first cuts the storm short: say so plainly.
     let wall = summary["wallSeconds"].as_f64().unwrap();
     assert!(
         wall > f64::from(60 * minutes + 5),
-        "the job ended after {wall} s, before the storm did: give {manifest} more steps"
+        "the job ended after {wall} s at {steps} steps, before the storm did: the probe's rate was off"
     );
     let events = storm.events();
     let kills: Vec<&serde_json::Value> = events.iter().filter(|e| e["reason"] == "Chaos").collect();
