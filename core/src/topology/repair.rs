@@ -68,6 +68,18 @@ impl Topology {
 
     /// Add a member (new, or a replacement with a fresh id). Bumps the version.
     pub fn add_member(&mut self, profile: MemberProfile) -> Result<(), TopologyError> {
+        self.rejoin(profile, None)
+    }
+
+    /// Add a member that returns to clique `home` (the one it left, or was moved to the zone
+    /// of) while that clique has room: its data is what the clique's label balance counted on,
+    /// and a relocated member's zone is the clique's. Elsewhere, or for other shapes, as
+    /// [`Topology::add_member`]. Bumps the version.
+    pub fn rejoin(
+        &mut self,
+        profile: MemberProfile,
+        home: Option<u32>,
+    ) -> Result<(), TopologyError> {
         let id = profile.id;
         if self.graph.contains(id) {
             return Err(TopologyError::DuplicateMember(id));
@@ -104,7 +116,16 @@ impl Topology {
                 self.graph = one_peer_exponential(&self.graph.members().collect::<Vec<_>>()).0;
             }
             Shape::Cliques(layout) => {
-                let clique = best_clique(layout, &self.profiles, id, None);
+                let room = |c: &u32| {
+                    layout
+                        .cliques
+                        .get(c)
+                        .is_some_and(|ms| ms.len() < layout.target_size)
+                };
+                let clique = match home.filter(room) {
+                    Some(c) => Some(c),
+                    None => best_clique(layout, &self.profiles, id, None),
+                };
                 layout.insert_member(id, clique);
                 self.graph = layout.graph();
             }

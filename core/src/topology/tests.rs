@@ -417,6 +417,37 @@ fn members_outside_their_cliques_zone_are_the_ones_to_move() {
 }
 
 #[test]
+fn a_member_rejoins_the_clique_it_was_moved_for_while_that_has_room() {
+    // Two cliques of ten, one member of each class twice over. With x out of one and y (another
+    // class) out of the other, x lowers its own clique's skew most, but was moved for y's.
+    let members = MemberProfile::from_histograms(one_class_per_member(20, 10, 10.0));
+    let mut s = spec(TopologyKind::DCliques);
+    s.clique_size = 10;
+    let mut t = build(&s, &members).unwrap();
+    let (x, home) = (0, t.clique_of(0).unwrap());
+    let y = (0..20)
+        .find(|&m| t.clique_of(m) != Some(home) && m % 10 != x % 10)
+        .unwrap();
+    let other = t.clique_of(y).unwrap();
+    let profile = |id: u32| members.iter().find(|p| p.id == id).unwrap().clone();
+    t.remove_member(x).unwrap();
+    t.remove_member(y).unwrap();
+    let mut anywhere = t.clone();
+    anywhere.add_member(profile(x)).unwrap();
+    assert_eq!(
+        anywhere.clique_of(x),
+        Some(home),
+        "the label-balanced choice"
+    );
+    t.rejoin(profile(x), Some(other)).unwrap();
+    assert_eq!(t.clique_of(x), Some(other));
+    // The clique it was moved for is full now: the next one goes where it fits best.
+    t.rejoin(profile(y), Some(other)).unwrap();
+    assert_eq!(t.clique_of(y), Some(home));
+    assert_weights_valid(&t);
+}
+
+#[test]
 fn zones_of_uneven_size_still_get_cliques_of_their_own() {
     // 11 members in zone a, 9 in zone b, each zone holding every class at least once: cliques
     // of 5 as runs of the zone-sorted order would put one member of a into b's cliques.

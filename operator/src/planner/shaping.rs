@@ -103,8 +103,19 @@ pub(super) fn shape_topology(
             }
             for report in joined {
                 if !t.graph.contains(report.member_id) {
+                    // A moved member joins the clique it was moved for, while it has room:
+                    // moved members rejoining in another order took each other's cliques,
+                    // splitting a clique over zones and skewing two cliques' labels.
+                    let home = s
+                        .members
+                        .get(&report.member_id)
+                        .filter(|r| r.relocated)
+                        .and_then(|r| r.clique);
                     // A profile of the right length was checked when the report came in.
-                    let _ = t.add_member(MemberProfile::from_join(report, zone(report.member_id)));
+                    let _ = t.rejoin(
+                        MemberProfile::from_join(report, zone(report.member_id)),
+                        home,
+                    );
                 }
             }
             // Not across zones: members move to their clique's zone once, and cliques formed
