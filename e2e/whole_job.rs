@@ -9,14 +9,12 @@
 //!    `kubectl exec` working on a member.
 //! 2. Zone-aware cliques on and off, 20 members over two zones: at least 3x fewer cross-zone
 //!    bytes at equal accuracy.
-//! 3. A longer run of it with an eviction, a drained node, a node that dies (and a new one that
-//!    joins) and the operator's pod deleted mid-run: still Succeeded within 1.5 points, every
-//!    loss a preemption (no restart), every replacement on a spot node and averaging again, the
-//!    topology version never going backwards.
-//!
-//! 4. `manifests/examples/dcliques-outer-cpu.yaml` (outer steps every 8, int4): Succeeded,
-//!    within 1.5 points of its own `murmur run`, at least 50x fewer bytes than the per-step run
-//!    of 1.
+//! 3. `manifests/examples/dcliques-outer-cpu.yaml` (outer steps every 8, int4), longer, with an
+//!    eviction, a drained node, a node that dies (and a new one that joins), the operator's pod
+//!    deleted and a `helm upgrade` mid-run: still Succeeded, at most 1.5 points below its own
+//!    `murmur run`, every loss a preemption (no restart), every replacement on a spot node and
+//!    averaging again (it takes a neighbour's anchor), the topology version never going
+//!    backwards, and at least 50x fewer bytes a step than the per-step run of 1.
 //!
 //! Needs root, podman, mmdebstrap, catatonit, iproute2, jq and Go; skipped with the reason otherwise, unless
 //! `MURMUR_REQUIRE_CONTROLPLANE` is set (CI sets it). One job at a time (two cores).
@@ -225,19 +223,24 @@ fn main() -> ExitCode {
         "zone-aware {aware_accuracy} against zone-blind {blind_accuracy}"
     );
 
-    // 3. Disruptions mid-run, on a run long enough to see each one heal.
-    let hurt = job(&[
-        "--seed",
-        "3",
-        "--steps",
-        "1500",
-        "--evict",
-        "1",
-        "--drain-node",
-        "--delete-node",
-        "--delete-operator-pod",
-        "--upgrade-operator",
-    ]);
+    // 3. Disruptions mid-run, with outer steps, on a run long enough to see each one heal: its
+    //    steps take about a third of a per-step one's time.
+    let outer_reference = murmur_run(OUTER);
+    let hurt = job_of(
+        OUTER,
+        &[
+            "--seed",
+            "3",
+            "--steps",
+            "4000",
+            "--evict",
+            "1",
+            "--drain-node",
+            "--delete-node",
+            "--delete-operator-pod",
+            "--upgrade-operator",
+        ],
+    );
     let hurt_accuracy = hurt["finalAccuracy"].as_f64().unwrap_or(0.0);
     println!(
         "disrupted: {} {:.2}%, {} preemptions, {} restarts, topology version {}",
@@ -257,7 +260,7 @@ fn main() -> ExitCode {
             h["replacementSeconds"].as_f64().unwrap_or(f64::NAN)
         );
     }
-    assert_succeeded_near(&hurt, reference, "after the disruptions");
+    assert_succeeded_no_worse(&hurt, outer_reference, "after the disruptions");
     for d in hurt["disruptions"].as_array().unwrap() {
         assert!(d["skipped"].is_null(), "a disruption did not happen: {d}");
         // helm upgrade mid-job: the rolling update completed (job.sh fails otherwise) and
@@ -326,24 +329,33 @@ fn main() -> ExitCode {
     for m in members {
         assert_eq!(m["nodeLabels"]["karpenter.sh/capacity-type"], "spot", "{m}");
     }
-    // 4. Outer steps in the cluster: the same job with a round every 8 steps, 4-bit.
-    let outer_reference = murmur_run(OUTER);
-    let outer = job_of(OUTER, &["--seed", "4"]);
-    let (plain_bytes, outer_bytes) = (bytes_out(&plain), bytes_out(&outer));
-    println!(
-        "outer steps: {} {:.2}% (murmur run {:.2}%) in {:.1} s, {:.1} MB against {:.1} MB per-step: {:.0}x fewer",
-        outer["phase"],
-        100.0 * outer["finalAccuracy"].as_f64().unwrap_or(0.0),
-        100.0 * outer_reference,
-        outer["jobSeconds"].as_f64().unwrap_or(f64::NAN),
-        outer_bytes as f64 / 1e6,
-        plain_bytes as f64 / 1e6,
-        plain_bytes as f64 / outer_bytes.max(1) as f64
+    // Outer steps' bytes a step, every attempt's (state handed to replacements included),
+    // against the per-step run's.
+    let per_step = |bytes: u64, result: &Value| bytes as f64 / result["step"].as_f64().unwrap();
+    let hurt_traffic = traffic(&hurt);
+    let hurt_bytes: u64 = [
+        "withinZoneBytes",
+        "crossZoneBytes",
+        "crossRegionBytes",
+        "unplacedBytes",
+    ]
+    .iter()
+    .filter_map(|k| hurt_traffic[*k].as_u64())
+    .sum();
+    let (plain_rate, outer_rate) = (
+        per_step(bytes_out(&plain), &plain),
+        per_step(hurt_bytes, &hurt),
     );
-    assert_succeeded_near(&outer, outer_reference, "with outer steps in the cluster");
+    println!(
+        "outer steps: {:.1} kB a step against {:.1} kB per-step: {:.0}x fewer (murmur run of the outer example {:.2}%)",
+        outer_rate / 1e3,
+        plain_rate / 1e3,
+        plain_rate / outer_rate.max(1.0),
+        100.0 * outer_reference
+    );
     assert!(
-        50 * outer_bytes <= plain_bytes,
-        "outer steps should send at least 50x fewer bytes: {outer_bytes} against {plain_bytes}"
+        50.0 * outer_rate <= plain_rate,
+        "outer steps should send at least 50x fewer bytes a step: {outer_rate} against {plain_rate}"
     );
     println!(
         "whole job: 4 runs and 2 murmur runs in {:.0} s",
@@ -363,6 +375,19 @@ fn assert_succeeded_near(result: &Value, reference: f64, when: &str) {
     let accuracy = result["finalAccuracy"].as_f64().unwrap();
     assert!(
         (accuracy - reference).abs() <= 0.015,
+        "{:.2}% {when} against {:.2}% with murmur run",
+        100.0 * accuracy,
+        100.0 * reference
+    );
+}
+
+/// The job Succeeded, its final accuracy at most 1.5 points below `murmur run`'s `reference`
+/// (a run longer than the reference's may end higher).
+fn assert_succeeded_no_worse(result: &Value, reference: f64, when: &str) {
+    assert_eq!(result["phase"], "Succeeded", "{result:#}");
+    let accuracy = result["finalAccuracy"].as_f64().unwrap();
+    assert!(
+        accuracy >= reference - 0.015,
         "{:.2}% {when} against {:.2}% with murmur run",
         100.0 * accuracy,
         100.0 * reference
