@@ -202,7 +202,8 @@ pub fn newest_valid(
     layout_fingerprint: u64,
 ) -> (Option<(PathBuf, Checkpoint)>, Vec<CheckpointError>) {
     let mut paths = list(dir);
-    paths.sort_by_key(|p| std::cmp::Reverse(step_in_name(p)));
+    // Newest first; files of one step in name order, not the directory's (which varies).
+    paths.sort_by(|a, b| step_in_name(b).cmp(&step_in_name(a)).then_with(|| a.cmp(b)));
     let mut skipped = Vec::new();
     for path in paths {
         let loaded = fs::read(&path)
