@@ -332,16 +332,9 @@ fn main() -> ExitCode {
     // Outer steps' bytes a step, every attempt's (state handed to replacements included),
     // against the per-step run's.
     let per_step = |bytes: u64, result: &Value| bytes as f64 / result["step"].as_f64().unwrap();
-    let hurt_traffic = traffic(&hurt);
-    let hurt_bytes: u64 = [
-        "withinZoneBytes",
-        "crossZoneBytes",
-        "crossRegionBytes",
-        "unplacedBytes",
-    ]
-    .iter()
-    .filter_map(|k| hurt_traffic[*k].as_u64())
-    .sum();
+    let hurt_traffic: murmur_core::api::traffic::Traffic =
+        serde_json::from_value(traffic(&hurt)).unwrap();
+    let hurt_bytes = hurt_traffic.total_bytes();
     let (plain_rate, outer_rate) = (
         per_step(bytes_out(&plain), &plain),
         per_step(hurt_bytes, &hurt),
