@@ -9,8 +9,8 @@ mod support;
 use support::*;
 
 const MANIFEST: &str = "examples/charlm/job.yaml";
-/// Fewer steps than the example's 1 200, so both runs take about two and a half minutes here.
-const STEPS: &str = "steps: 400";
+/// Fewer steps than the example's 1 200, so both runs take about two minutes here.
+const STEPS: &str = "steps: 300";
 
 #[test]
 fn a_task_of_ones_own_under_preemption_chaos_succeeds_close_to_an_undisturbed_run() {
