@@ -101,13 +101,9 @@ impl crate::algorithms::Exchange for Alone {
     }
 }
 
-/// With outer steps, a member that takes a neighbour's transferable state (parameters, anchor,
-/// outer momentum) steps as that neighbour does; one given the parameters alone restarts its
-/// anchor there and parts from it at the next outer step.
-#[test]
-fn with_outer_steps_a_member_given_a_neighbours_state_steps_as_that_neighbour_does() {
-    use crate::algorithms::{Neighbourhood, OuterConfig};
-    let config = MemberConfig {
+/// D-PSGD with SGD inside and a Nesterov outer step (lr 0.7, momentum 0.9) every 3 steps.
+fn outer_every_3() -> MemberConfig {
+    MemberConfig {
         algorithm: AlgorithmKind::Dpsgd,
         averaging: Averaging::Every(3),
         compression: Compression::None,
@@ -118,7 +114,7 @@ fn with_outer_steps_a_member_given_a_neighbours_state_steps_as_that_neighbour_do
         seed: 1,
         group_size: 2,
         max_staleness: 1,
-        outer: Some(OuterConfig {
+        outer: Some(crate::algorithms::OuterConfig {
             local_steps: 3,
             optimizer: murmur_core::api::OuterOptimizerKind::Nesterov,
             learning_rate: 0.7,
@@ -126,7 +122,16 @@ fn with_outer_steps_a_member_given_a_neighbours_state_steps_as_that_neighbour_do
             overlap_steps: 1,
         }),
         overlap: false,
-    };
+    }
+}
+
+/// With outer steps, a member that takes a neighbour's transferable state (parameters, anchor,
+/// outer momentum) steps as that neighbour does; one given the parameters alone restarts its
+/// anchor there and parts from it at the next outer step.
+#[test]
+fn with_outer_steps_a_member_given_a_neighbours_state_steps_as_that_neighbour_does() {
+    use crate::algorithms::Neighbourhood;
+    let config = outer_every_3();
     let member = |id| member(id, &config);
     let hood = Neighbourhood {
         me: 0,
@@ -174,27 +179,8 @@ fn with_outer_steps_a_member_given_a_neighbours_state_steps_as_that_neighbour_do
 /// to 32%). A member with no neighbours at all still takes its outer steps (the test above).
 #[test]
 fn with_outer_steps_a_round_that_hears_no_neighbour_keeps_the_anchor() {
-    use crate::algorithms::{Neighbourhood, OuterConfig};
-    let config = MemberConfig {
-        algorithm: AlgorithmKind::Dpsgd,
-        averaging: Averaging::Every(3),
-        compression: Compression::None,
-        optimizer: OptimizerKind::Sgd,
-        momentum: 0.0,
-        learning_rate: 0.05,
-        batch_size: 32,
-        seed: 1,
-        group_size: 2,
-        max_staleness: 1,
-        outer: Some(OuterConfig {
-            local_steps: 3,
-            optimizer: murmur_core::api::OuterOptimizerKind::Nesterov,
-            learning_rate: 0.7,
-            momentum: 0.9,
-            overlap_steps: 1,
-        }),
-        overlap: false,
-    };
+    use crate::algorithms::Neighbourhood;
+    let config = outer_every_3();
     let hood = Neighbourhood {
         me: 0,
         version: 1,
