@@ -60,6 +60,18 @@ impl Outer {
     pub fn step(&mut self, mixed: &[f32], config: &OuterConfig) {
         outer_step(&mut self.anchor, &mut self.momentum, mixed, config);
     }
+
+    /// The outer step that ends an averaging round, in whichever way the round was exchanged.
+    /// A round that expected neighbours and heard from none (they finished, or all were lost)
+    /// has nothing to mix: an outer step on this member's own drift, momentum and all, carries
+    /// it along its own classes (93% to 32% over a run's last 50 steps alone, in the whole-job
+    /// test), so the anchor stays where the last mix put it. A member with no neighbours at
+    /// all steps on its own drift, as DiLoCo with one worker does.
+    pub fn end_round(&mut self, mixed: &[f32], config: &OuterConfig, expected: bool, heard: bool) {
+        if heard || !expected {
+            self.step(mixed, config);
+        }
+    }
 }
 
 /// `g = anchor − mixed; m ← μ·m + g`, then Nesterov: `anchor −= lr·(g + μ·m)` (PyTorch's
@@ -113,6 +125,24 @@ mod tests {
         let mixed = [0.25, 3.0, 0.5];
         outer.step(&mixed, &config(OuterOptimizerKind::Sgd, 1.0, 0.0));
         assert_eq!(outer.anchor, mixed);
+    }
+
+    #[test]
+    fn a_round_that_heard_no_one_it_expected_keeps_the_anchor_and_the_momentum() {
+        let c = config(OuterOptimizerKind::Nesterov, 0.7, 0.9);
+        let mut outer = Outer::start(&[1.0, -2.0]);
+        outer.step(&[0.5, -1.0], &c);
+        let before = outer.clone();
+        outer.end_round(&[9.0, 9.0], &c, true, false);
+        assert_eq!(outer, before);
+        // Heard from someone, or alone by design: an outer step.
+        let mut stepped = before.clone();
+        stepped.step(&[9.0, 9.0], &c);
+        for (expected, heard) in [(true, true), (false, false)] {
+            let mut outer = before.clone();
+            outer.end_round(&[9.0, 9.0], &c, expected, heard);
+            assert_eq!(outer, stepped, "expected {expected}, heard {heard}");
+        }
     }
 
     #[test]

@@ -174,13 +174,13 @@ fn with_outer_steps_a_member_given_a_neighbours_state_steps_as_that_neighbour_do
 }
 
 /// With outer steps, a round that expected a neighbour and heard none leaves the anchor where it
-/// was and starts the next local steps from it: an outer step on the member's own drift would
-/// carry it along its own data (a member left alone after its neighbours finished fell from 93%
-/// to 32%). A member with no neighbours at all still takes its outer steps (the test above).
+/// was and starts the next local steps from it, exchanged in step or overlapped: an outer step
+/// on the member's own drift would carry it along its own data (a member left alone after its
+/// neighbours finished fell from 93% to 32%). A member with no neighbours at all still takes
+/// its outer steps (the test above).
 #[test]
 fn with_outer_steps_a_round_that_hears_no_neighbour_keeps_the_anchor() {
     use crate::algorithms::Neighbourhood;
-    let config = outer_every_3();
     let hood = Neighbourhood {
         me: 0,
         version: 1,
@@ -194,14 +194,25 @@ fn with_outer_steps_a_round_that_hears_no_neighbour_keeps_the_anchor() {
     let run = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
-    let mut m = member(0, &config);
-    let start = m.parameters();
-    for step in 0..6 {
-        run.block_on(m.step(step, &hood, &mut Alone)).unwrap();
+    for overlap in [false, true] {
+        let config = MemberConfig {
+            overlap,
+            ..outer_every_3()
+        };
+        let mut m = member(0, &config);
+        let start = m.parameters();
+        // Two rounds; overlapped, the second is mixed in one step after it was posted.
+        let steps = if overlap { 7 } else { 6 };
+        for step in 0..steps {
+            run.block_on(m.step(step, &hood, &mut Alone)).unwrap();
+        }
+        // Both heard nobody: the anchor is where it started.
+        let state = m.transferable_state();
+        let n = m.layout().len();
+        assert_eq!(&state[n..2 * n], &start[..], "overlap {overlap}");
+        if !overlap {
+            // In step, the parameters are the anchor after a round.
+            assert_eq!(m.parameters(), start);
+        }
     }
-    // Two rounds heard nobody: the parameters are the anchor, and the anchor the start.
-    assert_eq!(m.parameters(), start);
-    let state = m.transferable_state();
-    let n = m.layout().len();
-    assert_eq!(&state[n..2 * n], &start[..]);
 }
