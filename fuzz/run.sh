@@ -5,7 +5,7 @@
 #
 #   fuzz/run.sh 600       # while developing: ten minutes each
 #
-# FUZZ_TARGET_DIR puts the build elsewhere than fuzz/target (CI keeps it between runs: a cold
+# FUZZ_TARGET_DIR puts the build elsewhere than fuzz/target, to keep it between clones (a cold
 # build of the targets and their dependencies takes about 7 minutes on 2 cores).
 #
 # Needs cargo-fuzz (cargo install cargo-fuzz). It uses nightly-only compiler flags; on a stable
