@@ -189,8 +189,8 @@ impl<B: AutodiffBackend, T: Task> Member<B, T> {
         drop(received);
         self.scratch = own;
         Ok(match (&mut self.outer, &self.config.outer) {
-            // The next local steps start from the anchor the outer step moved, with no
-            // momentum of their own: see `Optim::restart_momentum`.
+            // The next local steps start from the anchor (moved, unless the round heard from no
+            // one it expected), with no momentum of their own: see `Optim::restart_momentum`.
             (Some(outer), Some(config)) => {
                 outer.end_round(&mixed, config, !plan.from.is_empty(), heard);
                 self.optim.restart_momentum(self.config.momentum);
