@@ -61,8 +61,11 @@ murmur_run() { # name manifest [murmur run flags]
     echo "$name: $(grep -o 'preemptions survived.*' "$work/$name.out")" >&2
     local sent=$(($(lo_sent) - before)) wall
     wall=$("$PYTHON" -c "print($(now) - $started)")
-    # Evaluations every 25 steps (the trainers' default), one line per member.
-    awk -F, 'NR > 1 && $6 != "" && $4 % 25 == 0 {print $4, $1, $6}' "$work/$name/metrics.csv" |
+    # Evaluations every 25 steps (the trainers' default), one line per member and attempt. A
+    # status posted at such a step before its evaluation carries the one before (the CSV's
+    # accuracy is the member's latest), so the last row of a member's step is its evaluation.
+    awk -F, 'NR > 1 && $6 != "" && $4 % 25 == 0 {row[$2 "," $3 "," $4] = $4 " " $1 " " $6}
+        END {for (k in row) print row[k]}' "$work/$name/metrics.csv" |
         judge "$name" "$TARGET" "$sent" "$wall"
 }
 
