@@ -5,8 +5,11 @@
 #     uncompressed and with int8 on the wire;
 #   - the floor under the ring round: the same 8 processes only moving its bytes over plain TCP.
 # Needs iperf3 (apt-get install iperf3) and, for the gloo figure, torch (pip install torch numpy).
+# PYTHON names another interpreter for the gloo figure (one with torch) than python3.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+PYTHON=${PYTHON:-python3}
+command -v iperf3 >/dev/null || { echo "iperf3 is not installed: apt-get install iperf3" >&2; exit 3; }
 
 port=$((20000 + RANDOM % 20000))
 iperf3 -s -p "$port" -1 >/dev/null 2>&1 &
@@ -21,7 +24,7 @@ bench=$(cargo bench -q -p murmur-trainer --bench peer_exchange 2>/dev/null)
 echo "$bench"
 int8=$(cargo bench -q -p murmur-trainer --bench peer_exchange -- ring --compression int8 2>/dev/null)
 echo "$int8"
-gloo=$(python3 trainer/bench/allreduce_gloo.py 2>/dev/null | tail -3 || true)
+gloo=$("$PYTHON" trainer/bench/allreduce_gloo.py 2>/dev/null | tail -3 || true)
 echo "$gloo"
 
 get() { grep "^$1=" <<<"$2" | cut -d= -f2; }
