@@ -5,7 +5,7 @@
 #     uncompressed and with int8 on the wire;
 #   - the floor under the ring round: the same 8 processes only moving its bytes over plain TCP.
 # Needs iperf3 (apt-get install iperf3) and, for the gloo figure, torch (pip install torch numpy).
-# PYTHON names another interpreter for the gloo figure (one with torch) than python3.
+# PYTHON is the interpreter for the gloo figure (default python3; it needs torch).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PYTHON=${PYTHON:-python3}
