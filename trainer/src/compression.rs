@@ -49,6 +49,33 @@ fn all_finite(values: &[f32]) -> bool {
     })
 }
 
+/// One chunk of an int8 or int4 encoding: `chunk` plus what rounding left out last time
+/// (`carried`), scaled so its largest magnitude is `levels` and rounded half away from zero into
+/// `q`; `carried` becomes what this rounding leaves out. Returns the scale. Apart from the
+/// packing into bytes, and compiled for the CPU's vector units (`multiversion`): in the baseline
+/// x86-64 build each `round` was a call to libm's `roundf`, and with the byte pushes in the same
+/// loop quantising took 43% of an int8 ring round's profile.
+#[multiversion::multiversion(targets = "simd")]
+fn quantize_chunk(chunk: &[f32], carried: &mut [f32], levels: f32, q: &mut [i8]) -> f32 {
+    for (c, v) in carried.iter_mut().zip(chunk) {
+        *c += v;
+    }
+    let wanted = carried;
+    let max = wanted.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let scale = if max > 0.0 { max / levels } else { 0.0 };
+    if scale > 0.0 {
+        for (w, q) in wanted.iter_mut().zip(q.iter_mut()) {
+            let v = (*w / scale).round().clamp(-levels, levels);
+            *w -= v * scale;
+            *q = v as i8;
+        }
+    } else {
+        // Nothing to send: every value is zero (or not a number), and stays carried.
+        q.fill(0);
+    }
+    scale
+}
+
 /// Decoded values ([`Decoder::decode_payload`]): the payload itself, read as f32s, or a buffer
 /// decoded from it.
 pub struct Decoded(Values);
@@ -144,36 +171,21 @@ impl Encoder {
         }
         let packed = levels < 8.0;
         let mut out = Vec::with_capacity(quantized_size(x.len(), packed));
-        let mut wanted = [0f32; INT8_CHUNK];
+        let mut quantized = [0i8; INT8_CHUNK];
         for (chunk, carried) in x
             .chunks(INT8_CHUNK)
             .zip(self.carried.chunks_mut(INT8_CHUNK))
         {
-            let wanted = &mut wanted[..chunk.len()];
-            for ((w, v), c) in wanted.iter_mut().zip(chunk).zip(carried.iter()) {
-                *w = v + c;
-            }
-            let max = wanted.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let scale = if max > 0.0 { max / levels } else { 0.0 };
+            let q = &mut quantized[..chunk.len()];
+            let scale = quantize_chunk(chunk, carried, levels, q);
             out.extend(scale.to_le_bytes());
-            let mut low = None;
-            for (w, c) in wanted.iter().zip(carried.iter_mut()) {
-                let q = if scale > 0.0 {
-                    (w / scale).round().clamp(-levels, levels)
-                } else {
-                    0.0
-                };
-                *c = w - q * scale;
-                let q = q as i8 as u8;
-                if !packed {
-                    out.push(q);
-                } else if let Some(l) = low.take() {
-                    out.push(l | (q << 4));
-                } else {
-                    low = Some(q & 0x0f);
-                }
+            if packed {
+                out.extend(q.chunks(2).map(|pair| {
+                    (pair[0] as u8 & 0x0f) | pair.get(1).map_or(0, |&high| (high as u8) << 4)
+                }));
+            } else {
+                out.extend(q.iter().map(|&v| v as u8));
             }
-            out.extend(low);
         }
         out
     }
@@ -394,6 +406,21 @@ mod tests {
             .decode(Compression::Int4, &bytes, x.len())
             .unwrap();
         assert_eq!(decoded, x);
+    }
+
+    #[test]
+    fn int8_rounds_halves_away_from_zero_and_carries_the_rest() {
+        // Scale 1 again; ties to even would send 0, 0, 2 and -2.
+        let x = [127.0, 0.5, -0.5, 2.5, -2.5, 1.25];
+        let mut encoder = Encoder::default();
+        let bytes = encoder.encode(Compression::Int8, &x);
+        assert_eq!(&bytes[..4], &1f32.to_le_bytes());
+        assert_eq!(&bytes[4..], &[127, 1, (-1i8) as u8, 3, (-3i8) as u8, 1]);
+        assert_eq!(encoder.carried, [0.0, -0.5, 0.5, -0.5, 0.5, 0.25]);
+        // A chunk of zeros sends zeros at scale 0 and carries nothing new.
+        let zeros = [0.0; 6];
+        let bytes = Encoder::default().encode(Compression::Int8, &zeros);
+        assert_eq!(bytes, [0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
     }
 
     #[test]
