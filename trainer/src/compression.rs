@@ -51,10 +51,10 @@ fn all_finite(values: &[f32]) -> bool {
 
 /// One chunk of an int8 or int4 encoding: `chunk` plus what rounding left out last time
 /// (`carried`), scaled so its largest magnitude is `levels` and rounded half away from zero into
-/// `q`; `carried` becomes what this rounding leaves out. Returns the scale. Apart from the
-/// packing into bytes, and compiled for the CPU's vector units (`multiversion`): in the baseline
-/// x86-64 build each `round` was a call to libm's `roundf`, and with the byte pushes in the same
-/// loop quantising took 43% of an int8 ring round's profile.
+/// `q`; `carried` becomes what this rounding leaves out. Returns the scale. Compiled for the
+/// CPU's vector units (`multiversion`), since the baseline x86-64 build has no vector rounding
+/// and calls libm's `roundf` per value; the packing into bytes stays outside, as its pushes
+/// would keep the loop scalar.
 #[multiversion::multiversion(targets = "simd")]
 fn quantize_chunk(chunk: &[f32], carried: &mut [f32], levels: f32, q: &mut [i8]) -> f32 {
     for (c, v) in carried.iter_mut().zip(chunk) {
@@ -417,7 +417,7 @@ mod tests {
         assert_eq!(&bytes[..4], &1f32.to_le_bytes());
         assert_eq!(&bytes[4..], &[127, 1, (-1i8) as u8, 3, (-3i8) as u8, 1]);
         assert_eq!(encoder.carried, [0.0, -0.5, 0.5, -0.5, 0.5, 0.25]);
-        // A chunk of zeros sends zeros at scale 0 and carries nothing new.
+        // A chunk of zeros sends scale 0 and zeros.
         let zeros = [0.0; 6];
         let bytes = Encoder::default().encode(Compression::Int8, &zeros);
         assert_eq!(bytes, [0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
