@@ -197,6 +197,11 @@ impl<R: Clone> RoundBook<R> {
         self.peers.get(&peer).is_some_and(|p| p.live_sessions > 0)
     }
 
+    /// Whether `peer` said it left and has not been back since.
+    pub fn has_left(&self, peer: MemberId) -> bool {
+        self.peers.get(&peer).is_some_and(|p| p.left)
+    }
+
     pub fn left(&mut self, peer: MemberId) {
         self.peers.entry(peer).or_default().left = true;
     }

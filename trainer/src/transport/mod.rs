@@ -409,27 +409,40 @@ impl Transport {
     }
 
     /// Tell every peer we dialed that nothing more will come, and wait (at most `within`) until
-    /// everything queued, the leave included, is written.
+    /// everything queued, the leave included, is written — except to a peer that has left
+    /// itself: it needs nothing more from us, and once its listener is gone the queue would
+    /// only wait out `within` (5 s at the end of every run whose neighbours finished first).
     pub async fn leave(&self, within: Duration) {
-        let queues: Vec<Arc<SendQueue>> = self
+        let queues: Vec<(MemberId, Arc<SendQueue>)> = self
             .shared
             .dialers
             .lock()
-            .values()
-            .map(|d| d.queue.clone())
+            .iter()
+            .map(|(peer, d)| (*peer, d.queue.clone()))
             .collect();
         let mut written = Vec::new();
-        for q in queues {
+        for (peer, q) in queues {
             let (tx, rx) = oneshot::channel();
             q.push(Outgoing {
                 written: Some(tx),
                 ..Outgoing::new(Kind::Leave, 0, 0, Vec::new())
             });
-            written.push(rx);
+            written.push((peer, rx));
         }
         let _ = timeout(within, async {
-            for rx in written {
-                let _ = rx.await;
+            for (peer, mut rx) in written {
+                loop {
+                    let changed = self.shared.changed.notified();
+                    tokio::pin!(changed);
+                    changed.as_mut().enable();
+                    if self.shared.book.lock().has_left(peer) {
+                        break;
+                    }
+                    tokio::select! {
+                        _ = &mut rx => break,
+                        _ = changed => {}
+                    }
+                }
             }
         })
         .await;

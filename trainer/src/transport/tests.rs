@@ -186,6 +186,24 @@ async fn leaving_peers_and_non_neighbours_do_not_cost_a_timeout() {
     assert!(started.elapsed() < TIMEOUT / 2, "{:?}", started.elapsed());
 }
 
+/// The end of a run: a neighbour finished first, told us, and exited. Our own leave has nothing
+/// to wait for there (its listener is gone, so our last frames could never be written).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leaving_after_a_neighbour_left_and_exited_does_not_wait_out_the_window() {
+    let mut ts = members(2).await;
+    let mut b = ts.pop().unwrap();
+    let mut a = ts.pop().unwrap();
+    let (ra, rb) = tokio::join!(round(&mut a, 0, &[1]), round(&mut b, 0, &[0]));
+    assert_eq!((ra.len(), rb.len()), (1, 1));
+    b.leave(TIMEOUT).await;
+    b.close();
+    drop(b);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // A window far longer than the test's patience: leave must end on its own account.
+    let left = tokio::time::timeout(TIMEOUT, a.leave(Duration::from_secs(3600))).await;
+    assert!(left.is_ok(), "leave waited on a neighbour that had left");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn payloads_under_another_agreement_are_not_averaged() {
     let mut ts = members(2).await;
