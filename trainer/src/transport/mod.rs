@@ -342,6 +342,19 @@ impl Transport {
     }
 
     /// Members with a live connection to us.
+    /// The peers that said they left or could not be dialed, of those in the topology (see
+    /// [`RoundBook::is_gone`](book::RoundBook::is_gone)).
+    pub fn gone_peers(&self) -> BTreeSet<MemberId> {
+        let book = self.shared.book.lock();
+        self.shared
+            .addresses
+            .lock()
+            .keys()
+            .copied()
+            .filter(|&p| book.is_gone(p))
+            .collect()
+    }
+
     pub fn connected_peers(&self) -> BTreeSet<MemberId> {
         let book = self.shared.book.lock();
         self.shared
