@@ -6,7 +6,7 @@
 #   - murmur outer, int4: manifests/examples/dcliques-outer-cpu.yaml (outer steps every 8);
 #   - murmur outer, none: the same, uncompressed;
 #   - murmur outer, int4, under chaos: members SIGKILLed every CHAOS_EVERY (default 2s; the run
-#     is about 8 s long);
+#     is about 5 s long);
 #   - PyTorch DDP (torchrun, gloo) and torchft's DiLoCo (sync every 8, Nesterov outer step lr 0.7
 #     momentum 0.9): trainer/bench/peers_torch.py.
 # Time is from launch to the first evaluation at which the members' mean accuracy reaches
