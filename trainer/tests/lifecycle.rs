@@ -243,41 +243,6 @@ fn a_member_resumed_at_the_end_reports_its_accuracy_at_that_step() {
     assert_eq!(resumed["step"], 100);
 }
 
-/// A replacement that joins a job under way whose neighbours are gone (they finished or died
-/// as it started) has no one to wait for: it goes on to its rounds at once, instead of waiting
-/// out the startup timeout for neighbours that will never answer.
-#[test]
-fn a_replacement_whose_neighbours_are_gone_does_not_wait_for_them() {
-    let job = LocalJob::new(2, TopologyKind::Ring, &manifest(300, 2, Some(50)));
-    let (_, env) = run_then_kill_all(&job, 110);
-    // The topology says the job is at step 200: member 0's checkpoint (step 100) is behind it.
-    let path = job.dir.path().join("topology.json");
-    let mut doc: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    doc["step"] = 200.into();
-    std::fs::write(&path, doc.to_string()).unwrap();
-    let mut procs = Reaper::default();
-    procs.0.push(job.spawn(0, 1, &env));
-    // Its first round (which waits its round timeout for the lost neighbour, as a member cut
-    // off from all of them does) comes after the state fetch has given up on member 1.
-    wait_for(Duration::from_secs(120), "a first round", || {
-        logged(&job.log(0, 1), "neighbour dropped from the round").is_some()
-    });
-    let lines = job.log(0, 1);
-    assert_eq!(
-        logged(&lines, "resumed from checkpoint").expect("did not resume")["step"],
-        100
-    );
-    assert!(
-        logged(
-            &lines,
-            "not every neighbour showed up in time; starting without them"
-        )
-        .is_none(),
-        "it waited out the startup timeout for a neighbour that was gone"
-    );
-}
-
 /// With outer steps the checkpoint holds the anchor and outer momentum (format 2), and a
 /// resumed job takes them back.
 #[test]

@@ -197,8 +197,7 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
 
     /// Ask the neighbours for their state; adopt the most advanced one if it is ahead of ours.
     /// Starting members meet here too: it returns once every neighbour is connected and has
-    /// answered (or, joining a job under way, is gone), or one is ahead (we are joining a
-    /// running job), or the startup timeout passes.
+    /// answered, or one is ahead (we are joining a running job), or the startup timeout passes.
     /// When the topology says the job is under way and no neighbour has trained (a whole clique
     /// replaced at once), the members beyond the neighbourhood are asked, a few at a time, until
     /// one is ahead.
@@ -220,17 +219,11 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
             self.serve_state_requests();
             replies.extend(self.transport.take_state_replies());
             let connected = self.transport.connected_peers();
-            // Joining a job under way, a peer that left or cannot be dialed finished or died:
-            // nothing will come from it (a replacement started as the job ended would wait out
-            // the whole timeout). At the start, peers may simply not be listening yet.
-            let gone = if under_way {
-                self.transport.gone_peers()
-            } else {
-                Default::default()
-            };
             let replied = |n: &MemberId| replies.iter().any(|r| r.from == *n);
-            let answered = |n: &MemberId| (connected.contains(n) && replied(n)) || gone.contains(n);
-            let everyone = neighbours.iter().all(answered) && asked_beyond.iter().all(answered);
+            let everyone = neighbours
+                .iter()
+                .all(|n| connected.contains(n) && replied(n))
+                && asked_beyond.iter().all(replied);
             let ahead = replies.iter().any(|r| r.step > self.step);
             if ahead || self.stop.raised() || (everyone && !under_way) {
                 break;

@@ -197,14 +197,6 @@ impl<R: Clone> RoundBook<R> {
         self.peers.get(&peer).is_some_and(|p| p.live_sessions > 0)
     }
 
-    /// Whether `peer` said it left, or our last dial to it failed, and it has not been back
-    /// since. Mid-job that is a member that finished or died.
-    pub fn is_gone(&self, peer: MemberId) -> bool {
-        self.peers
-            .get(&peer)
-            .is_some_and(|p| p.left || p.unreachable)
-    }
-
     /// Whether `peer` said it left and has not been back since.
     pub fn has_left(&self, peer: MemberId) -> bool {
         self.peers.get(&peer).is_some_and(|p| p.left)

@@ -341,19 +341,6 @@ impl Transport {
         true
     }
 
-    /// The peers that said they left or could not be dialed, of those in the topology (see
-    /// [`RoundBook::is_gone`](book::RoundBook::is_gone)).
-    pub fn gone_peers(&self) -> BTreeSet<MemberId> {
-        let book = self.shared.book.lock();
-        self.shared
-            .addresses
-            .lock()
-            .keys()
-            .copied()
-            .filter(|&p| book.is_gone(p))
-            .collect()
-    }
-
     /// Members with a live connection to us.
     pub fn connected_peers(&self) -> BTreeSet<MemberId> {
         let book = self.shared.book.lock();
