@@ -362,3 +362,37 @@ fn trainers_follow_the_control_endpoint_from_a_ring_to_data_aware_cliques() {
         );
     }
 }
+
+/// A member that joins a job under way says so before it hears from anyone (state "joining",
+/// nothing received): a replacement whose neighbours all finish before they answer it is
+/// retired by the control plane on that status, instead of waiting out its startup timeout for
+/// members that will never answer.
+#[test]
+fn a_member_joining_a_job_under_way_says_so_before_it_hears_from_anyone() {
+    let job = LocalJob::new(2, TopologyKind::Ring, MANIFEST);
+    let mut doc = TopologyDocument::parse(
+        &std::fs::read_to_string(job.dir.path().join("topology.json")).unwrap(),
+    )
+    .unwrap();
+    // The job is at step 200; member 1, its only neighbour, is gone.
+    doc.step = 200;
+    let stub = Arc::new(Stub::default());
+    *stub.doc.lock().unwrap() = Some(doc);
+    let port = serve(stub.clone());
+    let env = [
+        ("MURMUR_TOPOLOGY_FILE", String::new()),
+        (
+            "MURMUR_CONTROL_ENDPOINT",
+            format!("http://127.0.0.1:{port}"),
+        ),
+    ];
+    let mut procs = Reaper::default();
+    procs.0.push(job.spawn(0, 1, &env));
+    wait_for(Duration::from_secs(20), "a status saying it joins", || {
+        stub.statuses.lock().unwrap().iter().any(|s| {
+            s.member_id == 0
+                && serde_json::to_value(s.state).unwrap() == "joining"
+                && s.bytes_in == 0
+        })
+    });
+}

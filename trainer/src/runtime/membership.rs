@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use burn::tensor::backend::AutodiffBackend;
 
-use murmur_core::contract::TopologyDocument;
 use murmur_core::contract::view::edge_agreement;
+use murmur_core::contract::{TopologyDocument, TrainerState};
 use murmur_core::topology::MemberId;
 
 use super::{RunError, Trainer};
@@ -208,6 +208,12 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
             .map(|h| h.neighbours.iter().map(|(id, _)| *id).collect())
             .unwrap_or_default();
         let under_way = self.job_ahead();
+        if under_way {
+            // Said at once, with nothing heard yet: a replacement whose neighbours all finish
+            // before they answer it is retired by the control plane on this status, rather than
+            // waiting out the timeout for members that will never answer.
+            self.set_state(TrainerState::Joining);
+        }
         let mut beyond: Option<Vec<MemberId>> = None;
         for &n in &neighbours {
             self.transport.request_state(n, self.step);

@@ -197,9 +197,12 @@ impl<R: Clone> RoundBook<R> {
         self.peers.get(&peer).is_some_and(|p| p.live_sessions > 0)
     }
 
-    /// Whether `peer` said it left and has not been back since.
-    pub fn has_left(&self, peer: MemberId) -> bool {
-        self.peers.get(&peer).is_some_and(|p| p.left)
+    /// Whether `peer` said it left, or our last dial to it failed, and it has not been back
+    /// since: what we queue for it now may never be written.
+    pub fn out_of_reach(&self, peer: MemberId) -> bool {
+        self.peers
+            .get(&peer)
+            .is_some_and(|p| p.left || p.unreachable)
     }
 
     pub fn left(&mut self, peer: MemberId) {

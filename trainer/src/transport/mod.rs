@@ -410,8 +410,9 @@ impl Transport {
 
     /// Tell every peer we dialed that nothing more will come, and wait (at most `within`) until
     /// everything queued, the leave included, is written — except to a peer that has left
-    /// itself: it needs nothing more from us, and once its listener is gone the queue would
-    /// only wait out `within` (5 s at the end of every run whose neighbours finished first).
+    /// itself, or that our last dial could not reach: the first needs nothing more from us, and
+    /// with either one's listener gone the queue would only wait out `within` (5 s at the end
+    /// of every run whose neighbours finished first).
     pub async fn leave(&self, within: Duration) {
         let queues: Vec<(MemberId, Arc<SendQueue>)> = self
             .shared
@@ -435,7 +436,7 @@ impl Transport {
                     let changed = self.shared.changed.notified();
                     tokio::pin!(changed);
                     changed.as_mut().enable();
-                    if self.shared.book.lock().has_left(peer) {
+                    if self.shared.book.lock().out_of_reach(peer) {
                         break;
                     }
                     tokio::select! {

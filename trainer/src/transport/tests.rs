@@ -204,6 +204,25 @@ async fn leaving_after_a_neighbour_left_and_exited_does_not_wait_out_the_window(
     assert!(left.is_ok(), "leave waited on a neighbour that had left");
 }
 
+/// A neighbour that died without a word (never said it left; its listener is gone): once our
+/// dial to it fails, our leave has nothing to wait for there either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leaving_when_a_neighbour_cannot_be_dialed_does_not_wait_out_the_window() {
+    let mut ts = members(2).await;
+    let b = ts.pop().unwrap();
+    let a = ts.pop().unwrap();
+    b.close();
+    drop(b);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // A joiner asks its neighbour for its state: that dial fails.
+    assert!(a.request_state(1, 0));
+    let left = tokio::time::timeout(TIMEOUT, a.leave(Duration::from_secs(3600))).await;
+    assert!(
+        left.is_ok(),
+        "leave waited on a neighbour it could not dial"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn payloads_under_another_agreement_are_not_averaged() {
     let mut ts = members(2).await;
