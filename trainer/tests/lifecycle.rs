@@ -3,6 +3,7 @@
 
 mod support;
 
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use murmur_core::api::TopologyKind;
@@ -218,26 +219,57 @@ fn a_job_whose_members_all_died_resumes_from_the_newest_valid_checkpoint() {
     );
 }
 
+/// A control endpoint that keeps the statuses trainers post (and takes every other post):
+/// its address, and what was posted.
+fn status_sink(rt: &tokio::runtime::Runtime) -> (String, Arc<Mutex<Vec<serde_json::Value>>>) {
+    use axum::routing::post;
+    let posted = Arc::new(Mutex::new(Vec::new()));
+    let keep = posted.clone();
+    let app = axum::Router::new()
+        .route(
+            "/api/v1/namespaces/{ns}/jobs/{job}/members/{id}/status",
+            post(move |body: axum::body::Bytes| async move {
+                keep.lock()
+                    .unwrap()
+                    .push(serde_json::from_slice(&body).unwrap());
+                axum::http::StatusCode::NO_CONTENT
+            }),
+        )
+        .fallback(|| async { axum::http::StatusCode::NO_CONTENT });
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let address = format!("http://{}", listener.local_addr().unwrap());
+    rt.spawn(async move { axum::serve(listener, app).await });
+    (address, posted)
+}
+
 /// A member that starts after the run's end (a replacement that resumed from a finished
-/// member's last checkpoint) takes no step of its own: its status says its accuracy at the
-/// step the checkpoint was at, not at step 0.
+/// member's last checkpoint) takes no step of its own: the status it posts says its accuracy at
+/// the step the checkpoint was at, not at step 0.
 #[test]
 fn a_member_resumed_at_the_end_reports_its_accuracy_at_that_step() {
     let job = LocalJob::new(2, TopologyKind::Ring, &manifest(100, 2, Some(50)));
     let ckpt = job.dir.path().join("checkpoints");
     let env = [("MURMUR_CHECKPOINT_DIR", ckpt.display().to_string())];
     resume_both(&job, &env);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (endpoint, posted) = status_sink(&rt);
     let mut late = Reaper::default();
-    late.0.push(job.spawn(0, 2, &env));
-    let mut reported = None;
-    wait_for(Duration::from_secs(60), "an accuracy in the status", || {
-        reported = job
-            .status(0)
-            .filter(|s| s.get("accuracy").is_some_and(|a| !a.is_null()));
-        reported.is_some()
-    });
-    let status = reported.unwrap();
-    assert_eq!(status["step"], 100, "{status}");
+    late.0.push(job.spawn(
+        0,
+        2,
+        &[env[0].clone(), ("MURMUR_CONTROL_ENDPOINT", endpoint)],
+    ));
+    // Its neighbour is gone: it waits out the startup timeout (30 s), then ends.
+    let status = wait_exit(&mut late.0[0], Duration::from_secs(90)).expect("hung");
+    assert!(status.success(), "{status:?}");
+    let posted = posted.lock().unwrap();
+    let last = posted
+        .iter()
+        .rfind(|s| s.get("accuracy").is_some_and(|a| !a.is_null()))
+        .unwrap_or_else(|| panic!("no status with an accuracy: {posted:?}"));
+    assert_eq!(last["step"], 100, "{last}");
     let lines = job.log(0, 2);
     let resumed = logged(&lines, "resumed from checkpoint").expect("did not resume");
     assert_eq!(resumed["step"], 100);
