@@ -6,7 +6,12 @@ mod support;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use murmur_core::api::TopologyKind;
+use murmur_core::api::{ModelKind, TopologyKind};
+use murmur_core::contract::view::edge_agreement;
+use murmur_core::contract::{MemberView, TopologyDocument};
+use murmur_trainer::algorithms::{Exchange, Payload, Purpose};
+use murmur_trainer::model::{Model, layout};
+use murmur_trainer::transport::{Agreements, Transport, TransportConfig, frame};
 use support::*;
 
 fn manifest(steps: u64, members: u32, checkpoint_every: Option<u64>) -> String {
@@ -320,4 +325,66 @@ fn a_member_whose_data_is_missing_names_the_file_in_its_termination_message() {
     assert_eq!(message["outcome"], "failed", "{message}");
     let why = message["message"].as_str().unwrap();
     assert!(why.contains(missing), "{why}");
+}
+
+/// At the start of a job, a neighbour already in its first round (it met everyone it waits for,
+/// and answers no state request while it waits for our parameters) counts as met: the member
+/// goes on to its rounds, where before the two waited for each other, one a round timeout and
+/// the other its startup timeout (seen: the first round of a chaos run held 3 s).
+#[test]
+fn a_neighbour_already_in_its_first_round_is_not_waited_for_at_the_start() {
+    let job = LocalJob::new(2, TopologyKind::Ring, &manifest(300, 2, None));
+    let doc = TopologyDocument::parse(
+        &std::fs::read_to_string(job.dir.path().join("topology.json")).unwrap(),
+    )
+    .unwrap();
+    let weight = MemberView::of(&doc, 1).neighbours[0].weight;
+    let parameters = layout(&Model::<murmur_trainer::backend::Cpu>::new(
+        ModelKind::Mlp,
+        &Default::default(),
+    ));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // Member 1 is this test: past its own state fetch, in its first round.
+    let mut neighbour = rt
+        .block_on(Transport::bind(
+            &format!("127.0.0.1:{}", job.members[1].peer_port),
+            TransportConfig {
+                job: frame::job_id("test", "loopback"),
+                me: 1,
+                key: KEY.as_bytes().to_vec(),
+                layout_fingerprint: parameters.fingerprint(),
+                max_message: 64 << 20,
+                round_timeout: Duration::from_secs(2),
+            },
+        ))
+        .unwrap();
+    neighbour.set_topology(
+        Agreements {
+            by_peer: [(0, edge_agreement(weight))].into(),
+            others: 0,
+        },
+        [(0, format!("127.0.0.1:{}", job.members[0].peer_port))].into(),
+    );
+    let mut procs = Reaper::default();
+    procs.0.push(job.spawn(0, 0, &[]));
+    wait_for(Duration::from_secs(60), "member 0's state request", || {
+        !neighbour.take_state_requests().is_empty()
+    });
+    let _guard = rt.enter();
+    neighbour.post_round(
+        0,
+        Purpose::Parameters,
+        vec![(0, Payload::new(vec![0; 4 * parameters.len()]))],
+    );
+    // Well inside the 30 s startup timeout.
+    wait_for(Duration::from_secs(10), "member 0's first round", || {
+        logged(&job.log(0, 0), "first averaging round with peers").is_some()
+    });
+    assert!(
+        logged(
+            &job.log(0, 0),
+            "not every neighbour showed up in time; starting without them"
+        )
+        .is_none()
+    );
 }

@@ -1,7 +1,7 @@
 //! Following the topology and moving state between members: applying a new topology, waiting
 //! for one, the joiner's state fetch, catching up with neighbours far ahead, answering joiners.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use burn::tensor::backend::AutodiffBackend;
@@ -197,7 +197,8 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
 
     /// Ask the neighbours for their state; adopt the most advanced one if it is ahead of ours.
     /// Starting members meet here too: it returns once every neighbour is connected and has
-    /// answered, or one is ahead (we are joining a running job), or the startup timeout passes.
+    /// answered (or, at the start, sent its first round), or one is ahead (we are joining a
+    /// running job), or the startup timeout passes.
     /// When the topology says the job is under way and no neighbour has trained (a whole clique
     /// replaced at once), the members beyond the neighbourhood are asked, a few at a time, until
     /// one is ahead.
@@ -225,10 +226,18 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
             self.serve_state_requests();
             replies.extend(self.transport.take_state_replies());
             let connected = self.transport.connected_peers();
+            // At the start, a neighbour that sent its first round's payload has met everyone
+            // it waits for and is in its rounds, where it answers no state request: it waits for
+            // ours (the two of us would wait out a round timeout, each for the other).
+            let in_rounds = if under_way {
+                BTreeSet::new()
+            } else {
+                self.transport.peers_in_rounds()
+            };
             let replied = |n: &MemberId| replies.iter().any(|r| r.from == *n);
             let everyone = neighbours
                 .iter()
-                .all(|n| connected.contains(n) && replied(n))
+                .all(|n| connected.contains(n) && (replied(n) || in_rounds.contains(n)))
                 && asked_beyond.iter().all(replied);
             let ahead = replies.iter().any(|r| r.step > self.step);
             if ahead || self.stop.raised() || (everyone && !under_way) {

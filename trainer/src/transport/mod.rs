@@ -353,6 +353,19 @@ impl Transport {
             .collect()
     }
 
+    /// Members that have sent us a round's payload for a round we have not closed (see
+    /// [`RoundBook::in_rounds`](book::RoundBook::in_rounds)).
+    pub fn peers_in_rounds(&self) -> BTreeSet<MemberId> {
+        let book = self.shared.book.lock();
+        self.shared
+            .addresses
+            .lock()
+            .keys()
+            .copied()
+            .filter(|&p| book.in_rounds(p))
+            .collect()
+    }
+
     /// Wait until something arrives or changes (a payload, a request, a connection).
     pub async fn changed(&self, deadline: Instant) {
         let _ = tokio::time::timeout_at(deadline, self.shared.changed.notified()).await;
