@@ -257,15 +257,19 @@ fn serve(stub: Arc<Stub>) -> u16 {
     port
 }
 
-#[test]
-fn trainers_follow_the_control_endpoint_from_a_ring_to_data_aware_cliques() {
-    let job = LocalJob::new(4, TopologyKind::Ring, MANIFEST);
-    let ring: TopologyDocument = TopologyDocument::parse(
+/// `job`'s topology file, edited by `edit`, served by a fresh stub: the stub, and the
+/// environment that points trainers at it rather than at the file.
+fn serve_job_topology(
+    job: &LocalJob,
+    edit: impl FnOnce(&mut TopologyDocument),
+) -> (Arc<Stub>, [(&'static str, String); 2]) {
+    let mut doc = TopologyDocument::parse(
         &std::fs::read_to_string(job.dir.path().join("topology.json")).unwrap(),
     )
     .unwrap();
+    edit(&mut doc);
     let stub = Arc::new(Stub::default());
-    *stub.doc.lock().unwrap() = Some(ring);
+    *stub.doc.lock().unwrap() = Some(doc);
     let port = serve(stub.clone());
     let env = [
         ("MURMUR_TOPOLOGY_FILE", String::new()),
@@ -274,6 +278,13 @@ fn trainers_follow_the_control_endpoint_from_a_ring_to_data_aware_cliques() {
             format!("http://127.0.0.1:{port}"),
         ),
     ];
+    (stub, env)
+}
+
+#[test]
+fn trainers_follow_the_control_endpoint_from_a_ring_to_data_aware_cliques() {
+    let job = LocalJob::new(4, TopologyKind::Ring, MANIFEST);
+    let (stub, env) = serve_job_topology(&job, |_| {});
     let mut procs = Reaper::default();
     for id in 0..4 {
         procs.0.push(job.spawn(id, 0, &env));
@@ -370,22 +381,8 @@ fn trainers_follow_the_control_endpoint_from_a_ring_to_data_aware_cliques() {
 #[test]
 fn a_member_joining_a_job_under_way_says_so_before_it_hears_from_anyone() {
     let job = LocalJob::new(2, TopologyKind::Ring, MANIFEST);
-    let mut doc = TopologyDocument::parse(
-        &std::fs::read_to_string(job.dir.path().join("topology.json")).unwrap(),
-    )
-    .unwrap();
     // The job is at step 200; member 1, its only neighbour, is gone.
-    doc.step = 200;
-    let stub = Arc::new(Stub::default());
-    *stub.doc.lock().unwrap() = Some(doc);
-    let port = serve(stub.clone());
-    let env = [
-        ("MURMUR_TOPOLOGY_FILE", String::new()),
-        (
-            "MURMUR_CONTROL_ENDPOINT",
-            format!("http://127.0.0.1:{port}"),
-        ),
-    ];
+    let (stub, env) = serve_job_topology(&job, |doc| doc.step = 200);
     let mut procs = Reaper::default();
     procs.0.push(job.spawn(0, 1, &env));
     wait_for(Duration::from_secs(20), "a status saying it joins", || {

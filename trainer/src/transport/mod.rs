@@ -343,26 +343,27 @@ impl Transport {
 
     /// Members with a live connection to us.
     pub fn connected_peers(&self) -> BTreeSet<MemberId> {
-        let book = self.shared.book.lock();
-        self.shared
-            .addresses
-            .lock()
-            .keys()
-            .copied()
-            .filter(|&p| book.is_connected(p))
-            .collect()
+        self.peers_where(book::RoundBook::is_connected)
     }
 
     /// Members that have sent us a round's payload for a round we have not closed (see
     /// [`RoundBook::in_rounds`](book::RoundBook::in_rounds)).
     pub fn peers_in_rounds(&self) -> BTreeSet<MemberId> {
+        self.peers_where(book::RoundBook::in_rounds)
+    }
+
+    /// The peers of the topology for which `test` holds in the round book.
+    fn peers_where(
+        &self,
+        test: impl Fn(&book::RoundBook<ReplyTx>, MemberId) -> bool,
+    ) -> BTreeSet<MemberId> {
         let book = self.shared.book.lock();
         self.shared
             .addresses
             .lock()
             .keys()
             .copied()
-            .filter(|&p| book.in_rounds(p))
+            .filter(|&p| test(&book, p))
             .collect()
     }
 
