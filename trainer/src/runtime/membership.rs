@@ -197,7 +197,7 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
 
     /// Ask the neighbours for their state; adopt the most advanced one if it is ahead of ours.
     /// Starting members meet here too: it returns once every neighbour is connected and has
-    /// answered (or, at the start, sent its first round), or one is ahead (we are joining a
+    /// answered (or, starting afresh, sent its first round), or one is ahead (we are joining a
     /// running job), or the startup timeout passes.
     /// When the topology says the job is under way and no neighbour has trained (a whole clique
     /// replaced at once), the members beyond the neighbourhood are asked, a few at a time, until
@@ -226,18 +226,19 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
             self.serve_state_requests();
             replies.extend(self.transport.take_state_replies());
             let connected = self.transport.connected_peers();
-            // At the start, a neighbour that sent its first round's payload has met everyone
-            // it waits for and is in its rounds, where it answers no state request: it waits for
-            // ours (the two of us would wait out a round timeout, each for the other).
-            let in_rounds = if under_way {
+            // Starting a job afresh, a neighbour that sent its first round's payload has met
+            // everyone it waits for, and in that round it answers no state request: it waits
+            // for ours (the two of us would wait out a round timeout, each for the other). A
+            // member resumed from a checkpoint still waits for its neighbours' state.
+            let first_round = if under_way || self.step > 0 {
                 BTreeSet::new()
             } else {
-                self.transport.peers_in_rounds()
+                self.transport.peers_in_first_round()
             };
             let replied = |n: &MemberId| replies.iter().any(|r| r.from == *n);
             let everyone = neighbours
                 .iter()
-                .all(|n| connected.contains(n) && (replied(n) || in_rounds.contains(n)))
+                .all(|n| connected.contains(n) && (replied(n) || first_round.contains(n)))
                 && asked_beyond.iter().all(replied);
             let ahead = replies.iter().any(|r| r.step > self.step);
             if ahead || self.stop.raised() || (everyone && !under_way) {

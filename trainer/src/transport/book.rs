@@ -197,10 +197,12 @@ impl<R: Clone> RoundBook<R> {
         self.peers.get(&peer).is_some_and(|p| p.live_sessions > 0)
     }
 
-    /// Whether `peer` has sent us a round's payload (parameters or gradients) for a round we
-    /// have not closed: it is in its rounds, waiting for ours.
-    pub fn in_rounds(&self, peer: MemberId) -> bool {
-        self.stored.keys().any(|&(_, _, from)| from == peer)
+    /// Whether `peer` has sent us its payload (parameters or gradients) for round 0, which we
+    /// have not closed: it is in its first round, waiting for ours.
+    pub fn in_first_round(&self, peer: MemberId) -> bool {
+        Purpose::ALL
+            .iter()
+            .any(|&purpose| self.stored.contains_key(&(purpose, 0, peer)))
     }
 
     /// Whether `peer` said it left, or our last dial to it failed, and it has not been back

@@ -346,10 +346,10 @@ impl Transport {
         self.peers_where(book::RoundBook::is_connected)
     }
 
-    /// Members that have sent us a round's payload for a round we have not closed (see
-    /// [`RoundBook::in_rounds`](book::RoundBook::in_rounds)).
-    pub fn peers_in_rounds(&self) -> BTreeSet<MemberId> {
-        self.peers_where(book::RoundBook::in_rounds)
+    /// Members that have sent us their payload for round 0, which we have not closed (see
+    /// [`RoundBook::in_first_round`](book::RoundBook::in_first_round)).
+    pub fn peers_in_first_round(&self) -> BTreeSet<MemberId> {
+        self.peers_where(book::RoundBook::in_first_round)
     }
 
     /// The peers of the topology for which `test` holds in the round book.
