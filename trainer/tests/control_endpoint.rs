@@ -263,10 +263,7 @@ fn serve_job_topology(
     job: &LocalJob,
     edit: impl FnOnce(&mut TopologyDocument),
 ) -> (Arc<Stub>, [(&'static str, String); 2]) {
-    let mut doc = TopologyDocument::parse(
-        &std::fs::read_to_string(job.dir.path().join("topology.json")).unwrap(),
-    )
-    .unwrap();
+    let mut doc = job.topology();
     edit(&mut doc);
     let stub = Arc::new(Stub::default());
     *stub.doc.lock().unwrap() = Some(doc);

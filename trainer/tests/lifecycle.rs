@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use murmur_core::api::{ModelKind, TopologyKind};
+use murmur_core::contract::MemberView;
 use murmur_core::contract::view::edge_agreement;
-use murmur_core::contract::{MemberView, TopologyDocument};
 use murmur_trainer::algorithms::{Exchange, Payload, Purpose};
 use murmur_trainer::model::{Model, layout};
 use murmur_trainer::transport::{Agreements, Transport, TransportConfig, frame};
@@ -334,11 +334,7 @@ fn a_member_whose_data_is_missing_names_the_file_in_its_termination_message() {
 #[test]
 fn a_neighbour_already_in_its_first_round_is_not_waited_for_at_the_start() {
     let job = LocalJob::new(2, TopologyKind::Ring, &manifest(300, 2, None));
-    let doc = TopologyDocument::parse(
-        &std::fs::read_to_string(job.dir.path().join("topology.json")).unwrap(),
-    )
-    .unwrap();
-    let weight = MemberView::of(&doc, 1).neighbours[0].weight;
+    let weight = MemberView::of(&job.topology(), 1).neighbours[0].weight;
     let parameters = layout(&Model::<murmur_trainer::backend::Cpu>::new(
         ModelKind::Mlp,
         &Default::default(),

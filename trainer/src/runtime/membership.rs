@@ -209,6 +209,11 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
             .map(|h| h.neighbours.iter().map(|(id, _)| *id).collect())
             .unwrap_or_default();
         let under_way = self.job_ahead();
+        // Starting a job afresh, a neighbour that sent its first round's payload has met
+        // everyone it waits for, and in that round it answers no state request: it waits for
+        // ours (the two of us would wait out a round timeout, each for the other). A member
+        // resumed from a checkpoint still waits for its neighbours' state.
+        let afresh = !under_way && self.step == 0;
         if under_way {
             // Said at once, with nothing heard yet: a replacement whose neighbours all finish
             // before they answer it is retired by the control plane on this status, rather than
@@ -226,14 +231,10 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
             self.serve_state_requests();
             replies.extend(self.transport.take_state_replies());
             let connected = self.transport.connected_peers();
-            // Starting a job afresh, a neighbour that sent its first round's payload has met
-            // everyone it waits for, and in that round it answers no state request: it waits
-            // for ours (the two of us would wait out a round timeout, each for the other). A
-            // member resumed from a checkpoint still waits for its neighbours' state.
-            let first_round = if under_way || self.step > 0 {
-                BTreeSet::new()
-            } else {
+            let first_round = if afresh {
                 self.transport.peers_in_first_round()
+            } else {
+                BTreeSet::new()
             };
             let replied = |n: &MemberId| replies.iter().any(|r| r.from == *n);
             let everyone = neighbours

@@ -159,6 +159,12 @@ impl LocalJob {
         }
     }
 
+    /// The static topology document the job's folder holds.
+    pub fn topology(&self) -> murmur_core::contract::TopologyDocument {
+        let text = std::fs::read_to_string(self.dir.path().join("topology.json")).unwrap();
+        murmur_core::contract::TopologyDocument::parse(&text).unwrap()
+    }
+
     pub fn log_path(&self, id: u32, attempt: u32) -> PathBuf {
         self.dir.path().join(format!("member-{id}-{attempt}.log"))
     }
