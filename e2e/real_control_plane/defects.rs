@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use serde_json::{Value, json};
@@ -275,10 +276,10 @@ pub async fn partly_admitted_jobs_run_with_what_they_got(env: &Env) {
         "  quota of 3 pods for 5 members: Degraded with 3 in the topology {:.1} s after the apply; {message}",
         began.elapsed().as_secs_f64()
     );
-    // Retried with backoff (5 s, doubling), not at every 2 s resync: over 20 s, a handful of
-    // refused creates rather than two per resync.
-    let refused = || {
-        std::fs::read_to_string(super::audit_log())
+    // Retried with backoff (5 s, doubling), not at every 2 s resync. The API server's audit
+    // log holds each refused create; the creates of one try arrive together.
+    let tries = || {
+        let mut at: Vec<Timestamp> = std::fs::read_to_string(super::audit_log())
             .unwrap_or_default()
             .lines()
             .filter(|l| {
@@ -286,16 +287,44 @@ pub async fn partly_admitted_jobs_run_with_what_they_got(env: &Env) {
                     && l.contains(&format!("/namespaces/{}/pods", s.ns))
                     && l.contains("\"code\":403")
             })
-            .count()
+            .filter_map(|l| {
+                let entry: Value = serde_json::from_str(l).ok()?;
+                entry["requestReceivedTimestamp"].as_str()?.parse().ok()
+            })
+            .collect();
+        at.sort();
+        at.dedup_by(|later, earlier| later.duration_since(*earlier).as_secs_f64() < 1.0);
+        at
     };
-    let before = refused();
-    tokio::time::sleep(Duration::from_secs(20)).await;
-    let tries = refused() - before;
+    // The first refusal, then tries after 5, 10 and 20 s.
+    let deadline = Instant::now() + MINUTE;
+    let at = loop {
+        let at = tries();
+        if at.len() >= 4 {
+            break at;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} tries of the refused creates in a minute: {at:?}",
+            at.len()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let gaps: Vec<f64> = at[..4]
+        .windows(2)
+        .map(|w| w[1].duration_since(w[0]).as_secs_f64())
+        .collect();
     assert!(
-        (1..=4).contains(&tries),
-        "{tries} refused pod creates in 20 s at --resync 2s"
+        gaps.iter().all(|&g| g >= 4.0) && gaps[2] >= 2.0 * gaps[0],
+        "the refused creates were tried again after {gaps:?} s, not after a doubling backoff from 5 s (resync 2 s)"
     );
-    println!("  refused creates in 20 s at --resync 2s: {tries} (backoff, slow start)");
+    println!(
+        "  refused creates tried again after {} s (backoff, doubling)",
+        gaps.iter()
+            .map(|g| format!("{g:.1}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     // The admin raises the quota: the rest start, the condition clears, the job runs.
     env.cp.kubectl_ok(&[
         "patch",
