@@ -132,13 +132,21 @@ spec:
             "connection refused",
         ),
     ] {
-        let c = condition(&cp, name, "MembersNotStarting", Duration::from_secs(120));
-        println!("{name}: {} {}: {}", c["status"], c["reason"], c["message"]);
-        assert_eq!(c["status"], "True", "{c}");
-        assert!(
-            ["ErrImagePull", "ImagePullBackOff"].contains(&c["reason"].as_str().unwrap()),
-            "{c}"
+        // On a loaded machine the kubelet's first try can fail to mount the member's key
+        // Secret ("failed to sync secret cache"); its next try pulls, and that is the newest
+        // reason the job shows.
+        let c = condition_where(
+            &cp,
+            name,
+            "MembersNotStarting",
+            Duration::from_secs(120),
+            |c| {
+                c["reason"]
+                    .as_str()
+                    .is_some_and(|r| ["ErrImagePull", "ImagePullBackOff"].contains(&r))
+            },
         );
+        println!("{name}: {} {}: {}", c["status"], c["reason"], c["message"]);
         let message = c["message"].as_str().unwrap();
         assert!(message.contains(image), "the image is named: {message}");
         assert!(message.contains(says), "{message}");
