@@ -103,6 +103,11 @@ impl Run {
         }
     }
 
+    /// The run's `--output` folder (its trainers' working folder too).
+    pub fn output(&self) -> &Path {
+        self.dir.as_ref().expect("running").path()
+    }
+
     /// murmur's process id.
     pub fn pid(&self) -> u32 {
         self.child.id()

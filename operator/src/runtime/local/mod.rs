@@ -25,6 +25,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde::Serialize;
 use tokio::sync::mpsc;
+use tokio::time::MissedTickBehavior;
 
 use crate::driver::{JobDriver, Memory};
 use crate::member::{Ending, Health, ObservedMember, Termination, classify, exit};
@@ -37,6 +38,11 @@ pub use chaos::Chaos;
 const SCRAPE_EVERY: Duration = Duration::from_millis(500);
 /// How long stopped trainers get to leave before they are killed.
 const STOP_GRACE: Duration = Duration::from_secs(25);
+/// The driver plans at least this often, whatever happens.
+const TICK: Duration = Duration::from_millis(250);
+/// Trainer posts taken in one turn of the loop, before signals, exits and the clocks are looked
+/// at again.
+const INBOX_BATCH: usize = 1024;
 
 #[derive(Clone, Debug)]
 pub struct LocalOptions {
@@ -186,6 +192,27 @@ fn free_port(next: &mut u16) -> Option<u16> {
         }
     }
     None
+}
+
+/// A trainer gets SIGTERM from the kernel when `murmur` dies, however it dies (SIGKILL, the OOM
+/// killer, a panic): it leaves and checkpoints as on a stop, instead of training on unwatched.
+/// The signal follows the thread that spawned it; `murmur run` spawns on the thread that runs
+/// the job, which lives as long as the process.
+fn stop_with_parent(command: &mut tokio::process::Command) {
+    let parent = nix::unistd::getpid();
+    #[allow(unsafe_code)]
+    // SAFETY: the closure runs between fork and exec, and makes only async-signal-safe system
+    // calls (prctl, getppid) and no allocation.
+    unsafe {
+        command.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGTERM)?;
+            // murmur died before the signal was set: nobody would send it.
+            if nix::unistd::getppid() != parent {
+                return Err(nix::errno::Errno::ESRCH.into());
+            }
+            Ok(())
+        });
+    }
 }
 
 /// One process: a member's attempt.
@@ -372,7 +399,10 @@ impl Local {
         mut happenings: mpsc::UnboundedReceiver<Happened>,
     ) -> Result<(), LocalError> {
         let mut scrape = tokio::time::interval(SCRAPE_EVERY);
-        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        let mut tick = tokio::time::interval(TICK);
+        // A loop that fell behind takes one tick, not a burst of them.
+        scrape.set_missed_tick_behavior(MissedTickBehavior::Skip);
+        tick.set_missed_tick_behavior(MissedTickBehavior::Skip);
         let mut chaos = self.options.chaos.as_mut().map(|c| c.schedule());
         let mut interrupted = false;
         let mut stopping_since: Option<tokio::time::Instant> = None;
@@ -383,12 +413,12 @@ impl Local {
         let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
             .map_err(io(Path::new("SIGINT handler")))?;
         loop {
+            // Signals and process exits first, then the clocks, trainers' posts last: posts
+            // arriving faster than the driver plans must never hold back a Ctrl-C, a member's
+            // exit or a chaos kill (with posts first, a flood of them held every one back).
+            let mut changed = false;
             tokio::select! {
                 biased;
-                Some(message) = inbox.recv() => {
-                    self.driver.receive(message, Timestamp::now());
-                }
-                Some(h) = happenings.recv() => self.happened(h),
                 _ = sigint.recv(), if !interrupted => {
                     interrupted = true;
                     self.progress.line("murmur: interrupted; asking members to leave");
@@ -400,13 +430,32 @@ impl Local {
                     self.stop_all(Signal::SIGTERM);
                     stopping_since = Some(tokio::time::Instant::now());
                 }
-                _ = scrape.tick() => self.scrape(),
+                Some(h) = happenings.recv() => {
+                    self.happened(h);
+                    changed = true;
+                }
                 Some(_) = async { match &mut chaos { Some(c) => Some(c.tick().await), None => None } }, if chaos.is_some() => {
                     self.chaos();
+                    changed = true;
                 }
-                _ = tick.tick() => {}
+                // Time alone moves the plan on (round and startup timeouts, backoff), and posts
+                // that changed no member's state show in the view by the next tick.
+                _ = tick.tick() => changed = true,
+                _ = scrape.tick() => self.scrape(),
+                Some(message) = inbox.recv() => {
+                    changed |= self.driver.receive(message, Timestamp::now());
+                }
+            }
+            // What else is queued, at most a batch of posts: one plan answers all of it.
+            while let Ok(h) = happenings.try_recv() {
+                self.happened(h);
+                changed = true;
+            }
+            for message in std::iter::from_fn(|| inbox.try_recv().ok()).take(INBOX_BATCH) {
+                changed |= self.driver.receive(message, Timestamp::now());
             }
             if interrupted {
+                // Members are leaving: nothing is planned, so no replacement starts.
                 if self.processes.is_empty() {
                     self.publish();
                     return Err(LocalError::Interrupted);
@@ -416,7 +465,9 @@ impl Local {
                 }
                 continue;
             }
-            self.step()?;
+            if changed {
+                self.step()?;
+            }
             if self.driver.state().phase.is_finished() {
                 if stopping_since.is_none() && !self.processes.is_empty() {
                     stopping_since = Some(tokio::time::Instant::now());
@@ -613,6 +664,7 @@ impl Local {
         if std::env::var_os("RUST_LOG").is_none() {
             command.env("RUST_LOG", "info");
         }
+        stop_with_parent(&mut command);
         let mut child = command.spawn().map_err(|source| LocalError::Spawn {
             path: self.options.trainer.clone(),
             source,
