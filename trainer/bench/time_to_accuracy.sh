@@ -10,7 +10,10 @@
 #   - PyTorch DDP (torchrun, gloo) and torchft's DiLoCo (sync every 8, Nesterov outer step lr 0.7
 #     momentum 0.9): trainer/bench/peers_torch.py.
 # Time is from launch to the first evaluation at which the members' mean accuracy reaches
-# TARGET (default 0.90); bytes are what the loopback interface sent during the run (every
+# TARGET (default 0.90). Every run evaluates every EVAL_EVERY steps (default 8: the outer runs'
+# localSteps and DiLoCo's sync period. An outer member evaluates its anchor, which changes only at
+# an outer step, so at a cadence that is not a multiple of 8 it reports an anchor up to 7 steps
+# old at a later step's time). Bytes are what the loopback interface sent during the run (every
 # process talks over it, frames and TCP headers included), prorated to that step. One line per
 # run, then key=value figures. Needs python3 with torch, mlxtend and torchft (pip install torch
 # mlxtend torchft); PYTHON names another interpreter. About 3 minutes on 2 cores.
@@ -18,6 +21,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 TARGET=${TARGET:-0.90}
 CHAOS_EVERY=${CHAOS_EVERY:-2s}
+EVAL_EVERY=${EVAL_EVERY:-8}
 PYTHON=${PYTHON:-python3}
 if ! "$PYTHON" -c 'import torch, mlxtend, torchft' 2>/dev/null; then
     echo "$PYTHON lacks torch, mlxtend or torchft: pip install torch mlxtend torchft" >&2
@@ -57,14 +61,15 @@ murmur_run() { # name manifest [murmur run flags]
     local before started
     before=$(lo_sent)
     started=$(now)
-    target/release/murmur run "$manifest" --output "$work/$name" "$@" > "$work/$name.out" 2>&1
+    target/release/murmur run "$manifest" --output "$work/$name" --eval-every "$EVAL_EVERY" "$@" \
+        > "$work/$name.out" 2>&1
     echo "$name: $(grep -o 'preemptions survived.*' "$work/$name.out")" >&2
     local sent=$(($(lo_sent) - before)) wall
     wall=$("$PYTHON" -c "print($(now) - $started)")
-    # Evaluations every 25 steps (the trainers' default), one line per member and attempt. A
-    # status posted at such a step before its evaluation carries the one before (the CSV's
-    # accuracy is the member's latest), so the last row of a member's step is its evaluation.
-    awk -F, 'NR > 1 && $6 != "" && $4 % 25 == 0 {row[$2 "," $3 "," $4] = $4 " " $1 " " $6}
+    # Evaluations every EVAL_EVERY steps, one line per member and attempt. A status posted at
+    # such a step before its evaluation carries the one before (the CSV's accuracy is the
+    # member's latest), so the last row of a member's step is its evaluation.
+    awk -F, -v every="$EVAL_EVERY" 'NR > 1 && $6 != "" && $4 % every == 0 {row[$2 "," $3 "," $4] = $4 " " $1 " " $6}
         END {for (k in row) print row[k]}' "$work/$name/metrics.csv" |
         judge "$name" "$TARGET" "$sent" "$wall"
 }
@@ -77,7 +82,8 @@ torch_run() { # name mode
     MURMUR_BENCH_T0=$(now)
     if [ "$mode" = ddp ]; then
         "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node 10 \
-            trainer/bench/peers_torch.py ddp "$work/$name" > "$work/$name.out" 2>&1
+            trainer/bench/peers_torch.py ddp "$work/$name" --eval-every "$EVAL_EVERY" \
+            > "$work/$name.out" 2>&1
     else
         "$PYTHON" trainer/bench/peers_torch.py lighthouse "$work" --members 10 \
             > "$work/lighthouse" 2> "$work/lighthouse.log" &
@@ -86,6 +92,7 @@ torch_run() { # name mode
         local pids=()
         for rank in $(seq 0 9); do
             "$PYTHON" trainer/bench/peers_torch.py diloco --rank "$rank" --members 10 \
+                --eval-every "$EVAL_EVERY" \
                 --lighthouse "$(head -1 "$work/lighthouse")" "$work/$name" \
                 > "$work/$name.$rank.out" 2>&1 &
             pids+=($!)
