@@ -415,7 +415,7 @@ impl Local {
         loop {
             // Signals and process exits first, then the clocks, trainers' posts last: posts
             // arriving faster than the driver plans must never hold back a Ctrl-C, a member's
-            // exit or a chaos kill (with posts first, a flood of them held every one back).
+            // exit or a chaos kill.
             let mut changed = false;
             tokio::select! {
                 biased;
