@@ -128,7 +128,7 @@ fn trainers_gone_within(dir: &Path, limit: Duration) -> Vec<u32> {
 }
 
 #[test]
-fn a_flood_of_status_posts_delays_neither_chaos_nor_ctrl_c() {
+fn a_flood_of_signed_posts_delays_neither_chaos_nor_ctrl_c() {
     let dir = tempfile::tempdir().unwrap();
     let run = start(dir.path(), &["--chaos", "preempt", "--every", "4s"]);
     let stop = Arc::new(AtomicBool::new(false));
