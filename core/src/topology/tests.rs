@@ -400,6 +400,17 @@ fn members_outside_their_cliques_zone_are_the_ones_to_move() {
     }
     let moves = zones::misplaced(&t);
     assert_eq!(moves.len(), 4, "{moves:?}");
+    // A replacement of any of them is asked for the zone of its clique's majority.
+    let (k0, k1) = (layout.cliques.keys().next(), layout.cliques.keys().nth(1));
+    assert_eq!(
+        zones::zone_of_clique(&t, *k0.unwrap()).as_deref(),
+        Some("b")
+    );
+    assert_eq!(
+        zones::zone_of_clique(&t, *k1.unwrap()).as_deref(),
+        Some("a")
+    );
+    assert_eq!(zones::zone_of_clique(&t, u32::MAX), None, "no such clique");
     assert!(
         moves
             .iter()
@@ -407,7 +418,13 @@ fn members_outside_their_cliques_zone_are_the_ones_to_move() {
     );
     // Zone-blind cliques, and cliques already inside zones, have nothing to move.
     s.zone_aware = false;
-    assert!(zones::misplaced(&build(&s, &members).unwrap()).is_empty());
+    let blind = build(&s, &members).unwrap();
+    assert!(zones::misplaced(&blind).is_empty());
+    assert_eq!(
+        zones::zone_of_clique(&blind, 0),
+        None,
+        "zone-blind cliques have no zone"
+    );
     for m in &mut members {
         m.zone = Some(if m.id < 10 { "a" } else { "b" }.into());
     }

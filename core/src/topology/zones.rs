@@ -97,8 +97,7 @@ pub fn misplaced(t: &Topology) -> Vec<Misplaced> {
             *counts.entry(z).or_default() += 1;
             *room.entry(z).or_default() += 1;
         }
-        // max_by_key keeps the last of equals: walk backwards so the first name wins a tie.
-        if let Some((&z, _)) = counts.iter().rev().max_by_key(|&(_, &n)| n) {
+        if let Some(z) = most_common(&counts) {
             majority.insert(clique, z);
         }
         candidates.extend(
@@ -138,6 +137,34 @@ pub fn misplaced(t: &Topology) -> Vec<Misplaced> {
         );
     }
     out
+}
+
+/// The zone holding most of `clique`'s members (the first name of equals), where the topology
+/// is zone-aware cliques: a replacement for one of them is asked to run there.
+pub fn zone_of_clique(t: &Topology, clique: u32) -> Option<String> {
+    let Shape::Cliques(layout) = &t.shape else {
+        return None;
+    };
+    if !layout.zone_aware {
+        return None;
+    }
+    let mut counts = BTreeMap::<&str, usize>::new();
+    for m in layout.cliques.get(&clique)? {
+        if let Some(z) = t.profiles.get(m).and_then(|p| p.zone.as_deref()) {
+            *counts.entry(z).or_default() += 1;
+        }
+    }
+    most_common(&counts).map(str::to_string)
+}
+
+/// The key with the largest count; the first of equals.
+fn most_common<'a>(counts: &BTreeMap<&'a str, usize>) -> Option<&'a str> {
+    // max_by_key keeps the last of equals: walk backwards so the first name wins a tie.
+    counts
+        .iter()
+        .rev()
+        .max_by_key(|&(_, &n)| n)
+        .map(|(&z, _)| z)
 }
 
 /// The topology once every [`misplaced`] member runs in its clique's zone: the graph a zone-aware

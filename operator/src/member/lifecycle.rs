@@ -188,6 +188,10 @@ pub struct MemberRecord {
     /// zone.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub clique: Option<u32>,
+    /// The zone that clique trains in (zone-aware cliques): its next attempt asks for it by name,
+    /// and a moved member that landed elsewhere anyway joins a clique of where it landed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
     /// It was moved once to its clique's zone (never again: a move that lands in the same zone
     /// must not loop).
     #[serde(skip_serializing_if = "std::ops::Not::not")]

@@ -214,6 +214,7 @@ pub(super) fn create_members(
             attempt,
             on_demand,
             clique: record.clique.filter(|_| replacing),
+            zone: record.zone.clone().filter(|_| replacing),
         });
         if replacing {
             actions.push(event(

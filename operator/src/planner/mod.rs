@@ -162,12 +162,14 @@ impl JobState {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Action {
     /// Start `attempt` of member `member` (a process, a pod); `on_demand`: without the spot
-    /// requirement; `clique`: the clique it trained in, whose zone it should prefer.
+    /// requirement; `clique`: the clique it trained in, whose zone it should prefer; `zone`:
+    /// that zone, where the topology knows it.
     Create {
         member: MemberId,
         attempt: u32,
         on_demand: bool,
         clique: Option<u32>,
+        zone: Option<String>,
     },
     /// Stop a live member (the job failed or is suspended, or it is not needed any more).
     Stop { member: MemberId, attempt: u32 },

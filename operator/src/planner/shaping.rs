@@ -92,6 +92,9 @@ pub(super) fn shape_topology(
                 }
                 if let Some(record) = s.members.get_mut(&id) {
                     record.clique = t.clique_of(id);
+                    record.zone = record
+                        .clique
+                        .and_then(|c| topology::zones::zone_of_clique(t, c));
                 }
                 t.remove_member(id).expect("listed from the graph");
                 actions.push(event(
@@ -105,11 +108,15 @@ pub(super) fn shape_topology(
                 if !t.graph.contains(report.member_id) {
                     // A moved member joins the clique it was moved for, while it has room:
                     // moved members rejoining in another order took each other's cliques,
-                    // splitting a clique over zones and skewing two cliques' labels.
+                    // splitting a clique over zones and skewing two cliques' labels. One the
+                    // scheduler placed outside that clique's zone anyway joins as anyone does,
+                    // in a clique of its own zone.
+                    let landed = zone(report.member_id);
                     let home = s
                         .members
                         .get(&report.member_id)
                         .filter(|r| r.relocated)
+                        .filter(|r| r.zone.is_none() || landed.is_none() || r.zone == landed)
                         .and_then(|r| r.clique);
                     // A profile of the right length was checked when the report came in.
                     let _ = t.rejoin(
@@ -189,6 +196,7 @@ fn relocate(
         record.become_(Lifecycle::Retiring);
         record.relocated = true;
         record.clique = Some(m.clique);
+        record.zone = Some(m.zone.clone());
         *relocations += 1;
         actions.push(Action::Stop {
             member: m.member,

@@ -139,6 +139,23 @@ impl World {
             .collect()
     }
 
+    /// Second attempts created (moved members): member, clique and zone asked for.
+    fn moved_creates(actions: &[Action]) -> Vec<(u32, Option<u32>, Option<String>)> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Create {
+                    member,
+                    attempt: 1,
+                    clique,
+                    zone,
+                    ..
+                } => Some((*member, *clique, zone.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
     fn reasons(actions: &[Action]) -> Vec<&'static str> {
         actions
             .iter()
@@ -299,32 +316,23 @@ fn members_outside_their_cliques_zone_move_there_once_before_anyone_trains() {
     // They stop; their next attempts ask for the clique they left. Nothing was preempted or
     // restarted.
     let actions = w.plan();
-    let creates: Vec<(u32, Option<u32>)> = actions
-        .iter()
-        .filter_map(|a| match a {
-            Action::Create {
-                member,
-                attempt: 1,
-                clique,
-                ..
-            } => Some((*member, *clique)),
-            _ => None,
-        })
-        .collect();
+    let creates = World::moved_creates(&actions);
     assert_eq!(creates.len(), 2, "{actions:#?}");
     let stayers: Vec<u32> = (0..4).filter(|m| !movers.contains(m)).collect();
-    for &(member, clique) in &creates {
+    for (member, clique, zone) in &creates {
         let clique = clique.expect("a moved member asks for its clique");
         let mate = stayers
             .iter()
             .find(|&&s| t.clique_of(s) == Some(clique))
             .unwrap();
         assert_ne!(
-            zone_of(member),
+            zone_of(*member),
             zone_of(*mate),
             "{member} was already with {mate}"
         );
+        assert_eq!(zone.as_deref(), Some(zone_of(*mate)), "asked by name");
     }
+    let creates: Vec<(u32, Option<u32>)> = creates.into_iter().map(|(m, c, _)| (m, c)).collect();
     assert_eq!((w.state.preemptions.len(), w.state.restarts), (0, 0));
     // Placed in their cliques' zones, they join and refill their cliques: every clique now
     // trains inside one zone, and still holds both kinds of member.
@@ -356,6 +364,46 @@ fn members_outside_their_cliques_zone_move_there_once_before_anyone_trains() {
     let mut w = World::zoned(Some(false), zone_of);
     assert!(!w.plan().iter().any(|a| matches!(a, Action::Stop { .. })));
     assert_eq!(w.state.relocations, 0);
+}
+
+#[test]
+fn a_moved_member_the_scheduler_left_in_its_zone_joins_a_clique_there_not_across() {
+    // As above, but both movers land where they ran before: the preference for the clique's
+    // zone is only a preference. Each joins the clique of its own zone that has room, not the
+    // clique it was moved for across the zones: no clique spans zones.
+    let zone_of = |id: u32| if id.is_multiple_of(2) { "a" } else { "b" };
+    let mut w = World::zoned(None, zone_of);
+    let actions = w.plan();
+    let first = w.state.topology.clone().unwrap();
+    let movers: Vec<u32> = World::stops(&actions).iter().map(|&(m, _)| m).collect();
+    assert_eq!(movers.len(), 2);
+    let creates = World::moved_creates(&w.plan());
+    assert_eq!(creates.len(), 2);
+    for &(member, _, _) in &creates {
+        w.schedule(member, "node-unmoved");
+        w.observed.members.get_mut(&member).unwrap().zone = Some(zone_of(member).into());
+        w.join(member);
+    }
+    w.plan();
+    let t = w.state.topology.as_ref().unwrap();
+    assert_eq!(t.graph.member_count(), 4);
+    for &(member, home, _) in &creates {
+        let clique = t.clique_of(member).unwrap();
+        assert_ne!(
+            Some(clique),
+            home,
+            "{member} joined the clique across the zones"
+        );
+        let mates: Vec<u32> = (0..4)
+            .filter(|&o| o != member && t.clique_of(o) == Some(clique))
+            .collect();
+        assert!(
+            mates.iter().all(|&o| zone_of(o) == zone_of(member)),
+            "{member} in clique {clique} with {mates:?}"
+        );
+        assert!(first.graph.contains(mates[0]), "with a stayer");
+    }
+    assert_eq!(w.state.relocations, 2, "moved once: not again");
 }
 
 #[test]
@@ -767,7 +815,8 @@ fn a_member_pending_too_long_is_reported_once_and_falls_back_to_on_demand() {
         member: 0,
         attempt: 1,
         on_demand: true,
-        clique: None
+        clique: None,
+        zone: None
     }));
     assert!(World::reasons(&actions).contains(&"FellBackToOnDemand"));
     assert!(w.state.members[&0].on_demand);
@@ -787,7 +836,8 @@ fn a_member_pending_too_long_is_reported_once_and_falls_back_to_on_demand() {
         member: 0,
         attempt: 2,
         on_demand: false,
-        clique: None
+        clique: None,
+        zone: None
     }));
 }
 

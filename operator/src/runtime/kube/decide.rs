@@ -374,6 +374,7 @@ fn members(i: &Inputs, d: &mut Decision) {
                 attempt,
                 on_demand,
                 clique,
+                ref zone,
             } => {
                 if let Some(m) = d.plan.observed.members.get_mut(&member) {
                     m.pending_since = Some(i.now);
@@ -385,6 +386,7 @@ fn members(i: &Inputs, d: &mut Decision) {
                         attempt,
                         on_demand,
                         clique,
+                        zone: zone.as_deref(),
                     },
                     i.settings,
                 ));

@@ -407,6 +407,8 @@ pub struct MemberPod<'a> {
     pub on_demand: bool,
     /// Its clique in the current topology, when it has one (a replacement).
     pub clique: Option<u32>,
+    /// The zone that clique trains in, when the topology knows it.
+    pub zone: Option<&'a str>,
 }
 
 pub fn pod(p: &MemberPod, s: &Settings) -> Pod {
@@ -426,6 +428,7 @@ pub fn pod(p: &MemberPod, s: &Settings) -> Pod {
                 (LABEL_JOB.to_string(), job_name.clone()),
                 (LABEL_CLIQUE.to_string(), clique.to_string()),
             ],
+            p.zone,
         ));
     }
     let zone_aware = sched.zone_aware()

@@ -92,9 +92,35 @@ pub fn placement(scheduling: &SchedulingSpec, on_demand: bool) -> Placement {
 const CLIQUE_ZONE_WEIGHT: i32 = 100;
 
 /// `affinity` plus a preference for the zone of the pods matching `clique` (its job and clique
-/// labels): zone-aware cliques live in one zone, and a replacement should join them there.
-pub fn prefer_clique_zone(affinity: Option<Affinity>, clique: [(String, String); 2]) -> Affinity {
+/// labels), and for `zone` by name where the topology knows the clique's zone: zone-aware cliques
+/// live in one zone, and a replacement should join them there. The pods' labels alone can
+/// mislead (a clique whose members all moved has no pod yet, and labels follow a new topology a
+/// reconcile late); the zone by name doubles the preference's weight against the even spread
+/// over zones the pods also ask for.
+pub fn prefer_clique_zone(
+    affinity: Option<Affinity>,
+    clique: [(String, String); 2],
+    zone: Option<&str>,
+) -> Affinity {
     let mut affinity = affinity.unwrap_or_default();
+    if let Some(zone) = zone {
+        affinity
+            .node_affinity
+            .get_or_insert_with(Default::default)
+            .preferred_during_scheduling_ignored_during_execution
+            .get_or_insert_with(Vec::new)
+            .push(PreferredSchedulingTerm {
+                weight: CLIQUE_ZONE_WEIGHT,
+                preference: NodeSelectorTerm {
+                    match_expressions: Some(vec![NodeSelectorRequirement {
+                        key: ZONE_LABEL.to_string(),
+                        operator: "In".to_string(),
+                        values: Some(vec![zone.to_string()]),
+                    }]),
+                    match_fields: None,
+                },
+            });
+    }
     affinity
         .pod_affinity
         .get_or_insert_with(Default::default)

@@ -213,6 +213,7 @@ spec:
                 attempt: 0,
                 on_demand: false,
                 clique: None,
+                zone: None,
             },
             &Settings::default(),
         )

@@ -811,6 +811,7 @@ async fn a_job_names_its_trainer_image_or_gets_the_operators_for_its_backend() {
                 attempt: 0,
                 on_demand: false,
                 clique: None,
+                zone: None,
             },
             &settings,
         );
@@ -839,6 +840,7 @@ fn a_job_that_names_a_kueue_queue_runs_its_members_as_one_pod_group() {
                 attempt,
                 on_demand,
                 clique: None,
+                zone: None,
             },
             &Settings::default(),
         );
@@ -892,8 +894,9 @@ fn a_job_that_names_a_kueue_queue_runs_its_members_as_one_pod_group() {
 
 #[tokio::test]
 async fn a_replacement_prefers_the_zone_of_its_clique_unless_zone_awareness_is_off() {
-    // Member 3's pod of `manifest`, a replacement in `clique` when there is one.
-    let pod_spec = |manifest: &str, clique: Option<u32>| {
+    // Member 3's pod of `manifest`, a replacement in `clique` when there is one, whose zone the
+    // topology knows or not.
+    let pod_of = |manifest: &str, clique: Option<u32>, zone: Option<&str>| {
         let job = job(manifest);
         let pod = resources::pod(
             &resources::MemberPod {
@@ -902,11 +905,13 @@ async fn a_replacement_prefers_the_zone_of_its_clique_unless_zone_awareness_is_o
                 attempt: u32::from(clique.is_some()),
                 on_demand: false,
                 clique,
+                zone,
             },
             &Settings::default(),
         );
         pod.spec.unwrap()
     };
+    let pod_spec = |manifest: &str, clique| pod_of(manifest, clique, None);
     let affinity = |manifest: String, clique| pod_spec(&manifest, clique).affinity.unwrap();
     let a = affinity(MANIFEST.into(), Some(1));
     let terms = a
@@ -925,7 +930,41 @@ async fn a_replacement_prefers_the_zone_of_its_clique_unless_zone_awareness_is_o
         ]))
     );
     // The spot requirement is kept beside it.
-    assert!(a.node_affinity.is_some());
+    let node = a.node_affinity.unwrap();
+    assert!(
+        node.required_during_scheduling_ignored_during_execution
+            .is_some()
+    );
+    let preferred = |n: &k8s_openapi::api::core::v1::NodeAffinity| {
+        n.preferred_during_scheduling_ignored_during_execution
+            .clone()
+            .unwrap_or_default()
+    };
+    assert!(preferred(&node).is_empty(), "no zone known, none named");
+    // Where the topology knows the clique's zone, the pod prefers it by name as well, as
+    // strongly as a preference can.
+    let named = pod_of(MANIFEST, Some(1), Some("zone-b")).affinity.unwrap();
+    assert_eq!(
+        named
+            .pod_affinity
+            .unwrap()
+            .preferred_during_scheduling_ignored_during_execution,
+        Some(terms.clone())
+    );
+    let node = named.node_affinity.unwrap();
+    assert!(
+        node.required_during_scheduling_ignored_during_execution
+            .is_some()
+    );
+    let by_name = preferred(&node);
+    assert_eq!(by_name.len(), 1);
+    assert_eq!(by_name[0].weight, 100);
+    let wanted = &by_name[0].preference.match_expressions.as_ref().unwrap()[0];
+    assert_eq!(
+        (wanted.key.as_str(), wanted.operator.as_str()),
+        ("topology.kubernetes.io/zone", "In")
+    );
+    assert_eq!(wanted.values, Some(vec!["zone-b".to_string()]));
     // A first attempt has no clique yet; zoneAware: false asks for nothing.
     assert!(affinity(MANIFEST.into(), None).pod_affinity.is_none());
     let off = MANIFEST.replace("capacity: spot", "capacity: spot\n    zoneAware: false");
@@ -1021,6 +1060,29 @@ async fn members_outside_their_cliques_zone_are_moved_there_once_and_ask_for_its
                 .as_ref()
                 .unwrap()[resources::LABEL_CLIQUE],
             *clique
+        );
+        // And that clique's zone by name: the other one than where it ran.
+        let member: u32 = name.split('-').nth(1).unwrap().parse().unwrap();
+        let away = if member.is_multiple_of(2) {
+            "zone-b"
+        } else {
+            "zone-a"
+        };
+        let by_name = pod.spec.as_ref().unwrap().affinity.as_ref().unwrap();
+        let by_name = by_name
+            .node_affinity
+            .as_ref()
+            .and_then(|n| {
+                n.preferred_during_scheduling_ignored_during_execution
+                    .clone()
+            })
+            .unwrap_or_default();
+        assert!(
+            by_name.iter().any(
+                |t| t.preference.match_expressions.as_ref().unwrap()[0].values
+                    == Some(vec![away.to_string()])
+            ),
+            "{name} should name {away}: {by_name:?}"
         );
     }
     // They land in their cliques' zones and join: every clique inside one zone, nobody moves
