@@ -336,3 +336,55 @@ fn with_outer_steps_a_replacement_takes_a_neighbours_anchor_and_outer_momentum()
     println!("outer steps with a SIGKILL and a replacement: {accuracy:.4}");
     assert!(accuracy >= 0.85, "accuracy {accuracy}");
 }
+
+#[test]
+fn members_starting_late_in_the_first_round_start_from_the_initial_model() {
+    // Member 0 gives up waiting for its neighbours after a second and trains alone, on its own
+    // third of the data. Member 1 starts while member 0 is still in its first round, and waits
+    // for member 2, which starts a moment later. Member 0's state is the initial model fitted to
+    // its own classes, not the job's: members 1 and 2 start from the initial model as member 0
+    // did, rather than take that state if its reply came while they still waited.
+    let manifest = MANIFEST
+        .replace("{min: 2, target: 4, max: 4}", "{min: 1, target: 3, max: 3}")
+        .replace(
+            "averageEvery: 1, roundTimeout: 2s",
+            "roundTimeout: 10s, outer: {localSteps: 250}",
+        )
+        .replace("steps: 600", "steps: 500");
+    let job = LocalJob::new(3, TopologyKind::Ring, &manifest);
+    let mut procs = Reaper::default();
+    procs
+        .0
+        .push(job.spawn_with(0, 0, &["--startup-timeout", "1s"]));
+    wait_for(Duration::from_secs(120), "member 0 at step 10", || {
+        job.step(0).is_some_and(|s| s >= 10)
+    });
+    let early = job.step(0).unwrap();
+    procs.0.push(job.spawn(1, 0, &[]));
+    wait_for(Duration::from_secs(60), "member 1 to answer", || {
+        job.status(1).is_some()
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    procs.0.push(job.spawn(2, 0, &[]));
+    for c in &mut procs.0 {
+        let status = wait_exit(c, Duration::from_secs(240)).expect("a member hung");
+        assert!(status.success(), "{status:?}");
+    }
+    for id in [1, 2] {
+        let transferred = logged(&job.log(id, 0), "state transferred from a neighbour").cloned();
+        assert!(
+            transferred.is_none(),
+            "member {id} took a state trained alone (member 0 started at step {early}): {transferred:?}"
+        );
+    }
+    // All three met at the first round's end, each at its step 250.
+    for id in 0..3 {
+        let first = logged(&job.log(id, 0), "first averaging round with peers")
+            .unwrap_or_else(|| panic!("member {id} never averaged"))
+            .clone();
+        assert_eq!(first["step"], 249, "member {id}: {first}");
+    }
+    let accuracy = final_accuracy(&job, &[(0, 0), (1, 0), (2, 0)]);
+    println!("members 1 and 2 started while member 0 was past step {early}: {accuracy:.4}");
+    assert!(accuracy >= 0.80, "accuracy {accuracy}");
+}

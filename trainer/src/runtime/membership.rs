@@ -11,6 +11,7 @@ use murmur_core::contract::{TopologyDocument, TrainerState};
 use murmur_core::topology::MemberId;
 
 use super::{RunError, Trainer};
+use crate::algorithms::cadence::Averaging;
 use crate::algorithms::{Neighbourhood, mixing};
 use crate::task::Task;
 use crate::transport::{Agreements, StateReply, StateRequest};
@@ -41,13 +42,23 @@ fn beyond_neighbourhood(
 
 impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
     /// Answer joining members with our step and parameters; one as far on as we are gets our
-    /// step alone (members starting together all ask, and a state at step 0 is of no use).
+    /// step alone (members starting together all ask, and a state at step 0 is of no use). So
+    /// does everyone while we have trained alone within the first round: our state is then the
+    /// shared initial model fitted to our own classes, and a member starting with us begins from
+    /// the initial model as we did, whichever of its request and our start came first. Past the
+    /// first round (it timed out on every neighbour) we are ahead, and a late starter takes our
+    /// state to keep in step.
     pub(super) fn serve_state_requests(&mut self) {
+        let first_round = match self.plan.member.averaging {
+            Averaging::Every(n) => n,
+            Averaging::Auto(policy) => policy.max_every,
+        };
+        let alone = self.trained_alone && self.step < first_round;
         let (behind, level): (Vec<StateRequest>, Vec<StateRequest>) = self
             .transport
             .take_state_requests()
             .into_iter()
-            .partition(|r| r.step < self.step);
+            .partition(|r| r.step < self.step && !alone);
         for request in level {
             self.transport.reply_state(request, self.step, &[], &[]);
         }
@@ -241,7 +252,10 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
                 .iter()
                 .all(|n| connected.contains(n) && (replied(n) || first_round.contains(n)))
                 && asked_beyond.iter().all(replied);
-            let ahead = replies.iter().any(|r| r.step > self.step);
+            // A step alone (a neighbour that has trained alone) is an answer, not a state.
+            let ahead = replies
+                .iter()
+                .any(|r| r.step > self.step && !r.parameters.is_empty());
             if ahead || self.stop.raised() || (everyone && !under_way) {
                 break;
             }
@@ -317,6 +331,7 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
             tracing::warn!(peer = best.from, error = %e, "its optimizer state does not fit ours; keeping our own");
         }
         self.step = best.step;
+        self.trained_alone = false;
         Ok(Some((best.from, best.step)))
     }
 
@@ -367,6 +382,7 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
             "caught up with a neighbour far ahead"
         );
         self.step = step;
+        self.trained_alone = false;
         Ok(())
     }
 }

@@ -144,6 +144,9 @@ struct Trainer<B: AutodiffBackend, T: Task> {
     eval_every: u64,
     /// Whether a round with peers has completed yet (logged once: the join latency).
     averaged_yet: bool,
+    /// Trained from the shared initial model on our own data alone: started at step 0, and
+    /// nothing taken or mixed from a peer since. Joiners get our step alone.
+    trained_alone: bool,
     /// Time the loop waited for peers' payloads, all rounds together (logged at the end).
     waited: Duration,
     /// What this member reported on start; sent again whenever a topology leaves it out (the
@@ -306,6 +309,9 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
                 self.member.step(self.step, &hood, &mut timed).await?
             };
             self.report_drops();
+            if report.heard_from > 0 {
+                self.trained_alone = false;
+            }
             if report.heard_from > 0 && !self.averaged_yet {
                 self.averaged_yet = true;
                 tracing::info!(
@@ -560,6 +566,7 @@ pub async fn run<B: AutodiffBackend, T: Task>(
         total_steps,
         eval_every: options.eval_every,
         averaged_yet: false,
+        trained_alone: false,
         waited: Duration::ZERO,
         join: None,
         startup_timeout: options.startup_timeout,
@@ -580,6 +587,8 @@ pub async fn run<B: AutodiffBackend, T: Task>(
         return trainer.leave().await;
     }
     trainer.fetch_state(trainer.startup_timeout).await?;
+    // Neither restored from a checkpoint nor given a neighbour's state.
+    trainer.trained_alone = trainer.step == 0;
     trainer.train().await
 }
 

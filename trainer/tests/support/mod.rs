@@ -170,8 +170,21 @@ impl LocalJob {
     }
 
     pub fn spawn(&self, id: u32, attempt: u32, extra_env: &[(&str, String)]) -> Child {
+        let mut cmd = self.command(id, attempt);
+        for (k, v) in extra_env {
+            cmd.env(k, v);
+        }
+        cmd.spawn().unwrap()
+    }
+
+    /// [`Self::spawn`] with more arguments to `murmur-trainer run`.
+    pub fn spawn_with(&self, id: u32, attempt: u32, args: &[&str]) -> Child {
+        self.command(id, attempt).args(args).spawn().unwrap()
+    }
+
+    fn command(&self, id: u32, attempt: u32) -> Command {
         let m = &self.members[id as usize];
-        let mut cmd = program_command(
+        program_command(
             &self.trainer,
             &[],
             self.dir.path(),
@@ -180,11 +193,7 @@ impl LocalJob {
             format!("127.0.0.1:{}", m.peer_port),
             format!("127.0.0.1:{}", m.status_port),
             &self.log_path(id, attempt),
-        );
-        for (k, v) in extra_env {
-            cmd.env(k, v);
-        }
-        cmd.spawn().unwrap()
+        )
     }
 
     /// GET a path on a member's status port; None if it does not answer.
