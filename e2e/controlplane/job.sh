@@ -471,6 +471,9 @@ if [[ -n $DASHBOARD ]]; then
         sleep 0.5
     done
     mkdir -p "$DASHBOARD"
+    # There before the loop below reads it: a read of a missing file fails the pipeline, and
+    # with errexit the whole script, if the background job has not opened it yet.
+    : >"$WORK/dashboard.log"
     "$MURMUR" dashboard --kubeconfig "$WATCHER_KUBECONFIG" --no-browser -n "$NS" "$JOB" >"$WORK/dashboard.log" 2>&1 &
     forward=$!
     BACKGROUND+=("$forward")
