@@ -95,8 +95,9 @@ const CLIQUE_ZONE_WEIGHT: i32 = 100;
 /// labels), and for `zone` by name where the topology knows the clique's zone: zone-aware cliques
 /// live in one zone, and a replacement should join them there. The pods' labels alone can
 /// mislead (a clique whose members all moved has no pod yet, and labels follow a new topology a
-/// reconcile late); the zone by name doubles the preference's weight against the even spread
-/// over zones the pods also ask for.
+/// reconcile late); the zone by name is a second preference, scored by the scheduler's
+/// node-affinity plugin beside its pod-affinity one, against the even spread over zones the pods
+/// also ask for.
 pub fn prefer_clique_zone(
     affinity: Option<Affinity>,
     clique: [(String, String); 2],
