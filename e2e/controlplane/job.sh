@@ -319,6 +319,10 @@ report() {
         }
         END { for (p in r) if (p in a) printf "{\"pod\": \"%s\", \"seconds\": %.3f}\n", p, r[p] - a[p] }' \
         "$WORK/pod-events.txt" >"$WORK/pod-start.jsonl"
+    # Every pod of the job the watch saw created, placed or not: a replacement lost before the
+    # pod poll saw it on a node (its node deleted under it) is one too.
+    pods_created=$(awk -v job="$JOB-" 'index($3, job) == 1 && $2 == "ADDED" && !($3 in a) {a[$3] = 1; n++}
+        END {print n + 0}' "$WORK/pod-events.txt")
     jq -n --slurpfile job "$WORK/job.json" --slurpfile view "$WORK/view.json" \
         --slurpfile nodes "$WORK/nodes.jsonl" --slurpfile placements "$WORK/placements.jsonl" \
         --slurpfile operator "$WORK/operator-pods.jsonl" --slurpfile podstart "$WORK/pod-start.jsonl" \
@@ -326,7 +330,8 @@ report() {
         --slurpfile versions "$WORK/versions.jsonl" --rawfile ready "$WORK/nodes-ready.txt" \
         --rawfile exec "$WORK/exec.txt" \
         --slurpfile images "$IMAGES/built.json" --arg error "$error" \
-        --argjson applied "$applied" --argjson ended "$ended" --argjson total "$((SECONDS - started))" '
+        --argjson applied "$applied" --argjson ended "$ended" --argjson total "$((SECONDS - started))" \
+        --argjson podsCreated "$pods_created" '
         ($job[0].status // {}) as $s
         | ($nodes | reverse | unique_by(.name) | map({(.name): .}) | add // {}) as $node
         | ($ready | split("\n") | map(select(. != "") | split(" ") | {(.[0]): (.[1] | tonumber)}) | add // {}) as $readyAt
@@ -335,6 +340,7 @@ report() {
             job: $job[0].metadata.name, namespace: $job[0].metadata.namespace,
             phase: $s.phase, finalAccuracy: $s.progress.accuracy, step: $s.progress.step,
             preemptions: $s.preemptions, restarts: $s.restarts, relocations: ($s.relocations // 0),
+            podsCreated: $podsCreated,
             topologyVersion: $s.topologyVersion,
             jobSeconds: ($ended - $applied), wallSeconds: $total,
             imagesBuildSeconds: $images[0].buildAndSaveSeconds,
