@@ -6,7 +6,8 @@
 #   - murmur outer, int4: manifests/examples/dcliques-outer-cpu.yaml (outer steps every 8);
 #   - murmur outer, none: the same, uncompressed;
 #   - murmur outer, int4, under chaos: members SIGKILLed every CHAOS_EVERY (default 2s; the run
-#     is about 5 s long);
+#     is about 5 s long). `chaos_kills_before_target` says how many kills came before that run
+#     reached the target: a later one costs `time_to_target_chaos_vs_calm` nothing;
 #   - PyTorch DDP (torchrun, gloo) and torchft's DiLoCo (sync every 8, Nesterov outer step lr 0.7
 #     momentum 0.9): trainer/bench/peers_torch.py.
 # Time is from launch to the first evaluation at which the members' mean accuracy reaches
@@ -130,8 +131,8 @@ for line in open(sys.argv[1]):
     to = "n/a" if math.isnan(f) else f"{int(sent) * f / 1e6:.1f}"
     print(f"{name:<18} {float(wall):8.1f} {seconds:>10} {fraction:>12} {100 * float(final):7.2f}% {int(sent) / 1e6:10.1f} {to:>13}")
 EOF
-"$PYTHON" - "$results" <<'EOF'
-import math, sys
+"$PYTHON" - "$results" "$work/outer-int4-chaos/events.json" <<'EOF'
+import json, math, sys
 runs = {}
 for line in open(sys.argv[1]):
     name, seconds, fraction, final, sent, wall = line.strip().split("|")
@@ -149,4 +150,7 @@ print(f"time_to_target_outer_vs_per_step={ratio(outer['seconds'], step['seconds'
 print(f"time_to_target_vs_ddp={ratio(outer['seconds'], runs['ddp']['seconds'])}")
 print(f"bytes_to_target_vs_diloco_peer={ratio(to_target(outer), to_target(runs['diloco']))}")
 print(f"time_to_target_chaos_vs_calm={ratio(chaos['seconds'], outer['seconds'])}")
+# A kill after the chaos run reached the target costs that figure nothing: say how many came before.
+kills = [e["atSeconds"] for e in json.load(open(sys.argv[2])) if e["reason"] == "Chaos"]
+print(f"chaos_kills_before_target={sum(t < chaos['seconds'] for t in kills)}   (of {len(kills)})")
 EOF
