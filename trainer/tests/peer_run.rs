@@ -229,6 +229,84 @@ fn joiners_whose_neighbours_are_all_new_take_state_from_beyond_them() {
 }
 
 #[test]
+fn a_joiner_asks_again_a_neighbour_replaced_while_it_waits() {
+    // Members 0 and 1 train. Member 2 joins with one neighbour, member 3, whose address in the
+    // topology is that of a process gone (a preempted pod): nothing answers there. Member 3's
+    // replacement then starts at a new address, which the next topology version gives. The
+    // joiner must follow that version and ask the new process, not wait out its startup
+    // timeout for an answer from the old one.
+    let job = LocalJob::new(MEMBERS, TopologyKind::Ring, MANIFEST);
+    let address = |id: u32| format!("127.0.0.1:{}", job.members[id as usize].peer_port);
+    let topology = job.dir.path().join("topology.json");
+    std::fs::write(&topology, document(1, 0, &[0, 1], &[(0, 1)], address)).unwrap();
+    let mut procs = Reaper::default();
+    for id in 0..2 {
+        procs.0.push(job.spawn(id, 0, &[]));
+    }
+    wait_for(Duration::from_secs(120), "step 100", || {
+        job.step(0).is_some_and(|s| s >= 100)
+    });
+    let step = job.step(0).unwrap();
+    let all = [0, 1, 2, 3];
+    let edges = [(0, 1), (2, 3)];
+    let gone = format!("127.0.0.1:{}", free_port());
+    let with_3_at = |at: String| move |id: u32| if id == 3 { at.clone() } else { address(id) };
+    std::fs::write(&topology, document(2, step, &all, &edges, with_3_at(gone))).unwrap();
+    procs.0.push(job.spawn(2, 0, &[]));
+    wait_for(
+        Duration::from_secs(60),
+        "member 2 follows the topology",
+        || logged(&job.log(2, 0), "following topology").is_some(),
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    let (peer, status) = (free_port(), free_port());
+    std::fs::write(
+        &topology,
+        document(
+            3,
+            step,
+            &all,
+            &edges,
+            with_3_at(format!("127.0.0.1:{peer}")),
+        ),
+    )
+    .unwrap();
+    procs.0.push(
+        program_command(
+            &job.trainer,
+            &[],
+            job.dir.path(),
+            "loopback",
+            3,
+            format!("127.0.0.1:{peer}"),
+            format!("127.0.0.1:{status}"),
+            &job.log_path(3, 1),
+        )
+        .spawn()
+        .unwrap(),
+    );
+    for c in &mut procs.0 {
+        let status = wait_exit(c, Duration::from_secs(240)).expect("a member hung");
+        assert!(status.success(), "{status:?}");
+    }
+    let lines = job.log(2, 0);
+    assert!(
+        logged(
+            &lines,
+            "not every neighbour showed up in time; starting without them"
+        )
+        .is_none(),
+        "member 2 waited out its startup timeout"
+    );
+    let transferred = logged(&lines, "state transferred from a neighbour")
+        .expect("member 2 started without the job's state");
+    assert!(
+        transferred["step"].as_u64().unwrap() >= step,
+        "member 2 took a state from before the job's step {step}: {transferred}"
+    );
+}
+
+#[test]
 fn a_member_left_far_behind_catches_up_with_its_neighbours() {
     // Member 2 is stopped (SIGSTOP: a member starved of CPU, or cut off without its connections
     // closing) for long enough that its neighbours go on dozens of rounds without it, each

@@ -145,6 +145,20 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
         self.hood.is_some()
     }
 
+    /// The neighbours of the topology followed, with the addresses it gives them.
+    fn neighbour_addresses(&self) -> BTreeMap<MemberId, Option<String>> {
+        self.followed
+            .as_ref()
+            .map(|f| {
+                f.view
+                    .neighbours
+                    .iter()
+                    .map(|n| (n.id, n.address.clone()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// The version of the topology followed (0 before the first).
     pub(super) fn topology_version(&self) -> u64 {
         self.followed.as_ref().map_or(0, |f| f.view.version)
@@ -214,11 +228,8 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
     /// replaced at once), the members beyond the neighbourhood are asked, a few at a time, until
     /// one is ahead.
     pub(super) async fn fetch_state(&mut self, timeout: Duration) -> Result<(), RunError> {
-        let neighbours: Vec<MemberId> = self
-            .hood
-            .as_ref()
-            .map(|h| h.neighbours.iter().map(|(id, _)| *id).collect())
-            .unwrap_or_default();
+        let mut at = self.neighbour_addresses();
+        let mut neighbours: Vec<MemberId> = at.keys().copied().collect();
         let under_way = self.job_ahead();
         // Starting a job afresh, a neighbour that sent its first round's payload has met
         // everyone it waits for, and in that round it answers no state request: it waits for
@@ -238,10 +249,39 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
         let mut asked_beyond: Vec<MemberId> = Vec::new();
         let deadline = Instant::now() + timeout;
         let mut replies: Vec<StateReply> = Vec::new();
+        // Neighbours whose connection was up since we asked them, and those seen down after.
+        let (mut seen_up, mut seen_down) = (BTreeSet::new(), BTreeSet::new());
         loop {
             self.serve_state_requests();
             replies.extend(self.transport.take_state_replies());
+            // A neighbour replaced while we wait is a new process that never saw our request,
+            // at a new address the next topology brings (in a storm of kills every neighbour
+            // asked may be gone; a replacement waited out the whole startup timeout for them
+            // while the new ones trained). Follow the topology here too, and ask again whoever
+            // moved or connected anew; what its predecessor answered without a state no
+            // longer counts.
+            if !self.apply_topology() {
+                break;
+            }
             let connected = self.transport.connected_peers();
+            let now = self.neighbour_addresses();
+            for (&n, address) in &now {
+                let moved = at.get(&n) != Some(address);
+                let back = seen_down.contains(&n) && connected.contains(&n);
+                if connected.contains(&n) {
+                    seen_up.insert(n);
+                } else if seen_up.contains(&n) {
+                    seen_down.insert(n);
+                }
+                if moved || back {
+                    replies.retain(|r| r.from != n || !r.parameters.is_empty());
+                    self.transport.request_state(n, self.step);
+                    seen_up.remove(&n);
+                    seen_down.remove(&n);
+                }
+            }
+            neighbours = now.keys().copied().collect();
+            at = now;
             let first_round = if afresh {
                 self.transport.peers_in_first_round()
             } else {
