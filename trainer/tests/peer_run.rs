@@ -175,11 +175,9 @@ fn document(
     .to_string()
 }
 
-#[test]
-fn joiners_whose_neighbours_are_all_new_take_state_from_beyond_them() {
-    // Two members train; then two join at once, linked only to each other, as a whole clique
-    // replaced at once is: neither has a neighbour that trained.
-    let job = LocalJob::new(MEMBERS, TopologyKind::Ring, MANIFEST);
+/// Members 0 and 1 of `job` training together, alone in topology version 1, until member 0 has
+/// reached step 100: their processes, the topology file (for the next versions) and that step.
+fn two_members_past_step_100(job: &LocalJob) -> (Reaper, std::path::PathBuf, u64) {
     let address = |id: u32| format!("127.0.0.1:{}", job.members[id as usize].peer_port);
     let topology = job.dir.path().join("topology.json");
     std::fs::write(&topology, document(1, 0, &[0, 1], &[(0, 1)], address)).unwrap();
@@ -190,7 +188,16 @@ fn joiners_whose_neighbours_are_all_new_take_state_from_beyond_them() {
     wait_for(Duration::from_secs(120), "step 100", || {
         job.step(0).is_some_and(|s| s >= 100)
     });
-    let step = job.step(0).unwrap();
+    (procs, topology, job.step(0).unwrap())
+}
+
+#[test]
+fn joiners_whose_neighbours_are_all_new_take_state_from_beyond_them() {
+    // Two members train; then two join at once, linked only to each other, as a whole clique
+    // replaced at once is: neither has a neighbour that trained.
+    let job = LocalJob::new(MEMBERS, TopologyKind::Ring, MANIFEST);
+    let address = |id: u32| format!("127.0.0.1:{}", job.members[id as usize].peer_port);
+    let (mut procs, topology, step) = two_members_past_step_100(&job);
     let all = [0, 1, 2, 3];
     std::fs::write(
         &topology,
@@ -237,16 +244,7 @@ fn a_joiner_asks_again_a_neighbour_replaced_while_it_waits() {
     // timeout for an answer from the old one.
     let job = LocalJob::new(MEMBERS, TopologyKind::Ring, MANIFEST);
     let address = |id: u32| format!("127.0.0.1:{}", job.members[id as usize].peer_port);
-    let topology = job.dir.path().join("topology.json");
-    std::fs::write(&topology, document(1, 0, &[0, 1], &[(0, 1)], address)).unwrap();
-    let mut procs = Reaper::default();
-    for id in 0..2 {
-        procs.0.push(job.spawn(id, 0, &[]));
-    }
-    wait_for(Duration::from_secs(120), "step 100", || {
-        job.step(0).is_some_and(|s| s >= 100)
-    });
-    let step = job.step(0).unwrap();
+    let (mut procs, topology, step) = two_members_past_step_100(&job);
     let all = [0, 1, 2, 3];
     let edges = [(0, 1), (2, 3)];
     let gone = format!("127.0.0.1:{}", free_port());

@@ -229,7 +229,6 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
     /// one is ahead.
     pub(super) async fn fetch_state(&mut self, timeout: Duration) -> Result<(), RunError> {
         let mut at = self.neighbour_addresses();
-        let mut neighbours: Vec<MemberId> = at.keys().copied().collect();
         let under_way = self.job_ahead();
         // Starting a job afresh, a neighbour that sent its first round's payload has met
         // everyone it waits for, and in that round it answers no state request: it waits for
@@ -243,7 +242,7 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
             self.set_state(TrainerState::Joining);
         }
         let mut beyond: Option<Vec<MemberId>> = None;
-        for &n in &neighbours {
+        for &n in at.keys() {
             self.transport.request_state(n, self.step);
         }
         let mut asked_beyond: Vec<MemberId> = Vec::new();
@@ -255,11 +254,9 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
             self.serve_state_requests();
             replies.extend(self.transport.take_state_replies());
             // A neighbour replaced while we wait is a new process that never saw our request,
-            // at a new address the next topology brings (in a storm of kills every neighbour
-            // asked may be gone; a replacement waited out the whole startup timeout for them
-            // while the new ones trained). Follow the topology here too, and ask again whoever
-            // moved or connected anew; what its predecessor answered without a state no
-            // longer counts.
+            // at the address the next topology brings: follow the topology here too, and ask
+            // again whoever moved or connected anew (what its predecessor answered without a
+            // state no longer counts).
             if !self.apply_topology() {
                 break;
             }
@@ -280,8 +277,8 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
                     seen_down.remove(&n);
                 }
             }
-            neighbours = now.keys().copied().collect();
             at = now;
+            let neighbours: Vec<MemberId> = at.keys().copied().collect();
             let first_round = if afresh {
                 self.transport.peers_in_first_round()
             } else {
