@@ -7,7 +7,9 @@
 #   - murmur outer, none: the same, uncompressed;
 #   - murmur outer, int4, under chaos: members SIGKILLed every CHAOS_EVERY (default 2s; the run
 #     is about 5 s long). `chaos_kills_before_target` says how many kills came before that run
-#     reached the target: a later one costs `time_to_target_chaos_vs_calm` nothing;
+#     reached the target: a later one costs `time_to_target_chaos_vs_calm` nothing.
+#     `steps_to_target_chaos_vs_calm` is the same ratio in steps, which the two runs' timing
+#     noise does not move (where the kills land still does);
 #   - PyTorch DDP (torchrun, gloo) and torchft's DiLoCo (sync every 8, Nesterov outer step lr 0.7
 #     momentum 0.9): trainer/bench/peers_torch.py.
 # Time is from launch to the first evaluation at which the members' mean accuracy reaches
@@ -150,6 +152,9 @@ print(f"time_to_target_outer_vs_per_step={ratio(outer['seconds'], step['seconds'
 print(f"time_to_target_vs_ddp={ratio(outer['seconds'], runs['ddp']['seconds'])}")
 print(f"bytes_to_target_vs_diloco_peer={ratio(to_target(outer), to_target(runs['diloco']))}")
 print(f"time_to_target_chaos_vs_calm={ratio(chaos['seconds'], outer['seconds'])}")
+# The same in steps: what the kills cost in training, without the two runs' timing noise (in four
+# runs with no kill before the target, the seconds differed by 7-19% at the same step).
+print(f"steps_to_target_chaos_vs_calm={ratio(chaos['fraction'], outer['fraction'])}")
 # A kill after the chaos run reached the target costs that figure nothing: say how many came before.
 kills = [e["atSeconds"] for e in json.load(open(sys.argv[2])) if e["reason"] == "Chaos"]
 print(f"chaos_kills_before_target={sum(t < chaos['seconds'] for t in kills)}   (of {len(kills)})")
