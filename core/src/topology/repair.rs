@@ -12,6 +12,17 @@ use super::{MemberProfile, Shape, Topology, TopologyError};
 impl Topology {
     /// Remove a member (it left, or was preempted). Bumps the version.
     pub fn remove_member(&mut self, id: MemberId) -> Result<(), TopologyError> {
+        self.remove(id, Leaving::ForGood)
+    }
+
+    /// Remove a member that will come back to its clique (moved to the clique's zone): as
+    /// [`Topology::remove_member`], but a clique it leaves small is kept for it, not dissolved
+    /// into the others, which would move its stayers across zones. Bumps the version.
+    pub fn set_aside(&mut self, id: MemberId) -> Result<(), TopologyError> {
+        self.remove(id, Leaving::ToReturn)
+    }
+
+    fn remove(&mut self, id: MemberId, leaving: Leaving) -> Result<(), TopologyError> {
         if !self.graph.contains(id) {
             return Err(TopologyError::UnknownMember(id));
         }
@@ -41,7 +52,9 @@ impl Topology {
                 self.graph = one_peer_exponential(&self.graph.members().collect::<Vec<_>>()).0;
             }
             Shape::Cliques(layout) => {
-                if let Some(clique) = layout.remove_member(id) {
+                if let Some(clique) = layout.remove_member(id)
+                    && leaving == Leaving::ForGood
+                {
                     rebalance(layout, clique, &self.profiles);
                 }
                 self.graph = layout.graph();
@@ -254,6 +267,13 @@ fn best_clique(
             }
         }
     }
+}
+
+/// Whether a removed member comes back to its clique.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Leaving {
+    ForGood,
+    ToReturn,
 }
 
 /// Dissolve a clique that shrank below half its target size into the other cliques.

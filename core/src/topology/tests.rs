@@ -621,6 +621,35 @@ fn a_clique_below_half_size_is_dissolved() {
     assert!(t.graph.is_connected());
 }
 
+#[test]
+fn a_clique_set_aside_below_half_size_waits_for_its_members() {
+    // As above, but its members will come back (moved to the clique's zone): the clique stays,
+    // its four stayers in it, and the movers return to it.
+    let members = MemberProfile::from_histograms(one_class_per_member(30, 10, 5.0));
+    let mut t = build(&spec(TopologyKind::DCliques), &members).unwrap();
+    let target = t.clique_of(0).unwrap();
+    let mates: Vec<MemberId> = t
+        .graph
+        .members()
+        .filter(|&m| t.clique_of(m) == Some(target))
+        .collect();
+    for &m in &mates[..6] {
+        t.set_aside(m).unwrap();
+    }
+    let Shape::Cliques(layout) = &t.shape else {
+        unreachable!()
+    };
+    assert_eq!(layout.cliques.len(), 3, "the clique waits");
+    let mut stayers = layout.cliques[&target].clone();
+    stayers.sort();
+    assert_eq!(stayers, mates[6..]);
+    assert!(t.graph.is_connected());
+    for &m in &mates[..6] {
+        t.rejoin(members[m as usize].clone(), Some(target)).unwrap();
+    }
+    assert!(mates.iter().all(|&m| t.clique_of(m) == Some(target)));
+}
+
 #[derive(Clone, Debug)]
 enum Op {
     Remove(usize),

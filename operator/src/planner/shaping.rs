@@ -192,7 +192,9 @@ fn relocate(
             continue;
         }
         let from = t.profiles[&m.member].zone.clone().unwrap_or_default();
-        t.remove_member(m.member).expect("listed from the topology");
+        // Set aside, not removed: a clique left with two of five would be spread over the
+        // others, across zones, and the movers would come back to a clique that is gone.
+        t.set_aside(m.member).expect("listed from the topology");
         record.become_(Lifecycle::Retiring);
         record.relocated = true;
         record.clique = Some(m.clique);

@@ -93,9 +93,13 @@ impl World {
         for c in 0..5 {
             histogram[(id as usize % 2) * 5 + c] = 40;
         }
+        self.join_with(id, histogram);
+    }
+
+    fn join_with(&mut self, id: u32, label_histogram: Vec<u64>) {
         self.observed.members.get_mut(&id).unwrap().join = Some(JoinReport {
             member_id: id,
-            label_histogram: histogram,
+            label_histogram,
             proxy_vector: None,
         });
     }
@@ -404,6 +408,110 @@ fn a_moved_member_the_scheduler_left_in_its_zone_joins_a_clique_there_not_across
         assert!(first.graph.contains(mates[0]), "with a stayer");
     }
     assert_eq!(w.state.relocations, 2, "moved once: not again");
+}
+
+/// The twenty members of a zone-aware whole-job run whose moved members ended in a clique
+/// spanning both zones: member `id`'s zone, and its two classes (classesPerMember, k = 2).
+fn twenty_over_two_zones() -> World {
+    const ZONE_1: [u32; 10] = [1, 2, 4, 5, 7, 8, 9, 14, 17, 19];
+    let mut spec = parse_manifest(
+        &MANIFEST
+            .replace(
+                "{min: 2, target: 4, max: 4}",
+                "{min: 12, target: 20, max: 24}",
+            )
+            .replace("cliqueSize: 2", "cliqueSize: 5"),
+        "plan.yaml",
+    )
+    .unwrap()
+    .spec;
+    spec.training.seed = 42;
+    let mut w = World::new(spec);
+    w.pending = true;
+    w.plan();
+    for id in 0..20 {
+        w.schedule(id, &format!("node-{id}"));
+        let zone = if ZONE_1.contains(&id) {
+            "zone-1"
+        } else {
+            "zone-2"
+        };
+        w.observed.members.get_mut(&id).unwrap().zone = Some(zone.into());
+        w.join_with(id, two_classes(id));
+    }
+    w
+}
+
+/// Member `id`'s labels under classesPerMember with k = 2: classes 2(id mod 5) and the next.
+fn two_classes(id: u32) -> Vec<u64> {
+    let mut histogram = vec![0u64; 10];
+    histogram[2 * (id as usize % 5)] = 120;
+    histogram[2 * (id as usize % 5) + 1] = 120;
+    histogram
+}
+
+/// Each clique's members, and the zones they run in.
+fn cliques_and_zones(t: &Topology) -> BTreeMap<u32, Vec<(u32, String)>> {
+    let mut out = BTreeMap::<u32, Vec<(u32, String)>>::new();
+    for (&id, p) in &t.profiles {
+        out.entry(t.clique_of(id).unwrap())
+            .or_default()
+            .push((id, p.zone.clone().unwrap_or_default()));
+    }
+    out
+}
+
+#[test]
+fn moving_members_to_their_cliques_zones_keeps_the_cliques_they_leave() {
+    // Zone 1 holds four of the five members with classes 8-9 and zone 2 none: balanced cliques
+    // must cross zones, and their outsiders move. Taking them out of the first topology must not
+    // dissolve the cliques they leave (a clique left with two of five was spread over the others,
+    // across zones), and every mover, landed where it was asked to go, rejoins the clique it left.
+    for reversed in [false, true] {
+        let mut w = twenty_over_two_zones();
+        let actions = w.plan();
+        let t = w.state.topology.clone().unwrap();
+        let movers: Vec<u32> = World::stops(&actions).iter().map(|&(m, _)| m).collect();
+        assert!(!movers.is_empty(), "{:?}", cliques_and_zones(&t));
+        for (clique, members) in cliques_and_zones(&t) {
+            assert!(
+                members.iter().all(|(_, z)| *z == members[0].1),
+                "clique {clique} spans zones before the moves: {members:?}"
+            );
+        }
+        let mut creates = World::moved_creates(&w.plan());
+        assert_eq!(creates.len(), movers.len());
+        if reversed {
+            creates.reverse();
+        }
+        for (member, clique, zone) in creates {
+            let clique = clique.expect("a moved member asks for its clique");
+            assert!(
+                cliques_and_zones(w.state.topology.as_ref().unwrap()).contains_key(&clique),
+                "member {member} asks for clique {clique}, which is gone"
+            );
+            w.schedule(member, "node-moved");
+            w.observed.members.get_mut(&member).unwrap().zone = zone;
+            w.join_with(member, two_classes(member));
+            w.plan();
+            let t = w.state.topology.as_ref().unwrap();
+            assert_eq!(
+                t.clique_of(member),
+                Some(clique),
+                "member {member} came back"
+            );
+        }
+        let t = w.state.topology.as_ref().unwrap();
+        assert_eq!(t.graph.member_count(), 20);
+        let cliques = cliques_and_zones(t);
+        assert_eq!(cliques.len(), 4, "{cliques:?}");
+        for (clique, members) in &cliques {
+            assert!(
+                members.iter().all(|(_, z)| *z == members[0].1),
+                "clique {clique} spans zones: {members:?}"
+            );
+        }
+    }
 }
 
 #[test]
