@@ -33,7 +33,7 @@
 #   --steps N              set spec.training.steps        } unless these are given
 #   --set JQ               any other change, as a jq update of the object, e.g.
 #                          --set '.spec.replicas = {min: 12, target: 20, max: 24}'
-#   --keep DIR             copy the logs (pods, nodes, control plane, the watch) into DIR
+#   --keep DIR             copy the logs (pods, nodes, control plane, the watch, the Events) into DIR
 #   --dashboard DIR        once a quarter of the steps are done, headless Chromium loads the
 #                          operator's dashboard through `murmur dashboard`: its DOM (dom.html)
 #                          and a screenshot into DIR
@@ -302,6 +302,9 @@ report() {
     say "job $NS/$JOB: ${p:-no phase} after $(jq -n "$ended - $applied | floor") s${error:+ ($error)}"
     api "/api/v1/namespaces/$NS/jobs/$JOB" >"$WORK/view.json" 2>/dev/null || echo '{}' >"$WORK/view.json"
     job >"$WORK/job.json" || echo '{}' >"$WORK/job.json"
+    # The job's Events (Relocated, Replaced, ...) for --keep: the planner's reasons, which no log
+    # line repeats.
+    "$K" get events -n "$NS" -o json >"$WORK/events.json" 2>/dev/null || echo '{}' >"$WORK/events.json"
     touch "$WORK"/{disruptions,versions,placements,operator-pods,nodes}.jsonl "$WORK"/{pod-events,exec,nodes-ready}.txt
     # The trainers' own log lines, with the pod each came from: when each adopted a topology,
     # and when each had its first averaging round.
