@@ -600,8 +600,11 @@ fn dcliques_refill_a_hole_with_the_matching_class() {
     assert!(measure(&t).clique_skew.unwrap().max < 1e-9);
 }
 
-#[test]
-fn a_clique_below_half_size_is_dissolved() {
+/// Thirty members in three D-Cliques of ten, six of member 0's clique taken out by `take_out`:
+/// the members, the topology, that clique and its members before.
+fn six_out_of_one_clique(
+    take_out: fn(&mut Topology, MemberId) -> Result<(), TopologyError>,
+) -> (Vec<MemberProfile>, Topology, u32, Vec<MemberId>) {
     let members = MemberProfile::from_histograms(one_class_per_member(30, 10, 5.0));
     let mut t = build(&spec(TopologyKind::DCliques), &members).unwrap();
     let target = t.clique_of(0).unwrap();
@@ -611,8 +614,14 @@ fn a_clique_below_half_size_is_dissolved() {
         .filter(|&m| t.clique_of(m) == Some(target))
         .collect();
     for &m in &mates[..6] {
-        t.remove_member(m).unwrap();
+        take_out(&mut t, m).unwrap();
     }
+    (members, t, target, mates)
+}
+
+#[test]
+fn a_clique_below_half_size_is_dissolved() {
+    let (_, t, _, _) = six_out_of_one_clique(Topology::remove_member);
     let Shape::Cliques(layout) = &t.shape else {
         unreachable!()
     };
@@ -625,17 +634,7 @@ fn a_clique_below_half_size_is_dissolved() {
 fn a_clique_set_aside_below_half_size_waits_for_its_members() {
     // As above, but its members will come back (moved to the clique's zone): the clique stays,
     // its four stayers in it, and the movers return to it.
-    let members = MemberProfile::from_histograms(one_class_per_member(30, 10, 5.0));
-    let mut t = build(&spec(TopologyKind::DCliques), &members).unwrap();
-    let target = t.clique_of(0).unwrap();
-    let mates: Vec<MemberId> = t
-        .graph
-        .members()
-        .filter(|&m| t.clique_of(m) == Some(target))
-        .collect();
-    for &m in &mates[..6] {
-        t.set_aside(m).unwrap();
-    }
+    let (members, mut t, target, mates) = six_out_of_one_clique(Topology::set_aside);
     let Shape::Cliques(layout) = &t.shape else {
         unreachable!()
     };
