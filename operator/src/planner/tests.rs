@@ -461,6 +461,16 @@ fn cliques_and_zones(t: &Topology) -> BTreeMap<u32, Vec<(u32, String)>> {
     out
 }
 
+/// Every clique of `t` trains in one zone.
+fn assert_cliques_keep_to_one_zone(t: &Topology, when: &str) {
+    for (clique, members) in cliques_and_zones(t) {
+        assert!(
+            members.iter().all(|(_, z)| *z == members[0].1),
+            "clique {clique} spans zones {when}: {members:?}"
+        );
+    }
+}
+
 #[test]
 fn moving_members_to_their_cliques_zones_keeps_the_cliques_they_leave() {
     // Zone 1 holds four of the five members with classes 8-9 and zone 2 none: balanced cliques
@@ -470,15 +480,10 @@ fn moving_members_to_their_cliques_zones_keeps_the_cliques_they_leave() {
     for reversed in [false, true] {
         let mut w = twenty_over_two_zones();
         let actions = w.plan();
-        let t = w.state.topology.clone().unwrap();
+        let t = w.state.topology.as_ref().unwrap();
         let movers: Vec<u32> = World::stops(&actions).iter().map(|&(m, _)| m).collect();
-        assert!(!movers.is_empty(), "{:?}", cliques_and_zones(&t));
-        for (clique, members) in cliques_and_zones(&t) {
-            assert!(
-                members.iter().all(|(_, z)| *z == members[0].1),
-                "clique {clique} spans zones before the moves: {members:?}"
-            );
-        }
+        assert!(!movers.is_empty(), "{:?}", cliques_and_zones(t));
+        assert_cliques_keep_to_one_zone(t, "before the moves");
         let mut creates = World::moved_creates(&w.plan());
         assert_eq!(creates.len(), movers.len());
         if reversed {
@@ -505,12 +510,7 @@ fn moving_members_to_their_cliques_zones_keeps_the_cliques_they_leave() {
         assert_eq!(t.graph.member_count(), 20);
         let cliques = cliques_and_zones(t);
         assert_eq!(cliques.len(), 4, "{cliques:?}");
-        for (clique, members) in &cliques {
-            assert!(
-                members.iter().all(|(_, z)| *z == members[0].1),
-                "clique {clique} spans zones: {members:?}"
-            );
-        }
+        assert_cliques_keep_to_one_zone(t, "once the movers are back");
     }
 }
 
