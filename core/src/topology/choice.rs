@@ -5,16 +5,17 @@
 use crate::api::{AlgorithmKind, DecentralizedTrainingJobSpec, TopologyKind};
 use crate::contract::JoinReport;
 
+use super::dcliques::Trade;
 use super::measures::clique_skew;
 use super::{
     BuildSpec, MemberProfile, Topology, TopologyError, TopologyOptions, build, moshpit,
     random_regular,
 };
 
-/// How much less skewed (in label skew, which lies in [0, 2]) a fresh build's worst clique must
-/// be than the repaired one's for [`Recipe::reform`] to re-form the cliques: one class missing
-/// from a clique of five costs 0.2.
-pub const REFORM_MARGIN: f64 = 0.1;
+/// How far past the skew the cliques settled at (in label skew, which lies in [0, 2]) repair may
+/// leave the worst clique before [`Recipe::rebalance`] trades members between cliques: one class
+/// missing from a clique of five costs 0.2.
+pub const REBALANCE_MARGIN: f64 = 0.1;
 
 /// Which graph to build: one of the job spec's families, a Moshpit grid (what Moshpit averaging
 /// trains on), or a random regular graph (a baseline of a data-aware graph's degree).
@@ -139,7 +140,7 @@ impl Recipe {
     }
 
     /// The topology over `members` (version 1). A D-Cliques build remembers its worst clique's
-    /// label skew ([`Topology::fresh_skew`]), what [`Recipe::reform`] measures repair against.
+    /// label skew ([`Topology::settled_skew`]), what [`Recipe::rebalance`] measures repair against.
     pub fn build(&self, members: &[MemberProfile]) -> Result<Topology, TopologyError> {
         match self.graph {
             GraphChoice::Family(kind) => {
@@ -151,7 +152,7 @@ impl Recipe {
                     members,
                 )?;
                 if kind == TopologyKind::DCliques {
-                    t.fresh_skew = clique_skew(&t).map(|s| s.max);
+                    t.settled_skew = clique_skew(&t).map(|s| s.max);
                 }
                 Ok(t)
             }
@@ -163,37 +164,49 @@ impl Recipe {
     }
 }
 
+/// What [`Recipe::rebalance`] did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rebalance {
+    pub trades: Vec<Trade>,
+    /// The worst clique's label skew before the trades and after them.
+    pub before: f64,
+    pub after: f64,
+}
+
 impl Recipe {
-    /// `t`'s cliques formed afresh over its current members, when member-by-member repair has
-    /// left its worst clique more than [`REFORM_MARGIN`] more skewed than a fresh build's. A
-    /// burst of losses does that: a clique left under half its size is dissolved into the
-    /// others, and the replacements then fill a new clique with whatever labels they bring, so
-    /// two cliques each miss classes the other holds twice. The result carries `t`'s next
-    /// version. None for graphs other than D-Cliques, members without label histograms, or no
-    /// clear gain.
+    /// Trades between `t`'s cliques ([`Topology::rebalance_worst_cliques`]) when member-by-member
+    /// repair has left its worst clique more than [`REBALANCE_MARGIN`] more skewed than the cliques
+    /// last settled at (`t.settled_skew`; 0 when unknown). A burst of losses does that: a clique
+    /// left under half its size is dissolved into the others, and the replacements then fill a
+    /// new clique with whatever labels they bring, so two cliques each miss classes the other
+    /// holds twice. The trades aim at half the margin and number at most two cliques' worth, so
+    /// one change rewires a few cliques, never all of them.
     ///
-    /// A fresh build is tried only when repair has drifted more than the margin past the last
-    /// fresh build's skew (`t.fresh_skew`; 0 when unknown). One that brings no clear gain is
-    /// remembered in `t`, so the next changes, each moving the skew a little, do not build
-    /// again: at 10 000 members a build is most of what a change costs the planner.
-    pub fn reform(&self, t: &mut Topology) -> Option<Topology> {
+    /// Where trades bring the worst clique no nearer (one class short while its member is
+    /// replaced: no trade helps), its skew is remembered as settled, so the next changes do not
+    /// search again; and a skew below the settled one lowers it. None for graphs other than
+    /// D-Cliques, members without histograms, or no trade worth making.
+    pub fn rebalance(&self, t: &mut Topology) -> Option<Rebalance> {
         if self.graph != GraphChoice::Family(TopologyKind::DCliques) {
             return None;
         }
         let before = clique_skew(t)?.max;
-        if before - t.fresh_skew.unwrap_or(0.0) <= REFORM_MARGIN {
+        let settled = t.settled_skew.unwrap_or(0.0).min(before);
+        t.settled_skew = Some(settled);
+        if before - settled <= REBALANCE_MARGIN {
             return None;
         }
-        let members: Vec<MemberProfile> = t.profiles.values().cloned().collect();
-        let mut fresh = self.build(&members).ok()?;
-        let after = fresh.fresh_skew?;
-        if before - after > REFORM_MARGIN {
-            fresh.version = t.version + 1;
-            Some(fresh)
-        } else {
-            t.fresh_skew = Some(after);
-            None
+        let trades =
+            t.rebalance_worst_cliques(settled + REBALANCE_MARGIN / 2.0, 2 * self.spec.clique_size);
+        let after = clique_skew(t)?.max;
+        if after - settled > REBALANCE_MARGIN {
+            t.settled_skew = Some(after);
         }
+        (!trades.is_empty()).then_some(Rebalance {
+            trades,
+            before,
+            after,
+        })
     }
 }
 
@@ -338,8 +351,13 @@ mod tests {
         clique_skew(t).unwrap().max
     }
 
+    /// Every member's clique.
+    fn cliques(t: &Topology) -> std::collections::BTreeMap<MemberId, u32> {
+        t.cliques_by_member().into_iter().collect()
+    }
+
     #[test]
-    fn cliques_a_burst_of_losses_left_skewed_are_formed_afresh_and_balanced_ones_are_kept() {
+    fn cliques_a_burst_of_losses_left_skewed_are_rebalanced_by_trades_and_balanced_ones_kept() {
         let mut spec = job(TopologyKind::DCliques, AlgorithmKind::CliqueAveraging);
         spec.topology.clique_size = Some(5);
         let recipe = Recipe::for_job(&spec);
@@ -348,11 +366,15 @@ mod tests {
             .unwrap();
         assert!(worst_skew(&t) < 1e-9, "two cliques holding every class");
         assert_eq!(
-            t.fresh_skew,
+            t.settled_skew,
             Some(worst_skew(&t)),
             "a build remembers its skew"
         );
-        assert_eq!(recipe.reform(&mut t), None, "a balanced topology is kept");
+        assert_eq!(
+            recipe.rebalance(&mut t),
+            None,
+            "a balanced topology is kept"
+        );
         // A node holding three members of one clique dies and a member of the other is
         // evicted: the three-member hole dissolves the first clique's remnant into the second.
         let (a, b) = (t.clique_of(0).unwrap(), t.clique_of(5).unwrap());
@@ -373,34 +395,52 @@ mod tests {
         }
         let repaired = worst_skew(&t);
         assert!(
-            repaired > 2.0 * REFORM_MARGIN,
+            repaired > 2.0 * REBALANCE_MARGIN,
             "the repair alone left the cliques balanced ({repaired}): the scenario no longer shows the drift"
         );
-        // Measured against the last fresh build's skew: within the margin of it, no build.
+        // Measured against the skew the cliques settled at: within the margin of it, no trade.
         let mut known = t.clone();
-        known.fresh_skew = Some(repaired - REFORM_MARGIN / 2.0);
-        assert_eq!(recipe.reform(&mut known), None);
-        let fresh = recipe.reform(&mut t).expect("re-formed");
-        assert_eq!(fresh.version, t.version + 1);
-        assert!(worst_skew(&fresh) < 1e-9, "{}", worst_skew(&fresh));
+        known.settled_skew = Some(repaired - REBALANCE_MARGIN / 2.0);
+        assert_eq!(recipe.rebalance(&mut known), None);
+        let version = t.version;
+        let members: Vec<MemberId> = t.graph.members().collect();
+        let done = recipe.rebalance(&mut t).expect("rebalanced");
+        assert_eq!(t.version, version + 1, "one change, one version");
+        assert!(worst_skew(&t) < 1e-9, "{}", worst_skew(&t));
+        assert_eq!((done.before, done.after), (repaired, worst_skew(&t)));
+        assert!(done.trades.len() <= 2 * 5, "{done:?}");
+        assert_eq!(t.graph.members().collect::<Vec<_>>(), members);
+        let sizes: Vec<usize> = t
+            .cliques_by_member()
+            .values()
+            .fold(
+                std::collections::BTreeMap::<u32, usize>::new(),
+                |mut n, c| {
+                    *n.entry(*c).or_default() += 1;
+                    n
+                },
+            )
+            .into_values()
+            .collect();
         assert_eq!(
-            fresh.graph.members().collect::<Vec<_>>(),
-            t.graph.members().collect::<Vec<_>>()
+            sizes,
+            vec![5, 5],
+            "the oversized clique gave a member to the short one"
         );
-        let mut fresh = fresh;
-        assert_eq!(recipe.reform(&mut fresh), None, "once re-formed, kept");
+        assert!(t.graph.is_connected());
+        assert_eq!(recipe.rebalance(&mut t), None, "once rebalanced, kept");
         // Other graphs are repaired member by member only.
         let ring = Recipe::for_job(&job(TopologyKind::Ring, AlgorithmKind::Dpsgd));
-        assert_eq!(ring.reform(&mut t), None);
+        assert_eq!(ring.rebalance(&mut t), None);
     }
 
     #[test]
-    fn a_fresh_build_that_brings_nothing_is_remembered_and_not_made_again() {
+    fn cliques_no_trade_can_balance_are_remembered_and_not_searched_again() {
         let mut spec = job(TopologyKind::DCliques, AlgorithmKind::CliqueAveraging);
         spec.topology.clique_size = Some(5);
         let recipe = Recipe::for_job(&spec);
         // One member holds most of the examples, all of one class the others lack: no clique
-        // can be balanced, a fresh one no more than this one.
+        // can be balanced.
         let one_class = |id: MemberId| {
             let (class, count) = if id == 9 { (1, 1000) } else { (0, 50) };
             MemberProfile::from_join(
@@ -416,18 +456,122 @@ mod tests {
             .build(&(0..10).map(one_class).collect::<Vec<_>>())
             .unwrap();
         let skew = worst_skew(&t);
-        assert!(skew > 2.0 * REFORM_MARGIN, "{skew}");
-        // Its fresh skew unknown (a topology kept from before it was recorded): one build is
-        // made, gains nothing, and its skew is kept.
-        t.fresh_skew = None;
+        assert!(skew > 2.0 * REBALANCE_MARGIN, "{skew}");
+        // Its settled skew unknown (a topology kept from before it was recorded): one search is
+        // made, finds nothing, and the skew is kept.
+        t.settled_skew = None;
         let before = t.clone();
-        assert_eq!(recipe.reform(&mut t), None);
-        assert_eq!(t.fresh_skew, Some(skew));
+        assert_eq!(recipe.rebalance(&mut t), None);
+        assert_eq!(t.settled_skew, Some(skew));
         assert_eq!(t.graph, before.graph, "only the measure changed");
-        // Now within the margin of what a build gives: nothing to try.
+        assert_eq!(t.version, before.version);
+        // Now within the margin of it: nothing to try.
         let mut again = t.clone();
-        assert_eq!(recipe.reform(&mut again), None);
+        assert_eq!(recipe.rebalance(&mut again), None);
         assert_eq!(again, t);
+    }
+
+    /// The scale harness's members (`e2e/scale/loadgen.rs`): 400 examples of class `id % 10`,
+    /// 10 of each other.
+    fn harness_member(id: MemberId) -> MemberProfile {
+        MemberProfile::from_join(
+            &JoinReport {
+                member_id: id,
+                label_histogram: (0..10)
+                    .map(|c| if c == id % 10 { 400 } else { 10 })
+                    .collect(),
+                proxy_vector: None,
+            },
+            None,
+        )
+    }
+
+    fn harness_recipe() -> Recipe {
+        let mut spec = job(TopologyKind::DCliques, AlgorithmKind::CliqueAveraging);
+        spec.topology.clique_size = Some(10);
+        Recipe::for_job(&spec)
+    }
+
+    /// The members whose clique differs between `a` and `b` (those in both).
+    fn moved(a: &Topology, b: &Topology) -> std::collections::BTreeSet<MemberId> {
+        let (a, b) = (cliques(a), cliques(b));
+        a.iter()
+            .filter(|(m, c)| b.get(m).is_some_and(|d| d != *c))
+            .map(|(m, _)| *m)
+            .collect()
+    }
+
+    fn traded(r: &Option<Rebalance>) -> std::collections::BTreeSet<MemberId> {
+        r.iter()
+            .flat_map(|r| r.trades.iter().flat_map(Trade::members))
+            .collect()
+    }
+
+    #[test]
+    fn a_member_replaced_in_a_thousand_moves_only_the_members_traded_for_it() {
+        // A 1 000-member harness run relabelled 989 pods for one replacement: the departure
+        // made a fresh build of every clique. Now only members traded between two cliques move.
+        let recipe = harness_recipe();
+        let built = recipe
+            .build(&(0..1000).map(harness_member).collect::<Vec<_>>())
+            .unwrap();
+        let (mut replacements, mut with_trades, mut most) = (0, 0, 0);
+        for id in (0..1000).step_by(7).chain([360, 768]) {
+            let mut t = built.clone();
+            t.remove_member(id).unwrap();
+            let left = recipe.rebalance(&mut t);
+            t.add_member(harness_member(id)).unwrap();
+            let back = recipe.rebalance(&mut t);
+            let traded: std::collections::BTreeSet<MemberId> =
+                traded(&left).union(&traded(&back)).copied().collect();
+            let moved = moved(&built, &t);
+            assert!(
+                moved.is_subset(&traded),
+                "member {id}: {moved:?} moved, {traded:?} traded"
+            );
+            assert!(traded.len() <= 2 * 2 * 10, "member {id}: {traded:?}");
+            replacements += 1;
+            with_trades += usize::from(!traded.is_empty());
+            most = most.max(moved.len());
+        }
+        println!("{replacements} replacements, {with_trades} with trades, at most {most} moved");
+    }
+
+    #[test]
+    fn late_joiners_rewire_a_few_cliques_each_and_leave_them_balanced() {
+        // The last 100 of 1 000 join one by one onto cliques built over the first 900.
+        let recipe = harness_recipe();
+        let mut t = recipe
+            .build(&(0..900).map(harness_member).collect::<Vec<_>>())
+            .unwrap();
+        let mut most_moved = 0;
+        for id in 900..1000 {
+            let before = t.clone();
+            t.add_member(harness_member(id)).unwrap();
+            let rebalanced = recipe.rebalance(&mut t);
+            let moved = moved(&before, &t);
+            let traded = traded(&rebalanced);
+            assert!(
+                moved.is_subset(&traded),
+                "member {id}: {moved:?} moved, {traded:?} traded"
+            );
+            most_moved = most_moved.max(moved.len());
+        }
+        println!("at most {most_moved} members moved for one join");
+        assert!(
+            most_moved <= 2 * 2 * 10,
+            "{most_moved} members moved for one join"
+        );
+        let fresh = recipe
+            .build(&(0..1000).map(harness_member).collect::<Vec<_>>())
+            .unwrap();
+        assert!(
+            worst_skew(&t) <= worst_skew(&fresh) + REBALANCE_MARGIN,
+            "repaired {} against a fresh build's {}",
+            worst_skew(&t),
+            worst_skew(&fresh)
+        );
+        assert!(t.graph.is_connected());
     }
 
     #[test]

@@ -279,6 +279,41 @@ impl CliqueLayout {
         }
     }
 
+    /// Trade two members of different cliques. Every bridge end follows the trade, so each
+    /// clique keeps its links to the same cliques and only the two cliques' members rewire.
+    pub(super) fn swap_members(&mut self, a: MemberId, b: MemberId) {
+        for members in self.cliques.values_mut() {
+            for m in members.iter_mut() {
+                if *m == a {
+                    *m = b;
+                } else if *m == b {
+                    *m = a;
+                }
+            }
+        }
+        let traded = |m: MemberId| match m {
+            _ if m == a => b,
+            _ if m == b => a,
+            _ => m,
+        };
+        let bridges = std::mem::take(&mut self.bridges);
+        self.ends.clear();
+        self.pairs.clear();
+        for bridge in bridges {
+            self.push_bridge(Bridge {
+                a: traded(bridge.a),
+                b: traded(bridge.b),
+            });
+        }
+    }
+
+    /// Move a member to another existing clique; its bridges stay with the clique it leaves.
+    pub(super) fn move_member(&mut self, id: MemberId, to: u32) {
+        if self.remove_member(id).is_some() {
+            self.insert_member(id, Some(to));
+        }
+    }
+
     /// Bridge clique components together until the clique graph is connected.
     fn reconnect(&mut self) {
         loop {
@@ -387,6 +422,43 @@ fn fractal_pairs(mut units: Vec<Vec<usize>>, add: &mut impl FnMut(usize, usize))
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_swap_relabels_two_members_and_a_move_keeps_the_cliques_linked() {
+        for inter in [
+            InterClique::Ring,
+            InterClique::SmallWorld,
+            InterClique::Fractal,
+            InterClique::FullyConnected,
+        ] {
+            let groups: Vec<Vec<MemberId>> = (0..6).map(|c| (5 * c..5 * c + 5).collect()).collect();
+            let before = CliqueLayout::new(CliqueFlavour::DCliques, inter, 5, groups);
+            // Members of cliques 0, 3 and 5, some of them bridge ends.
+            for (a, b) in [(0, 15), (1, 16), (4, 19), (2, 28)] {
+                let mut after = before.clone();
+                after.swap_members(a, b);
+                let traded = |m: MemberId| match m {
+                    _ if m == a => b,
+                    _ if m == b => a,
+                    _ => m,
+                };
+                let relabelled = Graph::from_edges(
+                    before.graph().members(),
+                    before.graph().edges().map(|(x, y)| (traded(x), traded(y))),
+                );
+                assert_eq!(after.graph(), relabelled, "{inter:?}: {a} <-> {b}");
+                assert_eq!(after.clique_links(), before.clique_links(), "{inter:?}");
+                let ends = |l: &CliqueLayout, m| l.bridge_ends(m);
+                assert_eq!(ends(&after, b), ends(&before, a), "{inter:?}");
+            }
+            let mut moved = before.clone();
+            moved.remove_member(9);
+            moved.move_member(0, 1);
+            assert_eq!(moved.clique_of(0), Some(1));
+            assert_eq!(moved.clique_links(), before.clique_links(), "{inter:?}");
+            assert!(moved.graph().is_connected(), "{inter:?}");
+        }
+    }
 
     #[test]
     fn inter_clique_patterns_have_the_expected_link_counts() {

@@ -5,11 +5,14 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use std::collections::BTreeMap;
+
 use super::cliques::{CliqueFlavour, CliqueLayout};
 use super::graph::Graph;
+use super::graph::MemberId;
 use super::skew::{distribution, skew, sum};
 use super::zones::zone_groups;
-use super::{BuildSpec, MemberProfile, Shape, TopologyError, profile_vectors};
+use super::{BuildSpec, MemberProfile, Shape, Topology, TopologyError, profile_vectors};
 
 /// Greedy Swap iterations when the job does not say.
 pub const DEFAULT_SWAP_STEPS: usize = 1000;
@@ -196,6 +199,156 @@ fn near_equal_chunks(members: Vec<usize>, size: usize) -> Vec<Vec<usize>> {
                 .collect()
         })
         .collect()
+}
+
+/// The least a trade must lower two cliques' summed label skew to be made: smaller gains
+/// rewire two cliques' members for next to nothing.
+pub const MIN_TRADE_GAIN: f64 = 0.05;
+
+/// One trade [`Topology::rebalance_worst_cliques`] made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Trade {
+    /// Two members exchanged cliques.
+    Swap(MemberId, MemberId),
+    /// A member moved from its clique to a smaller one below the target size.
+    Move { member: MemberId, to: u32 },
+}
+
+impl Trade {
+    /// The members whose clique changed.
+    pub fn members(&self) -> Vec<MemberId> {
+        match *self {
+            Trade::Swap(a, b) => vec![a, b],
+            Trade::Move { member, .. } => vec![member],
+        }
+    }
+}
+
+impl Topology {
+    /// Greedy Swap from the cliques as they stand, aimed at the worst one: while the worst
+    /// clique's label skew is above `target`, make the trade between it and another clique
+    /// (a swap of two members, or a move into the smaller clique while it is below the target
+    /// size) that lowers the two cliques' summed skew most, if by at least [`MIN_TRADE_GAIN`];
+    /// at most `limit` trades. Only the traded members' two cliques rewire, so a change costs
+    /// the members of a few cliques a new view, never everyone (a fresh build would). Members
+    /// trade only within their zone, so every clique keeps the zones it has. Bumps the version
+    /// when anything changed. Nothing for other shapes or members without histograms.
+    pub fn rebalance_worst_cliques(&mut self, target: f64, limit: usize) -> Vec<Trade> {
+        let Shape::Cliques(layout) = &mut self.shape else {
+            return Vec::new();
+        };
+        if layout.flavour != CliqueFlavour::DCliques || layout.cliques.len() < 2 {
+            return Vec::new();
+        }
+        let profiles = &self.profiles;
+        let histogram = |m: &MemberId| profiles.get(m).and_then(|p| p.histogram.as_deref());
+        let Some(classes) = layout
+            .cliques
+            .values()
+            .flatten()
+            .next()
+            .and_then(histogram)
+            .map(<[f64]>::len)
+        else {
+            return Vec::new();
+        };
+        let all: Option<Vec<&[f64]>> = layout.cliques.values().flatten().map(histogram).collect();
+        let Some(all) = all.filter(|hs| hs.iter().all(|h| h.len() == classes)) else {
+            return Vec::new();
+        };
+        let global = distribution(&sum(all, classes));
+        let zone = |m: &MemberId| profiles.get(m).and_then(|p| p.zone.as_deref());
+        let mut sums: BTreeMap<u32, Vec<f64>> = layout
+            .cliques
+            .iter()
+            .map(|(&c, ms)| (c, sum(ms.iter().filter_map(histogram), classes)))
+            .collect();
+        let mut trades = Vec::new();
+        let mut trial_w = vec![0.0; classes];
+        let mut trial_c = vec![0.0; classes];
+        while trades.len() < limit {
+            let Some((w, worst)) = sums
+                .iter()
+                .map(|(&c, s)| (c, skew(s, &global)))
+                .max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(&a.0)))
+            else {
+                break;
+            };
+            if worst <= target {
+                break;
+            }
+            let ws = &layout.cliques[&w];
+            let mut best: Option<(f64, Trade)> = None;
+            let mut consider = |gain: f64, trade: Trade| {
+                if gain >= MIN_TRADE_GAIN && best.is_none_or(|(g, _)| gain > g + 1e-12) {
+                    best = Some((gain, trade));
+                }
+            };
+            for (&c, cs) in layout.cliques.iter().filter(|(c, _)| **c != w) {
+                let (sum_w, sum_c) = (&sums[&w], &sums[&c]);
+                let current = worst + skew(sum_c, &global);
+                // `delta` moves from clique c to clique w.
+                let mut gain_of = |delta: &dyn Fn(usize) -> f64| {
+                    for l in 0..classes {
+                        trial_w[l] = sum_w[l] + delta(l);
+                        trial_c[l] = sum_c[l] - delta(l);
+                    }
+                    current - skew(&trial_w, &global) - skew(&trial_c, &global)
+                };
+                for &i in ws {
+                    for &j in cs.iter().filter(|&j| zone(j) == zone(&i)) {
+                        let (hi, hj) = (
+                            histogram(&i).expect("checked"),
+                            histogram(&j).expect("checked"),
+                        );
+                        consider(gain_of(&|l| hj[l] - hi[l]), Trade::Swap(i, j));
+                    }
+                }
+                let shares_zone =
+                    |m: &MemberId, ms: &[MemberId]| ms.iter().any(|o| zone(o) == zone(m));
+                if ws.len() > cs.len() && cs.len() < layout.target_size {
+                    for i in ws.iter().filter(|i| shares_zone(i, cs)) {
+                        let hi = histogram(i).expect("checked");
+                        consider(gain_of(&|l| -hi[l]), Trade::Move { member: *i, to: c });
+                    }
+                }
+                if cs.len() > ws.len() && ws.len() < layout.target_size {
+                    for j in cs.iter().filter(|j| shares_zone(j, ws)) {
+                        let hj = histogram(j).expect("checked");
+                        consider(gain_of(&|l| hj[l]), Trade::Move { member: *j, to: w });
+                    }
+                }
+            }
+            let Some((_, trade)) = best else {
+                break;
+            };
+            let owner = |m: MemberId, layout: &CliqueLayout| layout.clique_of(m).expect("placed");
+            let moved: Vec<(MemberId, u32, u32)> = match trade {
+                Trade::Swap(a, b) => {
+                    let (ca, cb) = (owner(a, layout), owner(b, layout));
+                    layout.swap_members(a, b);
+                    vec![(a, ca, cb), (b, cb, ca)]
+                }
+                Trade::Move { member, to } => {
+                    let from = owner(member, layout);
+                    layout.move_member(member, to);
+                    vec![(member, from, to)]
+                }
+            };
+            for (m, from, to) in moved {
+                for (l, x) in histogram(&m).expect("checked").iter().enumerate() {
+                    sums.get_mut(&from).expect("clique")[l] -= x;
+                    sums.get_mut(&to).expect("clique")[l] += x;
+                }
+            }
+            trades.push(trade);
+        }
+        if !trades.is_empty() {
+            self.graph = layout.graph();
+            self.version += 1;
+        }
+        trades
+    }
 }
 
 /// Mean and max skew over cliques (of member histograms), the measure Greedy Swap lowers.

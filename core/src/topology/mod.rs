@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use crate::api::{CliqueMix, InterClique, TopologyKind};
 use crate::contract::{DocumentEdge, DocumentMember, TopologyDocument};
 
-pub use choice::{GraphChoice, Recipe};
+pub use choice::{GraphChoice, Rebalance, Recipe};
 pub use cliques::{Bridge, CliqueFlavour, CliqueLayout};
 pub use flags::TopologyOptions;
 pub use graph::{Graph, MemberId};
@@ -180,12 +180,11 @@ pub struct Topology {
     pub shape: Shape,
     /// Profiles of current members (kept for data-aware repair and skew measures).
     pub profiles: BTreeMap<MemberId, MemberProfile>,
-    /// The worst clique's label skew that a fresh build over (nearly) these members reached, the
-    /// last time one was made: repair is measured against it, so that a fresh build, the
-    /// costliest step of a change at 10 000 members, is made again only when repair has drifted
-    /// clearly past it. None until a build has been measured.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fresh_skew: Option<f64>,
+    /// The worst clique's label skew when the cliques were built, or last settled after trades:
+    /// repair is measured against it, so that members are traded between cliques only when
+    /// repair has drifted clearly past it. None until measured.
+    #[serde(default, alias = "fresh_skew", skip_serializing_if = "Option::is_none")]
+    pub settled_skew: Option<f64>,
 }
 
 /// Build a topology of `spec.kind` over `members` (version 1).
@@ -213,7 +212,7 @@ pub fn build(spec: &BuildSpec, members: &[MemberProfile]) -> Result<Topology, To
         graph,
         shape,
         profiles: members.iter().map(|m| (m.id, m.clone())).collect(),
-        fresh_skew: None,
+        settled_skew: None,
     })
 }
 
@@ -232,7 +231,7 @@ pub fn random_regular(
         graph: simple::random_regular(&ids, degree, seed)?,
         shape: Shape::RandomRegular { degree },
         profiles: members.iter().map(|m| (m.id, m.clone())).collect(),
-        fresh_skew: None,
+        settled_skew: None,
     })
 }
 
@@ -255,7 +254,7 @@ pub fn moshpit(members: &[MemberProfile], group_size: usize) -> Result<Topology,
         graph: grid.union_graph(),
         shape: Shape::Grid(grid),
         profiles: members.iter().map(|m| (m.id, m.clone())).collect(),
-        fresh_skew: None,
+        settled_skew: None,
     })
 }
 

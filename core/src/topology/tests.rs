@@ -653,13 +653,16 @@ fn a_clique_set_aside_below_half_size_waits_for_its_members() {
 enum Op {
     Remove(usize),
     Add(usize),
+    /// Trade between D-Cliques (up to this many trades), aiming at no skew at all.
+    Rebalance(usize),
 }
 
 fn ops() -> impl Strategy<Value = Vec<Op>> {
     prop::collection::vec(
         prop_oneof![
             any::<usize>().prop_map(Op::Remove),
-            (0usize..10).prop_map(Op::Add)
+            (0usize..10).prop_map(Op::Add),
+            (0usize..4).prop_map(Op::Rebalance),
         ],
         0..40,
     )
@@ -748,8 +751,10 @@ proptest! {
     }
 
     // 256 cases by default; PROPTEST_CASES=N runs more.
-    /// After any sequence of removals and joins: connected, W symmetric and doubly stochastic,
-    /// versions only grow, and the members are exactly those expected.
+    /// After any sequence of removals, joins and trades between cliques: connected, W symmetric
+    /// and doubly stochastic, versions only grow (trades bump it when they change anything), and
+    /// the members are exactly those expected. Trades lower the cliques' summed skew and bring no
+    /// clique a zone it did not have.
     #[test]
     fn repair_keeps_the_invariants(
         (kind, inter) in kinds(),
@@ -796,6 +801,27 @@ proptest! {
                     t.add_member(MemberProfile { id: next_id, histogram: Some(class_histogram(class)), proxy: None, zone: zone(class) }).unwrap();
                     expected.insert(next_id);
                     next_id += 1;
+                }
+                Op::Rebalance(limit) => {
+                    let skews = |t: &Topology| measures::clique_skew(t).map(|s| s.mean * s.cliques as f64);
+                    let zones_of = |t: &Topology| -> BTreeMap<u32, BTreeSet<Option<String>>> {
+                        let mut zones = BTreeMap::<u32, BTreeSet<Option<String>>>::new();
+                        for (m, c) in t.cliques_by_member() {
+                            zones.entry(c).or_default().insert(t.profiles[&m].zone.clone());
+                        }
+                        zones
+                    };
+                    let (total, zones) = (skews(&t), zones_of(&t));
+                    let trades = t.rebalance_worst_cliques(0.0, limit);
+                    prop_assert!(trades.len() <= limit);
+                    if trades.is_empty() {
+                        prop_assert_eq!(t.version, before);
+                        continue;
+                    }
+                    prop_assert!(skews(&t).unwrap() < total.unwrap() - 1e-9, "{:?} raised the skew", trades);
+                    for (c, now) in zones_of(&t) {
+                        prop_assert!(now.is_subset(&zones[&c]), "clique {} got zones {:?}, had {:?}", c, now, zones[&c]);
+                    }
                 }
             }
             prop_assert!(t.version > before);

@@ -40,8 +40,8 @@ pub enum Reason {
     Left,
     /// A new topology version.
     TopologyChanged,
-    /// Repairs left the cliques skewed (a burst of losses): they were formed afresh.
-    CliquesReformed,
+    /// Repairs left the cliques skewed (a burst of losses): members were traded between them.
+    CliquesRebalanced,
     /// Every member is gone.
     AllMembersLost,
     /// A member lost to spot reclaim, eviction or node loss (never a failure).
@@ -80,7 +80,7 @@ impl Reason {
             Reason::Replaced => "Replaced",
             Reason::Left => "Left",
             Reason::TopologyChanged => "TopologyChanged",
-            Reason::CliquesReformed => "CliquesReformed",
+            Reason::CliquesRebalanced => "CliquesRebalanced",
             Reason::AllMembersLost => "AllMembersLost",
             Reason::Preempted => "Preempted",
             Reason::MemberFailed => "MemberFailed",

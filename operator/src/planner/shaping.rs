@@ -1,6 +1,6 @@
 //! The topology: built from the join reports once enough members joined (the graph and its
-//! options are core's [`Recipe`] for the job), repaired member by member afterwards (its
-//! cliques formed afresh where a burst of losses left them skewed), and members relocated to
+//! options are core's [`Recipe`] for the job), repaired member by member afterwards (members
+//! traded between cliques where a burst of losses left them skewed), and members relocated to
 //! their clique's zone.
 
 use std::collections::BTreeMap;
@@ -16,7 +16,7 @@ use super::{
 use crate::member::{Lifecycle, MemberRecord};
 
 /// Build the topology once enough members joined; afterwards repair it member by member, and
-/// form its cliques afresh when the repairs left them skewed.
+/// trade members between its cliques when the repairs left them skewed.
 pub(super) fn shape_topology(
     spec: &DecentralizedTrainingJobSpec,
     s: &mut JobState,
@@ -125,9 +125,8 @@ pub(super) fn shape_topology(
                     );
                 }
             }
-            // Not across zones: members move to their clique's zone once, and cliques formed
-            // afresh after that could stay split over zones (one zone-aware whole-job run with
-            // this on moved 8.3 GB across zones, against 0.65 GB in three others).
+            // Not across zones: a member moved to its clique's zone comes back to a place its
+            // clique keeps for it, which a trade could fill.
             let zones: std::collections::BTreeSet<&String> = t
                 .profiles
                 .values()
@@ -135,20 +134,24 @@ pub(super) fn shape_topology(
                 .collect();
             if before != Some(t.version)
                 && zones.len() <= 1
-                && let Some(fresh) = Recipe::for_job(spec).reform(&mut *t)
+                && let Some(done) = Recipe::for_job(spec).rebalance(&mut *t)
             {
+                let moved: std::collections::BTreeSet<MemberId> = done
+                    .trades
+                    .iter()
+                    .flat_map(topology::dcliques::Trade::members)
+                    .collect();
                 actions.push(event(
                     EventKind::Normal,
-                    Reason::CliquesReformed,
+                    Reason::CliquesRebalanced,
                     None,
                     format!(
-                        "cliques formed afresh over the {} members: repair had left the worst clique's label skew at {:.2}, a fresh build's is {:.2}",
-                        fresh.graph.member_count(),
-                        skew(t),
-                        skew(&fresh)
+                        "{} members traded between cliques ({moved:?}): repair had left the worst clique's label skew at {:.2}, now {:.2}",
+                        moved.len(),
+                        done.before,
+                        done.after
                     ),
                 ));
-                *t = fresh;
             }
         }
     }
@@ -168,11 +171,6 @@ pub(super) fn shape_topology(
             ),
         ));
     }
-}
-
-/// The worst clique's label skew (0 where unknown: `reform` measured it).
-fn skew(t: &Topology) -> f64 {
-    topology::measures::clique_skew(t).map_or(0.0, |s| s.max)
 }
 
 /// Zone-aware cliques cross zones where one zone's members cannot balance the labels. Before

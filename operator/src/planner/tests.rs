@@ -528,13 +528,13 @@ fn after_the_grace_period_the_topology_starts_with_the_members_in() {
     assert_eq!(t.graph.members().collect::<Vec<_>>(), vec![0, 2]);
     assert_eq!(w.state.phase, JobPhase::Degraded);
     // Late joiners are added by repair. Member 1 holds the classes 0 and 2 lack: added to a
-    // clique of its own, it leaves the cliques skewed, so they are formed afresh around it.
+    // clique of its own, it leaves the cliques skewed, so a member is traded into its clique.
     w.join(1);
     let actions = w.plan();
     assert!(w.state.topology.as_ref().unwrap().graph.contains(1));
     assert_eq!(
         World::reasons(&actions),
-        vec!["Joined", "CliquesReformed", "TopologyChanged"]
+        vec!["Joined", "CliquesRebalanced", "TopologyChanged"]
     );
     assert_eq!(w.version(), 3);
     assert_eq!(w.neighbours(1).len(), 1, "in a clique of two");
@@ -1570,7 +1570,7 @@ fn a_failure_policy_ignores_some_crashes_and_fails_the_job_on_others() {
 }
 
 #[test]
-fn cliques_a_burst_of_losses_left_skewed_are_formed_afresh() {
+fn cliques_a_burst_of_losses_left_skewed_are_rebalanced() {
     // Ten members holding two classes each, in two cliques of five that each hold all ten.
     let mut spec = spec();
     spec.replicas.target = 10;
@@ -1606,17 +1606,17 @@ fn cliques_a_burst_of_losses_left_skewed_are_formed_afresh() {
         w.end(id, preempted());
     }
     w.plan();
-    assert!(!World::reasons(&w.actions).contains(&"CliquesReformed"));
+    assert!(!World::reasons(&w.actions).contains(&"CliquesRebalanced"));
     // The replacements join one at a time, and the cliques they fill lack classes.
-    let mut reformed = Vec::new();
+    let mut rebalanced = Vec::new();
     for &id in hit.iter().chain([&other]) {
         join(&mut w, id);
         let actions = w.plan();
-        if World::reasons(&actions).contains(&"CliquesReformed") {
-            reformed.push(id);
+        if World::reasons(&actions).contains(&"CliquesRebalanced") {
+            rebalanced.push(id);
         }
     }
-    assert!(!reformed.is_empty(), "the cliques were never formed afresh");
+    assert!(!rebalanced.is_empty(), "the cliques were never rebalanced");
     let t = w.state.topology.as_ref().unwrap();
     assert_eq!(t.graph.member_count(), 10);
     let skew = murmur_core::topology::measures::clique_skew(t).unwrap().max;
