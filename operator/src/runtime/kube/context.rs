@@ -92,6 +92,10 @@ pub(super) struct Live {
     /// The memory the job's ConfigMap holds at a resourceVersion, as this operator last wrote
     /// or compared it.
     pub(super) config_map_memory: Option<(String, Memory)>,
+    /// The clique labels being written for this job, off the reconcile's path; one at a time.
+    pub(super) labelling: Option<tokio::task::JoinHandle<()>>,
+    /// Label writes that failed in a row: the next is tried after a doubling delay.
+    pub(super) label_failures: u32,
 }
 
 pub(super) type JobKey = (String, String);
@@ -230,6 +234,8 @@ impl Context {
             validated: None,
             status_written: None,
             config_map_memory: None,
+            labelling: None,
+            label_failures: 0,
         }));
         self.jobs.lock().insert(key.clone(), live.clone());
         tokio::spawn(listen(
@@ -259,6 +265,19 @@ impl Context {
         let jobs: Vec<Arc<Mutex<Live>>> = self.jobs.lock().values().cloned().collect();
         for live in jobs {
             live.lock().created.retain(|_, t| *t >= since);
+        }
+    }
+
+    /// Wait until the job's clique labels in flight are written (or given up on).
+    #[cfg(test)]
+    pub(super) async fn labels_written(&self, job: &JobKey) {
+        let task = self
+            .jobs
+            .lock()
+            .get(job)
+            .and_then(|live| live.lock().labelling.take());
+        if let Some(task) = task {
+            let _ = task.await;
         }
     }
 

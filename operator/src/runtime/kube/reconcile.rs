@@ -21,7 +21,9 @@ use super::context::{Context, JobKey, Live};
 use super::decide::{self, Decision, Inputs, decide};
 use super::error::{Error, kube_err};
 use super::labels::LABEL_JOB;
-use super::writes::{apply_object, apply_status, record_event, write_labels, write_pods};
+use super::writes::{
+    RETRY_FIRST, RETRY_MAX, apply_object, apply_status, record_event, write_labels, write_pods,
+};
 use super::{observe, resources};
 use crate::planner;
 use crate::status::Inbound;
@@ -198,6 +200,53 @@ async fn reconcile_inner(
     execute(job, ctx, &live, decision, now).await
 }
 
+/// Write the decision's clique labels off the reconcile's path: nothing waits for them, and a
+/// reconcile that labelled 500 pods took seconds, holding the job's next news. One labelling at
+/// a time per job: while one runs, this decision's labels are left to a later reconcile, which
+/// sees what was written meanwhile. A labelling that fails asks for a reconcile after a delay
+/// that doubles with each failure in a row (as a failed reconcile's retry does).
+fn label(
+    ctx: &Arc<Context>,
+    live: &Arc<Mutex<Live>>,
+    namespace: &str,
+    name: &str,
+    relabel: Vec<(String, u32)>,
+) {
+    let mut l = live.lock();
+    if relabel.is_empty() || l.labelling.as_ref().is_some_and(|t| !t.is_finished()) {
+        return;
+    }
+    let (ctx, live) = (ctx.clone(), live.clone());
+    let job = ObjectRef::new(name).within(namespace);
+    let namespace = namespace.to_string();
+    let span = tracing::Span::current();
+    l.labelling = Some(tokio::spawn(
+        async move {
+            if !ctx.leadership.may_write() {
+                return;
+            }
+            match write_labels(&ctx, &namespace, &relabel).await {
+                Ok(()) => live.lock().label_failures = 0,
+                Err(e) => {
+                    ctx.metrics.error(e.kind());
+                    let failures = {
+                        let mut l = live.lock();
+                        l.label_failures = l.label_failures.saturating_add(1);
+                        l.label_failures
+                    };
+                    let delay = RETRY_FIRST
+                        .saturating_mul(1 << failures.min(8).saturating_sub(1))
+                        .min(RETRY_MAX);
+                    tracing::warn!(error = %e, retry_in = ?delay, "cannot write clique labels");
+                    tokio::time::sleep(delay).await;
+                    let _ = ctx.trigger.send(job);
+                }
+            }
+        }
+        .instrument(span),
+    ));
+}
+
 fn get<K>(store: &Store<K>, namespace: &str, name: String) -> Option<Arc<K>>
 where
     K: kube::runtime::reflector::Lookup + Clone + 'static,
@@ -294,9 +343,7 @@ async fn execute(
             .collect();
         futures::future::join_all(writes).await;
     }
-    // Last: a label that cannot be written fails the reconcile, and the plan's memory and
-    // events are written by then.
-    write_labels(ctx, &namespace, &d.relabel).await?;
+    label(ctx, live, &namespace, &name, d.relabel);
     if d.delete_job {
         let jobs: Api<DecentralizedTrainingJob> = Api::namespaced(ctx.client.clone(), &namespace);
         match jobs.delete(&name, &DeleteParams::background()).await {

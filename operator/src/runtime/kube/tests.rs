@@ -102,6 +102,16 @@ struct Cluster {
     network_policies: Writer<NetworkPolicy>,
     disruption_budgets: Writer<PodDisruptionBudget>,
     pod_objects: BTreeMap<String, Pod>,
+    labels: Arc<LabelWrites>,
+}
+
+/// How the mock API server answers the operator's clique label patches.
+#[derive(Default)]
+struct LabelWrites {
+    /// Refuse each with this status code.
+    refuse: Mutex<Option<u16>>,
+    /// Held (write-locked by a test): each waits for it before it is answered.
+    gate: tokio::sync::RwLock<()>,
 }
 
 fn job(manifest: &str) -> DecentralizedTrainingJob {
@@ -150,10 +160,39 @@ fn serve(
     mut handle: tower_test::mock::Handle<Request<Body>, Response<Body>>,
     log: Arc<Mutex<Vec<Call>>>,
     shared_job: Arc<Mutex<Value>>,
+    labels: Arc<LabelWrites>,
 ) {
     tokio::spawn(async move {
         while let Some((request, send)) = handle.next_request().await {
             let call = read_call(request).await;
+            if call.is("PATCH", "/pods/") && !call.query.contains("force") {
+                let labels = labels.clone();
+                let log = log.clone();
+                // Answered on its own, so a held one holds nothing else.
+                tokio::spawn(async move {
+                    let _open = labels.gate.read().await;
+                    let refuse = *labels.refuse.lock();
+                    let object = call.path.rsplit('/').next().unwrap_or_default().to_string();
+                    log.lock().push(call);
+                    let (code, body) = match refuse {
+                        Some(code) => (
+                            code,
+                            json!({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": code, "reason": "InternalError", "message": "refused by the test", "metadata": {}}),
+                        ),
+                        None => (
+                            200,
+                            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": object}}),
+                        ),
+                    };
+                    send.send_response(
+                        Response::builder()
+                            .status(code)
+                            .body(Body::from(serde_json::to_vec(&body).unwrap()))
+                            .unwrap(),
+                    );
+                });
+                continue;
+            }
             let (method, path, query, body) = (&call.method, &call.path, &call.query, &call.body);
             let response = if method == "DELETE" {
                 json!({"apiVersion": "v1", "kind": "Status", "status": "Success", "metadata": {}})
@@ -200,7 +239,8 @@ impl Cluster {
         let log = Arc::new(Mutex::new(Vec::new()));
         let job = job(manifest);
         let shared_job = Arc::new(Mutex::new(serde_json::to_value(&job).unwrap()));
-        serve(handle, log.clone(), shared_job.clone());
+        let labels = Arc::new(LabelWrites::default());
+        serve(handle, log.clone(), shared_job.clone(), labels.clone());
         let (pods, mut pod_writer) = reflector::store();
         let (services, mut service_writer) = reflector::store();
         let (config_maps, mut config_map_writer) = reflector::store();
@@ -270,6 +310,7 @@ impl Cluster {
             network_policies: network_policy_writer,
             disruption_budgets: disruption_budget_writer,
             pod_objects: BTreeMap::new(),
+            labels,
         }
     }
 
@@ -328,6 +369,9 @@ impl Cluster {
         let action = reconcile(Arc::new(self.job.clone()), self.ctx.clone())
             .await
             .expect("reconcile");
+        self.ctx
+            .labels_written(&(resources::namespace(&self.job), resources::name(&self.job)))
+            .await;
         let calls: Vec<Call> = self.log.lock()[self.seen..].to_vec();
         self.seen += calls.len();
         let declared = declared();
@@ -1400,6 +1444,76 @@ async fn an_unchanged_job_costs_no_request_at_all() {
     c.advance(5);
     let (_, calls) = c.reconcile().await;
     assert!(calls.is_empty(), "{calls:#?}");
+}
+
+#[tokio::test]
+async fn clique_labels_are_written_off_the_reconciles_path_and_retried_when_refused() {
+    let mut c = Cluster::new(MANIFEST);
+    c.reconcile().await;
+    c.schedule_all();
+    c.reconcile().await;
+    let key = (resources::namespace(&c.job), resources::name(&c.job));
+    let is_label = |call: &Call| call.is("PATCH", "/pods/") && !call.query.contains("force");
+    // The label patches are held: the reconcile that publishes the topology returns without
+    // them, its memory and status written.
+    let labels = c.labels.clone();
+    let held = labels.gate.write().await;
+    c.join(&[0, 1, 2, 3]).await;
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        reconcile(Arc::new(c.job.clone()), c.ctx.clone()),
+    )
+    .await
+    .expect("the reconcile waited for its labels")
+    .expect("reconcile");
+    assert_eq!(
+        c.live()
+            .lock()
+            .driver
+            .memory()
+            .state
+            .topology
+            .as_ref()
+            .map(|t| t.version),
+        Some(1)
+    );
+    assert!(
+        c.log
+            .lock()
+            .iter()
+            .any(|call| call.path.ends_with("/status"))
+    );
+    assert!(
+        !c.log.lock().iter().any(is_label),
+        "no label was answered yet"
+    );
+    // While they are in flight, another reconcile leaves them be.
+    reconcile(Arc::new(c.job.clone()), c.ctx.clone())
+        .await
+        .expect("reconcile");
+    // Refused once released: the reconcile was not failed by it, and the job is asked for
+    // again after the first retry delay.
+    *labels.refuse.lock() = Some(500);
+    drop(held);
+    c.ctx.labels_written(&key).await;
+    let refused = c.log.lock().iter().filter(|call| is_label(call)).count();
+    assert_eq!(refused, 4, "each pod's label once");
+    assert_eq!(c.live().lock().label_failures, 1);
+    // Answered now: the next reconcile labels every pod (its calls listed after the four
+    // refused), and the failures are forgotten.
+    *labels.refuse.lock() = None;
+    let (_, calls) = c.reconcile().await;
+    assert_eq!(
+        calls.iter().filter(|call| is_label(call)).count(),
+        4 + 4,
+        "{calls:#?}"
+    );
+    assert_eq!(c.live().lock().label_failures, 0);
+    let (_, calls) = c.reconcile().await;
+    assert!(
+        calls.iter().all(|call| !is_label(call)),
+        "labelled once: {calls:#?}"
+    );
 }
 
 #[tokio::test]

@@ -130,9 +130,10 @@ pub(super) async fn write_pods(
     Ok((accepted, refused))
 }
 
-/// The decision's clique labels, written after the job's memory is committed: they follow the
-/// topology for `kubectl get pods -l`, and nothing waits for them (a new topology of 10 000
-/// members relabelled 9 000 pods in a minute, and its views waited for that).
+/// The decision's clique labels, written off the reconcile's path once the job's memory is
+/// committed: they follow the topology for `kubectl get pods -l`, and nothing waits for them (a
+/// new topology of 10 000 members relabelled 9 000 pods in a minute, and its views waited for
+/// that).
 pub(super) async fn write_labels(
     ctx: &Context,
     namespace: &str,
