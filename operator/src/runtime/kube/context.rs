@@ -96,6 +96,9 @@ pub(super) struct Live {
     pub(super) labelling: Option<tokio::task::JoinHandle<()>>,
     /// Label writes that failed in a row: the next is tried after a doubling delay.
     pub(super) label_failures: u32,
+    /// Clique labels sent (pod -> clique, when) that the pod cache has not shown yet: not sent
+    /// again meanwhile.
+    pub(super) labels_sent: HashMap<String, (u32, Timestamp)>,
 }
 
 pub(super) type JobKey = (String, String);
@@ -236,6 +239,7 @@ impl Context {
             config_map_memory: None,
             labelling: None,
             label_failures: 0,
+            labels_sent: HashMap::new(),
         }));
         self.jobs.lock().insert(key.clone(), live.clone());
         tokio::spawn(listen(

@@ -20,7 +20,7 @@ use tracing::Instrument;
 use super::context::{Context, JobKey, Live};
 use super::decide::{self, Decision, Inputs, decide};
 use super::error::{Error, kube_err};
-use super::labels::LABEL_JOB;
+use super::labels::{LABEL_CLIQUE, LABEL_JOB};
 use super::writes::{
     RETRY_FIRST, RETRY_MAX, apply_object, apply_status, record_event, write_labels, write_pods,
 };
@@ -167,6 +167,20 @@ async fn reconcile_inner(
             .filter_map(|p| observe::member_of(p))
             .collect();
         l.created.retain(|k, _| !seen.contains(k));
+        // Likewise a clique label the cache shows, or whose pod is gone.
+        if !l.labels_sent.is_empty() {
+            let shown: std::collections::HashMap<&str, Option<&String>> = pod_refs
+                .iter()
+                .filter_map(|p| Some((p.metadata.name.as_deref()?, p.labels().get(LABEL_CLIQUE))))
+                .collect();
+            let grace = ctx.settings.creation_grace.as_secs_f64();
+            l.labels_sent.retain(|pod, (clique, at)| {
+                shown.get(pod.as_str()).is_some_and(|have| {
+                    have.is_none_or(|have| *have != clique.to_string())
+                        && planner::seconds_since(*at, now) < grace
+                })
+            });
+        }
         decide(&Inputs {
             job,
             problems: problems.as_deref(),
@@ -203,8 +217,9 @@ async fn reconcile_inner(
 /// Write the decision's clique labels off the reconcile's path: nothing waits for them, and a
 /// reconcile that labelled 500 pods took seconds, holding the job's next news. One labelling at
 /// a time per job: while one runs, this decision's labels are left to a later reconcile, which
-/// sees what was written meanwhile. A labelling that fails asks for a reconcile after a delay
-/// that doubles with each failure in a row (as a failed reconcile's retry does).
+/// sees what was written meanwhile; a label sent is not sent again until the cache has shown
+/// it. A labelling that fails asks for a reconcile after a delay that doubles with each failure
+/// in a row (as a failed reconcile's retry does).
 fn label(
     ctx: &Arc<Context>,
     live: &Arc<Mutex<Live>>,
@@ -213,8 +228,14 @@ fn label(
     relabel: Vec<(String, u32)>,
 ) {
     let mut l = live.lock();
+    let mut relabel = relabel;
+    relabel.retain(|(pod, clique)| l.labels_sent.get(pod).map(|(c, _)| c) != Some(clique));
     if relabel.is_empty() || l.labelling.as_ref().is_some_and(|t| !t.is_finished()) {
         return;
+    }
+    let now = (ctx.clock)();
+    for (pod, clique) in &relabel {
+        l.labels_sent.insert(pod.clone(), (*clique, now));
     }
     let (ctx, live) = (ctx.clone(), live.clone());
     let job = ObjectRef::new(name).within(namespace);
@@ -231,6 +252,9 @@ fn label(
                     ctx.metrics.error(e.kind());
                     let failures = {
                         let mut l = live.lock();
+                        for (pod, _) in &relabel {
+                            l.labels_sent.remove(pod);
+                        }
                         l.label_failures = l.label_failures.saturating_add(1);
                         l.label_failures
                     };
