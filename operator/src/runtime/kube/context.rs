@@ -96,6 +96,9 @@ pub(super) struct Live {
     pub(super) labelling: Option<tokio::task::JoinHandle<()>>,
     /// Label writes that failed in a row: the next is tried after a doubling delay.
     pub(super) label_failures: u32,
+    /// A reconcile left labels to a later one while a labelling ran: that one is asked for
+    /// when the labelling ends.
+    pub(super) labels_waiting: bool,
     /// Clique labels sent (pod -> clique, when) that the pod cache has not shown yet: not sent
     /// again meanwhile.
     pub(super) labels_sent: HashMap<String, (u32, Timestamp)>,
@@ -239,6 +242,7 @@ impl Context {
             config_map_memory: None,
             labelling: None,
             label_failures: 0,
+            labels_waiting: false,
             labels_sent: HashMap::new(),
         }));
         self.jobs.lock().insert(key.clone(), live.clone());

@@ -216,10 +216,10 @@ async fn reconcile_inner(
 
 /// Write the decision's clique labels off the reconcile's path: nothing waits for them, and a
 /// reconcile that labelled 500 pods took seconds, holding the job's next news. One labelling at
-/// a time per job: while one runs, this decision's labels are left to a later reconcile, which
-/// sees what was written meanwhile; a label sent is not sent again until the cache has shown
-/// it. A labelling that fails asks for a reconcile after a delay that doubles with each failure
-/// in a row (as a failed reconcile's retry does).
+/// a time per job: while one runs, this decision's labels are left to a reconcile asked for
+/// when it ends, which sees what was written meanwhile; a label sent is not sent again until
+/// the cache has shown it. A labelling that fails asks for a reconcile after a delay that
+/// doubles with each failure in a row (as a failed reconcile's retry does).
 fn label(
     ctx: &Arc<Context>,
     live: &Arc<Mutex<Live>>,
@@ -230,7 +230,11 @@ fn label(
     let mut l = live.lock();
     let mut relabel = relabel;
     relabel.retain(|(pod, clique)| l.labels_sent.get(pod).map(|(c, _)| c) != Some(clique));
-    if relabel.is_empty() || l.labelling.as_ref().is_some_and(|t| !t.is_finished()) {
+    if relabel.is_empty() {
+        return;
+    }
+    if l.labelling.as_ref().is_some_and(|t| !t.is_finished()) {
+        l.labels_waiting = true;
         return;
     }
     let now = (ctx.clock)();
@@ -243,11 +247,22 @@ fn label(
     let span = tracing::Span::current();
     l.labelling = Some(tokio::spawn(
         async move {
-            if !ctx.leadership.may_write() {
-                return;
-            }
-            match write_labels(&ctx, &namespace, &relabel).await {
-                Ok(()) => live.lock().label_failures = 0,
+            let written = if ctx.leadership.may_write() {
+                write_labels(&ctx, &namespace, &relabel).await
+            } else {
+                Err(Error::NotLeading)
+            };
+            match written {
+                Ok(()) => {
+                    let waiting = {
+                        let mut l = live.lock();
+                        l.label_failures = 0;
+                        std::mem::take(&mut l.labels_waiting)
+                    };
+                    if waiting {
+                        let _ = ctx.trigger.send(job);
+                    }
+                }
                 Err(e) => {
                     ctx.metrics.error(e.kind());
                     let failures = {
@@ -255,6 +270,8 @@ fn label(
                         for (pod, _) in &relabel {
                             l.labels_sent.remove(pod);
                         }
+                        // The retry below asks for a reconcile either way.
+                        l.labels_waiting = false;
                         l.label_failures = l.label_failures.saturating_add(1);
                         l.label_failures
                     };

@@ -1487,40 +1487,51 @@ async fn clique_labels_are_written_off_the_reconciles_path_and_retried_when_refu
         !c.log.lock().iter().any(is_label),
         "no label was answered yet"
     );
-    // While they are in flight, another reconcile leaves them be.
+    // While they are in flight, another reconcile sends them not again. One that wants a label
+    // other than the one sent (as if the topology changed since) leaves it to a reconcile asked
+    // for when they are done.
     reconcile(Arc::new(c.job.clone()), c.ctx.clone())
         .await
         .expect("reconcile");
-    // Refused once released: the reconcile was not failed by it, and the job is asked for
-    // again after the first retry delay.
+    assert!(!c.live().lock().labels_waiting);
+    if let Some((_, (clique, _))) = c.live().lock().labels_sent.iter_mut().next() {
+        *clique += 100;
+    }
+    reconcile(Arc::new(c.job.clone()), c.ctx.clone())
+        .await
+        .expect("reconcile");
+    assert!(c.live().lock().labels_waiting);
+    // Refused once released: the reconcile had not waited for them, so the refusal fails no
+    // reconcile; it is counted for the delay before the next try.
     *labels.refuse.lock() = Some(500);
     drop(held);
     c.ctx.labels_written(&key).await;
     let refused = c.log.lock().iter().filter(|call| is_label(call)).count();
     assert_eq!(refused, 4, "each pod's label once");
     assert_eq!(c.live().lock().label_failures, 1);
-    // Answered now: the next reconcile labels every pod, and the failures are forgotten.
-    *labels.refuse.lock() = None;
-    let labels_in = |c: &Cluster, from: usize| {
+    assert!(
+        !c.live().lock().labels_waiting,
+        "the retry asks for the reconcile"
+    );
+    // A reconcile whose calls the cluster does not carry out (its caches stay as they were):
+    // how many labels it sent.
+    let labels_sent = async |c: &Cluster| {
+        let from = c.log.lock().len();
+        reconcile(Arc::new(c.job.clone()), c.ctx.clone())
+            .await
+            .expect("reconcile");
+        c.ctx.labels_written(&key).await;
         c.log.lock()[from..]
             .iter()
             .filter(|call| is_label(call))
             .count()
     };
-    let from = c.log.lock().len();
-    reconcile(Arc::new(c.job.clone()), c.ctx.clone())
-        .await
-        .expect("reconcile");
-    c.ctx.labels_written(&key).await;
-    assert_eq!(labels_in(&c, from), 4);
+    // Answered now: the next reconcile labels every pod, and the failures are forgotten.
+    *labels.refuse.lock() = None;
+    assert_eq!(labels_sent(&c).await, 4);
     assert_eq!(c.live().lock().label_failures, 0);
     // Until the cache shows those labels, a reconcile does not send them again.
-    let from = c.log.lock().len();
-    reconcile(Arc::new(c.job.clone()), c.ctx.clone())
-        .await
-        .expect("reconcile");
-    c.ctx.labels_written(&key).await;
-    assert_eq!(labels_in(&c, from), 0);
+    assert_eq!(labels_sent(&c).await, 0);
     // Shown (the cluster carries out the calls so far), they are not sent again either.
     c.reconcile().await;
     let (_, calls) = c.reconcile().await;
