@@ -4,12 +4,10 @@
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-
 use std::collections::BTreeMap;
 
 use super::cliques::{CliqueFlavour, CliqueLayout};
-use super::graph::Graph;
-use super::graph::MemberId;
+use super::graph::{Graph, MemberId};
 use super::skew::{distribution, skew, sum};
 use super::zones::zone_groups;
 use super::{BuildSpec, MemberProfile, Shape, Topology, TopologyError, profile_vectors};

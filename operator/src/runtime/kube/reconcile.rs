@@ -22,7 +22,7 @@ use super::decide::{self, Decision, Inputs, decide};
 use super::error::{Error, kube_err};
 use super::labels::{LABEL_CLIQUE, LABEL_JOB};
 use super::writes::{
-    RETRY_FIRST, RETRY_MAX, apply_object, apply_status, record_event, write_labels, write_pods,
+    RETRY_MAX, apply_object, apply_status, record_event, retry_delays, write_labels, write_pods,
 };
 use super::{observe, resources};
 use crate::planner;
@@ -219,7 +219,7 @@ async fn reconcile_inner(
 /// a time per job: while one runs, this decision's labels are left to a reconcile asked for
 /// when it ends, which sees what was written meanwhile; a label sent is not sent again until
 /// the cache has shown it. A labelling that fails asks for a reconcile after a delay that
-/// doubles with each failure in a row (as a failed reconcile's retry does).
+/// doubles with each failure in a row, as a failed reconcile's retry does ([`retry_delays`]).
 fn label(
     ctx: &Arc<Context>,
     live: &Arc<Mutex<Live>>,
@@ -275,9 +275,10 @@ fn label(
                         l.label_failures = l.label_failures.saturating_add(1);
                         l.label_failures
                     };
-                    let delay = RETRY_FIRST
-                        .saturating_mul(1 << failures.min(8).saturating_sub(1))
-                        .min(RETRY_MAX);
+                    // The failed reconcile's policy: the delay after the n-th failure in a row.
+                    let delay = retry_delays()
+                        .nth(failures as usize - 1)
+                        .unwrap_or(RETRY_MAX);
                     tracing::warn!(error = %e, retry_in = ?delay, "cannot write clique labels");
                     tokio::time::sleep(delay).await;
                     let _ = ctx.trigger.send(job);
