@@ -27,6 +27,7 @@ use murmur::planner;
 use murmur::runtime::kube::decide::Decision;
 use murmur::runtime::kube::{
     Context, Inputs, OperatorMetrics, Settings, Stores, decide, lease, observe, reconcile,
+    resources,
 };
 use murmur::status::{Hub, Inbound};
 use murmur_core::api::{DecentralizedTrainingJob, parse_manifest};
@@ -348,6 +349,14 @@ fn benches(c: &mut Criterion) {
     });
     group.bench_function("plan, one preemption", |b| {
         b.iter(|| planner::plan(spec, s.driver.state(), &lost, now))
+    });
+
+    // What a reconcile that changes the job's memory writes into its ConfigMap: the memory
+    // as text, gzipped (the deflate backend is chosen by this figure).
+    let memory = &s.decision.plan.memory;
+    let document = s.decision.plan.document.as_deref();
+    group.bench_function("memory packed into its ConfigMap", |b| {
+        b.iter(|| resources::config_map(&s.job, memory.data(document)))
     });
 
     let refs: Vec<&Pod> = s.pods.iter().collect();
