@@ -428,7 +428,9 @@ fn benches(c: &mut Criterion) {
             // The context goes back to criterion, which drops it outside the timing: freeing
             // a 10 000-pod cache is no part of a reconcile.
             |(ctx, writer)| {
-                let action = runtime.block_on(reconcile(job.clone(), ctx.clone())).unwrap();
+                let action = runtime
+                    .block_on(reconcile(job.clone(), ctx.clone()))
+                    .unwrap();
                 (action, ctx, writer)
             },
             BatchSize::PerIteration,
