@@ -966,12 +966,15 @@ fn a_large_job_lists_the_members_that_need_attention_first_and_counts_the_rest()
         .collect();
     assert_eq!(view::listed_members(few.clone()), (few, 0));
 
-    let n = STATUS_MEMBERS_MAX as u32 + 500;
+    // Those needing attention sit past the cap, where id order alone would leave them out.
+    let max = STATUS_MEMBERS_MAX as u32;
+    let n = max + 500;
+    let attention = [max + 100, max + 200, max + 300];
     let many: Vec<MemberStatus> = (0..n)
         .map(|id| match id {
-            1200 => member(id, MemberPhase::Preempted),
-            1300 => member(id, MemberPhase::Pending),
-            1400 => member(id, MemberPhase::Failed),
+            _ if id == attention[0] => member(id, MemberPhase::Preempted),
+            _ if id == attention[1] => member(id, MemberPhase::Pending),
+            _ if id == attention[2] => member(id, MemberPhase::Failed),
             _ => member(id, MemberPhase::Training),
         })
         .collect();
@@ -979,7 +982,7 @@ fn a_large_job_lists_the_members_that_need_attention_first_and_counts_the_rest()
     assert_eq!(listed.len(), STATUS_MEMBERS_MAX);
     assert_eq!(omitted, 500);
     let ids: Vec<u32> = listed.iter().map(|m| m.id).collect();
-    for id in [1200, 1300, 1400] {
+    for id in attention {
         assert!(ids.contains(&id), "member {id} needs attention: listed");
     }
     assert!(ids.windows(2).all(|w| w[0] < w[1]), "in id order");
