@@ -16,6 +16,8 @@
 #   topologyBytesPerChange topology bytes the members received per topology version, over one
 #                          member deleted and replaced (its leave and its join)
 #   reconcileP99Ms         99th percentile of a reconcile's work, from the operator's histogram
+#   apiWriteP50Ms, apiWriteP99Ms  the API server's own time answering the operator's writes
+#                          (audit log: received -> response complete), over the whole run
 #
 #   e2e/scale/run.sh --members N [--steady SECONDS] [--status-every SECONDS] [--keep DIR]
 #                    [--operator BINARY --follow document]
@@ -154,14 +156,25 @@ curl -sf "$BASE/readyz" >/dev/null || die "the operator is not ready: $(tail -5 
 metrics() { curl -sf -H "Authorization: Bearer $READER" "$BASE/metrics"; }
 # sum_metric NAME [LABEL-FILTER]: the sum of a metric's samples.
 sum_metric() { metrics | awk -v n="$1" -v f="${2:-}" '$1 ~ "^"n"({|$)" && index($1, f) { s += $2 } END { printf "%.0f\n", s }'; }
+# An audit timestamp (RFC 3339, fractional seconds) in milliseconds since the epoch.
+AUDIT_MS='def ms: (sub("\\.[0-9]+Z$"; "Z") | fromdate) * 1000
+    + ((capture("\\.(?<f>[0-9]+)Z$").f // "0") | ("0." + .) | tonumber) * 1000;'
 audit_writes() { # FROM_MS TO_MS [NAMESPACE]: the operator's writes received in [FROM, TO)
-    jq -rs --argjson from "$1" --argjson to "$2" --arg ns "${3:-}" '
+    jq -rs --argjson from "$1" --argjson to "$2" --arg ns "${3:-}" "$AUDIT_MS"'
         map(select(.stage == "ResponseComplete")
             | select(($ns == "") or (.objectRef.namespace == $ns))
-            | (.requestReceivedTimestamp | sub("\\.[0-9]+Z$"; "Z") | fromdate) as $s
-            | ((.requestReceivedTimestamp | capture("\\.(?<f>[0-9]+)Z$").f // "0") | ("0." + .) | tonumber) as $frac
-            | (($s + $frac) * 1000) as $ms
+            | (.requestReceivedTimestamp | ms) as $ms
             | select($ms >= $from and $ms < $to)) | length' "$WORK/audit.log"
+}
+# The API server's own time answering the operator's writes (received -> response complete), in
+# ms: [p50, p99] over the whole run. A reconcile that makes a write waits at least this long.
+audit_answer_ms() {
+    jq -cs "$AUDIT_MS"'
+        [.[] | select(.stage == "ResponseComplete")
+            | ((.stageTimestamp | ms) - (.requestReceivedTimestamp | ms))] | sort
+        | if length == 0 then [null, null]
+          else [.[(length * 0.5 | floor)], .[((length * 0.99 | ceil) - 1)]] | map(. * 10 | round / 10) end' \
+        "$WORK/audit.log"
 }
 
 NS=scale
@@ -249,6 +262,7 @@ quantile() { metrics | awk -v q="$1" '
 P99=$(quantile 0.99)
 P50=$(quantile 0.5)
 RECONCILES=$(sum_metric murmur_operator_reconciles_total)
+ANSWERS=$(audit_answer_ms)
 RSS=$(awk '/VmHWM/ { printf "%.0f\n", $2 / 1024 }' "/proc/$OPERATOR_PID/status")
 cp "$WORK/loadgen.json" "$WORK/end.json"
 
@@ -257,7 +271,7 @@ jq -cn --argjson members "$MEMBERS" \
     --argjson writes "$WRITES_UP" --argjson steady "$WRITES_STEADY" --argjson window "$((STEADY_TO - STEADY_FROM))" \
     --argjson rss "$RSS" --argjson bytes "$((BYTES_AFTER - BYTES_BEFORE))" \
     --argjson versions "$((VERSION_AFTER - VERSION_BEFORE))" --argjson p99 "${P99:-null}" \
-    --argjson p50 "${P50:-null}" --argjson reconciles "$RECONCILES" \
+    --argjson p50 "${P50:-null}" --argjson reconciles "$RECONCILES" --argjson answers "$ANSWERS" \
     --argjson statusEvery "$STATUS_EVERY" --arg follow "$FOLLOW" --slurpfile last "$WORK/end.json" '{
         members: $members,
         podsCreatedSeconds: ($pods / 1000),
@@ -269,6 +283,8 @@ jq -cn --argjson members "$MEMBERS" \
         reconcileP99Ms: $p99,
         reconcileP50Ms: $p50,
         reconciles: $reconciles,
+        apiWriteP50Ms: $answers[0],
+        apiWriteP99Ms: $answers[1],
         statusEverySeconds: $statusEvery,
         follow: $follow,
         loadErrors: $last[0].errors
