@@ -23,13 +23,27 @@ pub const REFUSAL_BACKOFF_MAX_SECONDS: f64 = 300.0;
 /// message) never existed: each ends `Refused` and is tried again after a backoff, while the
 /// members that were admitted run (the job is `Degraded` until every member is). The
 /// `PodsRejected` condition names the refusal, with an event when its message is new; once a
-/// plan's pods are all admitted it clears.
+/// plan's pods are all admitted it clears. None when the answers change nothing: every pod
+/// admitted, none of them refused before and no refusal still said. That is the common answer,
+/// and at 10 000 members copying the state to find it out cost a reconcile 15 ms.
 pub fn creates_answered(
     state: &JobState,
     accepted: &[(MemberId, u32)],
     refused: &[(MemberId, u32, String)],
     now: Timestamp,
-) -> (JobState, Vec<Action>) {
+) -> Option<(JobState, Vec<Action>)> {
+    let refused_before = |&(id, attempt): &(MemberId, u32)| {
+        state
+            .members
+            .get(&id)
+            .is_some_and(|r| r.attempt == attempt && r.refusals > 0)
+    };
+    let clears = !accepted.is_empty()
+        && refused.is_empty()
+        && condition_is_true(&state.conditions, ConditionType::PodsRejected);
+    if refused.is_empty() && !clears && !accepted.iter().any(refused_before) {
+        return None;
+    }
     let mut s = state.clone();
     let mut actions = Vec::new();
     for &(id, attempt) in accepted {
@@ -86,7 +100,7 @@ pub fn creates_answered(
             Time(now),
         );
     }
-    (s, actions)
+    (s != *state).then_some((s, actions))
 }
 
 /// Handle every attempt that ended since the last plan.

@@ -1296,7 +1296,7 @@ fn refused_pods_back_off_while_the_admitted_members_train_degraded() {
             "plan-3-0: not tried after plan-2-0: exceeded quota".to_string(),
         ),
     ];
-    let (s, actions) = creates_answered(&w.state, &[(0, 0), (1, 0)], &refused, at(0.0));
+    let (s, actions) = creates_answered(&w.state, &[(0, 0), (1, 0)], &refused, at(0.0)).unwrap();
     w.state = s;
     for id in [2, 3] {
         w.observed.members.remove(&id);
@@ -1328,7 +1328,7 @@ fn refused_pods_back_off_while_the_admitted_members_train_degraded() {
     assert_eq!(World::creates(&again), vec![(2, 0), (3, 0)]);
     assert!(!World::reasons(&again).contains(&"Replaced"));
     // Refused a second time: the backoff doubles, and the refusals count up to a cap.
-    let (s, actions) = creates_answered(&w.state, &[], &refused, at(5.0));
+    let (s, actions) = creates_answered(&w.state, &[], &refused, at(5.0)).unwrap();
     w.state = s;
     for id in [2, 3] {
         w.observed.members.remove(&id);
@@ -1338,7 +1338,7 @@ fn refused_pods_back_off_while_the_admitted_members_train_degraded() {
     let mut capped = w.state.clone();
     capped.members.get_mut(&2).unwrap().refusals = 40;
     capped.members.get_mut(&2).unwrap().lifecycle = Lifecycle::PENDING;
-    let (capped, _) = creates_answered(&capped, &[], &refused[..1], at(100.0));
+    let (capped, _) = creates_answered(&capped, &[], &refused[..1], at(100.0)).unwrap();
     assert_eq!(capped.members[&2].not_before, Some(at(400.0)));
     // The job goes on with the members it got: after the join grace the topology is built
     // from the two (replicas.min) and it runs Degraded, its refusal still said.
@@ -1349,7 +1349,7 @@ fn refused_pods_back_off_while_the_admitted_members_train_degraded() {
     assert_eq!(w.state.phase, JobPhase::Degraded);
     assert_eq!(creates, vec![(2, 0), (3, 0)]);
     // Admitted at last: they join, the condition clears, the job runs.
-    let (s, _) = creates_answered(&w.state, &creates, &[], at(15.0));
+    let (s, _) = creates_answered(&w.state, &creates, &[], at(15.0)).unwrap();
     w.state = s;
     assert_eq!(w.state.members[&2].refusals, 0);
     assert!(
@@ -1358,6 +1358,8 @@ fn refused_pods_back_off_while_the_admitted_members_train_degraded() {
             .iter()
             .any(|c| c.type_ == "PodsRejected" && c.status == "False")
     );
+    // The same answer again changes nothing: the refusals are reset and the condition cleared.
+    assert_eq!(creates_answered(&w.state, &creates, &[], at(15.5)), None);
     w.join(2);
     w.join(3);
     w.now = 16.0;

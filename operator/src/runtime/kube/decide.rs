@@ -84,7 +84,8 @@ pub struct Inputs<'a> {
     pub job: &'a DecentralizedTrainingJob,
     /// [`problems`] of this job's spec.
     pub problems: Option<&'a str>,
-    pub pods: &'a [&'a Pod],
+    /// The job's pods that name a member attempt.
+    pub pods: &'a [observe::JobPod<'a>],
     pub node: &'a dyn Fn(&str) -> NodeState,
     /// The newest Warning event that keeps a pod's containers from starting (a volume that
     /// cannot be mounted, a sandbox that cannot be made), as [`NotStarting`].
@@ -186,11 +187,11 @@ impl Decision {
         refused: &[(MemberId, u32, String)],
         now: Timestamp,
     ) {
-        let (state, actions) =
-            planner::creates_answered(&self.plan.memory.state, accepted, refused, now);
-        if state == self.plan.memory.state {
+        let Some((state, actions)) =
+            planner::creates_answered(&self.plan.memory.state, accepted, refused, now)
+        else {
             return;
-        }
+        };
         self.plan.memory.state = state;
         self.config_map_holds = None;
         self.plan
@@ -282,7 +283,8 @@ pub const SIMILAR_EVENTS: usize = 10;
 
 pub fn decide(i: &Inputs) -> Decision {
     let job = i.job;
-    let address = |id, attempt| Some(resources::member_address(job, id, attempt, i.settings));
+    let addresses = resources::MemberAddresses::new(job, i.settings);
+    let address = |id, attempt| Some(addresses.of(id, attempt));
     if let Some(problems) = i.problems {
         let plan = i
             .driver
@@ -312,13 +314,18 @@ pub fn decide(i: &Inputs) -> Decision {
 fn config_map(i: &Inputs, d: &mut Decision) {
     let owner = resources::config_map(i.job, BTreeMap::new()).metadata;
     let current = i.config_map.filter(|c| owned_by(&c.metadata, &owner));
-    if current.is_some() && i.config_map_memory == Some(&d.plan.memory) {
+    let known = current.and(i.config_map_memory);
+    if known == Some(&d.plan.memory) {
         return;
     }
     let data = d.plan.memory.data(d.plan.document.as_deref());
-    // Compared as plain text: packing (gzip, for a large job) only when it is written.
+    // A memory this operator knows the ConfigMap holds, and the plan's differs from it: the
+    // text differs too, so it is not inflated to compare (at 10 000 members, megabytes).
+    // Otherwise compared as plain text: packing (gzip, for a large job) only when written.
     match current {
-        Some(c) if resources::config_map_data(c).ok().as_ref() == Some(&data) => {
+        Some(c)
+            if known.is_none() && resources::config_map_data(c).ok().as_ref() == Some(&data) =>
+        {
             d.config_map_holds = c.metadata.resource_version.clone();
         }
         _ => d.config_map = Some(resources::config_map(i.job, data)),
@@ -424,10 +431,12 @@ fn relabel(i: &Inputs, d: &mut Decision) {
         .as_ref()
         .map(|t| t.cliques_by_member())
         .unwrap_or_default();
-    for pod in i.pods {
-        let Some((member, attempt)) = observe::member_of(pod) else {
-            continue;
-        };
+    for &observe::JobPod {
+        pod,
+        member,
+        attempt,
+    } in i.pods
+    {
         let current = state
             .members
             .get(&member)
@@ -558,13 +567,16 @@ fn requeue(i: &Inputs, d: &mut Decision) {
 /// and the pods lost with their nodes.
 fn observe(i: &Inputs) -> (BTreeMap<MemberId, ObservedMember>, Vec<String>) {
     let job = i.job;
+    let addresses = resources::MemberAddresses::new(job, i.settings);
     let mut newest: BTreeMap<MemberId, (u32, &Pod)> = BTreeMap::new();
-    for pod in i.pods {
-        let Some((member, attempt)) = observe::member_of(pod) else {
-            continue;
-        };
+    for &observe::JobPod {
+        pod,
+        member,
+        attempt,
+    } in i.pods
+    {
         if newest.get(&member).is_none_or(|(a, _)| attempt > *a) {
-            newest.insert(member, (attempt, *pod));
+            newest.insert(member, (attempt, pod));
         }
     }
     let mut members = BTreeMap::new();
@@ -616,12 +628,7 @@ fn observe(i: &Inputs) -> (BTreeMap<MemberId, ObservedMember>, Vec<String>) {
             },
         };
         m.attempt = record.attempt;
-        m.address = Some(resources::member_address(
-            job,
-            id,
-            record.attempt,
-            i.settings,
-        ));
+        m.address = Some(addresses.of(id, record.attempt));
         members.insert(id, m);
     }
     (members, lost)

@@ -149,6 +149,7 @@ async fn reconcile_inner(
     let place = move |n: &str| observe::place(places.get(&ObjectRef::new(n)).as_deref());
     let start_event = |p: &Pod| ctx.stores.start_events.get(p);
     let now = (ctx.clock)();
+    let job_pods = observe::job_pods(&pod_refs);
     let decision = {
         let mut l = live.lock();
         let generation = job.metadata.generation;
@@ -162,10 +163,8 @@ async fn reconcile_inner(
         };
         // A pod the cache has shown is no longer expected: from now on its absence is a
         // deletion.
-        let seen: std::collections::BTreeSet<(MemberId, u32)> = pod_refs
-            .iter()
-            .filter_map(|p| observe::member_of(p))
-            .collect();
+        let seen: std::collections::BTreeSet<(MemberId, u32)> =
+            job_pods.iter().map(|p| (p.member, p.attempt)).collect();
         l.created.retain(|k, _| !seen.contains(k));
         // Likewise a clique label the cache shows, or whose pod is gone.
         if !l.labels_sent.is_empty() {
@@ -184,7 +183,7 @@ async fn reconcile_inner(
         decide(&Inputs {
             job,
             problems: problems.as_deref(),
-            pods: &pod_refs,
+            pods: &job_pods,
             node: &node,
             start_event: &start_event,
             place: &place,

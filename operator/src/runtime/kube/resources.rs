@@ -127,20 +127,27 @@ impl Default for Settings {
     }
 }
 
-/// A member attempt's peer address: its DNS name under the job's headless Service.
-pub fn member_address(
-    job: &DecentralizedTrainingJob,
-    member: MemberId,
-    attempt: u32,
-    s: &Settings,
-) -> String {
-    format!(
-        "{}.{}.{}.svc.{}:{PEER_PORT}",
-        hostname(member, attempt),
-        service_name(&name(job)),
-        namespace(job),
-        s.cluster_domain
-    )
+/// Member attempts' peer addresses: each one's DNS name under the job's headless Service, the
+/// common part formatted once (a reconcile formats every member's, 10 000 in a large job).
+pub struct MemberAddresses {
+    /// Everything after the pod's hostname.
+    domain: String,
+}
+
+impl MemberAddresses {
+    pub fn new(job: &DecentralizedTrainingJob, s: &Settings) -> Self {
+        let domain = format!(
+            ".{}.{}.svc.{}:{PEER_PORT}",
+            service_name(&name(job)),
+            namespace(job),
+            s.cluster_domain
+        );
+        Self { domain }
+    }
+
+    pub fn of(&self, member: MemberId, attempt: u32) -> String {
+        format!("{}{}", hostname(member, attempt), self.domain)
+    }
 }
 
 pub fn name(job: &DecentralizedTrainingJob) -> String {
