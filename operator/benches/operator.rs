@@ -103,6 +103,7 @@ fn steady(settings: &Settings) -> Steady {
     let mut pods: Vec<Pod> = Vec::new();
     let first = loop {
         let refs: Vec<&Pod> = pods.iter().collect();
+        let refs = observe::job_pods(&refs);
         let d = decide(&Inputs {
             job: &job,
             problems: None,
@@ -144,6 +145,7 @@ fn steady(settings: &Settings) -> Steady {
         );
     }
     let refs: Vec<&Pod> = pods.iter().collect();
+    let refs = observe::job_pods(&refs);
     let built = decide(&Inputs {
         job: &job,
         problems: None,
@@ -250,6 +252,11 @@ fn mock(job: Value) -> Client {
                 j["status"] = body["status"].clone();
                 j
             } else {
+                // What the API server answers a write with: the object as stored.
+                let mut body = body;
+                if let Some(meta) = body.get_mut("metadata").and_then(Value::as_object_mut) {
+                    meta.insert("resourceVersion".into(), json!("2"));
+                }
                 body
             };
             send.send_response(
@@ -271,7 +278,10 @@ fn operator(s: &Steady, pods: &[Pod], settings: &Settings) -> Arc<Context> {
     let (secrets, w) = reflector::store();
     listed(w, vec![s.first.secret.clone().unwrap()]);
     let (config_maps, w) = reflector::store();
-    listed(w, vec![s.decision.config_map.clone().unwrap()]);
+    // As stored: with a resourceVersion, by which the operator knows the memory it holds.
+    let mut config_map = s.decision.config_map.clone().unwrap();
+    config_map.metadata.resource_version = Some("1".into());
+    listed(w, vec![config_map]);
     let (nodes, w) = reflector::store();
     listed(w, vec![node()]);
     let (disruption_budgets, w) = reflector::store();
@@ -360,6 +370,7 @@ fn benches(c: &mut Criterion) {
     });
 
     let refs: Vec<&Pod> = s.pods.iter().collect();
+    let refs = observe::job_pods(&refs);
     let ready = |_: &str| observe::NodeState::Ready;
     let created = BTreeMap::new();
     let steady_inputs = Inputs {
@@ -372,7 +383,8 @@ fn benches(c: &mut Criterion) {
         service: s.first.service.as_ref(),
         secret: s.first.secret.as_ref(),
         config_map: s.decision.config_map.as_ref(),
-        config_map_memory: None,
+        // A running operator knows what the ConfigMap it wrote holds.
+        config_map_memory: Some(&s.decision.plan.memory),
         network_policy: None,
         disruption_budget: s.first.disruption_budget.as_ref(),
         driver: &s.driver,
