@@ -377,9 +377,11 @@ report() {
 : >"$WORK/exec.txt"
 for _ in $(seq 1 120); do
     if read -r pod _ _ < <(running_member); then
-        "$K" exec -n "$NS" "$pod" -c trainer -- /proc/1/exe --version >"$WORK/exec.txt" 2>&1 ||
-            say "kubectl exec into $pod failed: $(cat "$WORK/exec.txt")"
-        break
+        "$K" exec -n "$NS" "$pod" -c trainer -- /proc/1/exe --version >"$WORK/exec.txt" 2>&1 && break
+        say "kubectl exec into $pod failed: $(cat "$WORK/exec.txt")"
+        # Its member was relocated or replaced meanwhile, its pod going: another one is tried.
+        going=$("$K" get pod -n "$NS" "$pod" -o jsonpath='{.metadata.deletionTimestamp}' 2>/dev/null || echo gone)
+        [[ -n $going ]] || break
     fi
     ended && break
     sleep 0.5
