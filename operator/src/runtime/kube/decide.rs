@@ -297,7 +297,7 @@ pub fn decide(i: &Inputs) -> Decision {
         }
         return d;
     }
-    let (seen, lost) = observe(i);
+    let (seen, lost) = observe(i, &addresses);
     let plan = i.driver.plan(&job.spec, None, seen, &address, i.now);
     let mut d = Decision::new(plan, i.settings);
     children(i, &mut d);
@@ -565,9 +565,10 @@ fn requeue(i: &Inputs, d: &mut Decision) {
 
 /// What the cluster shows of each member: its newest attempt's pod (or the pod just created),
 /// and the pods lost with their nodes.
-fn observe(i: &Inputs) -> (BTreeMap<MemberId, ObservedMember>, Vec<String>) {
-    let job = i.job;
-    let addresses = resources::MemberAddresses::new(job, i.settings);
+fn observe(
+    i: &Inputs,
+    addresses: &resources::MemberAddresses,
+) -> (BTreeMap<MemberId, ObservedMember>, Vec<String>) {
     let mut newest: BTreeMap<MemberId, (u32, &Pod)> = BTreeMap::new();
     for &observe::JobPod {
         pod,
