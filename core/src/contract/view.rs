@@ -271,14 +271,12 @@ impl<'a> Index<'a> {
             .filter(move |&m| m != id)
     }
 
-    /// Whether `served` has the content [`Index::view`] would make of `id` now (see
+    /// Whether `served` has the content [`Index::view`] would make of member `me` now (see
     /// [`MemberView::same_content`]), read off the index without making the view: at 10 000
     /// members making every view again was most of following a change, and almost all of them
     /// are unchanged.
-    fn holds(&self, doc: &TopologyDocument, id: u32, served: &MemberView) -> bool {
-        let Some(me) = self.members.get(&id) else {
-            return served.same_content(&MemberView::outside(doc, id));
-        };
+    fn holds(&self, doc: &TopologyDocument, me: &DocumentMember, served: &MemberView) -> bool {
+        let id = me.id;
         served.kind == doc.kind
             && served.member == id
             && !served.outside
@@ -328,7 +326,7 @@ impl ViewBook {
         let mut changes = ViewChanges::default();
         for m in &doc.members {
             let view = match served.remove(&m.id) {
-                Some(old) if index.holds(doc, m.id, &old) => old,
+                Some(old) if index.holds(doc, m, &old) => old,
                 _ => {
                     let view = index.view(doc, m.id);
                     changes.changed.push(view.clone());
