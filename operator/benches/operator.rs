@@ -402,6 +402,21 @@ fn benches(c: &mut Criterion) {
     group.bench_function("decide, steady state", |b| {
         b.iter(|| decide(&steady_inputs))
     });
+    // The same, one member's pod preempted: what a reconcile decides before it writes.
+    let preempted = preempt(&s.pods, 7);
+    let preempted_refs: Vec<&Pod> = preempted.iter().collect();
+    let preempted_refs = observe::job_pods(&preempted_refs);
+    let preempted_inputs = Inputs {
+        pods: &preempted_refs,
+        ..steady_inputs
+    };
+    assert!(
+        decide(&preempted_inputs).writes() > 0,
+        "a preemption is written"
+    );
+    group.bench_function("decide, one preemption", |b| {
+        b.iter(|| decide(&preempted_inputs))
+    });
 
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -420,7 +435,6 @@ fn benches(c: &mut Criterion) {
                 .unwrap()
         })
     });
-    let preempted = preempt(&s.pods, 7);
     group.bench_function("reconcile against the mock, one preemption", |b| {
         b.iter_batched(
             || {

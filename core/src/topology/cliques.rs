@@ -23,15 +23,23 @@ pub enum CliqueFlavour {
     },
 }
 
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
-)]
+/// Stored as `[a, b]`; read as that or as `{"a": .., "b": ..}` (memories written before).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Deserialize)]
 pub struct Bridge {
     pub a: MemberId,
     pub b: MemberId,
 }
 
+impl serde::Serialize for Bridge {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        (self.a, self.b).serialize(s)
+    }
+}
+
+/// Stored without its derived indexes, which are made again as it is read: at 10 000 members
+/// they were a third of the layout's text.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(from = "StoredLayout")]
 pub struct CliqueLayout {
     pub flavour: CliqueFlavour,
     pub inter: InterClique,
@@ -46,8 +54,43 @@ pub struct CliqueLayout {
     pub bridges: Vec<Bridge>,
     pub(super) next_clique: u32,
     /// Derived indexes over `bridges`, so choosing a bridge end is not a scan of all bridges.
+    #[serde(skip_serializing)]
     ends: BTreeMap<MemberId, usize>,
+    #[serde(skip_serializing)]
     pairs: BTreeSet<(MemberId, MemberId)>,
+}
+
+/// A [`CliqueLayout`] as stored (indexes stored by earlier versions are ignored).
+#[derive(serde::Deserialize)]
+struct StoredLayout {
+    flavour: CliqueFlavour,
+    inter: InterClique,
+    target_size: usize,
+    #[serde(default)]
+    zone_aware: bool,
+    cliques: BTreeMap<u32, Vec<MemberId>>,
+    bridges: Vec<Bridge>,
+    next_clique: u32,
+}
+
+impl From<StoredLayout> for CliqueLayout {
+    fn from(s: StoredLayout) -> Self {
+        let mut layout = Self {
+            flavour: s.flavour,
+            inter: s.inter,
+            target_size: s.target_size,
+            zone_aware: s.zone_aware,
+            cliques: s.cliques,
+            bridges: Vec::with_capacity(s.bridges.len()),
+            next_clique: s.next_clique,
+            ends: BTreeMap::new(),
+            pairs: BTreeSet::new(),
+        };
+        for bridge in s.bridges {
+            layout.push_bridge(bridge);
+        }
+        layout
+    }
 }
 
 impl CliqueLayout {

@@ -191,6 +191,48 @@ fn dcliques_balance_one_class_members_with_few_edges() {
     }
 }
 
+/// A D-Cliques topology is stored as its cliques and bridges, each bridge a pair, and read
+/// back whole; one stored the earlier way, graph and bridge indexes included and bridges as
+/// objects, reads back the same.
+#[test]
+fn a_dcliques_topology_is_stored_without_what_its_cliques_determine() {
+    let members = MemberProfile::from_histograms(one_class_per_member(100, 10, 50.0));
+    let t = build(&spec(TopologyKind::DCliques), &members).unwrap();
+    let Shape::Cliques(layout) = &t.shape else {
+        unreachable!()
+    };
+    let stored = serde_json::to_value(&t).unwrap();
+    assert!(stored.get("graph").is_none(), "{stored}");
+    let cliques = &stored["shape"]["Cliques"];
+    assert!(cliques.get("ends").is_none() && cliques.get("pairs").is_none());
+    let b = layout.bridges[0];
+    assert_eq!(cliques["bridges"][0], serde_json::json!([b.a, b.b]));
+    assert_eq!(
+        serde_json::from_value::<Topology>(stored.clone()).unwrap(),
+        t
+    );
+
+    let mut earlier = stored;
+    earlier["graph"] = serde_json::to_value(&t.graph).unwrap();
+    let old = &mut earlier["shape"]["Cliques"];
+    old["bridges"] = layout
+        .bridges
+        .iter()
+        .map(|b| serde_json::json!({"a": b.a, "b": b.b}))
+        .collect();
+    old["ends"] = serde_json::json!({"0": 1});
+    old["pairs"] = serde_json::json!([[0, 1]]);
+    assert_eq!(serde_json::from_value::<Topology>(earlier).unwrap(), t);
+
+    let mut ring =
+        serde_json::to_value(build(&spec(TopologyKind::Ring), &bare(5)).unwrap()).unwrap();
+    ring.as_object_mut().unwrap().remove("graph");
+    let e = serde_json::from_value::<Topology>(ring)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("no `graph`"), "{e}");
+}
+
 #[test]
 fn every_inter_clique_pattern_is_connected_and_balanced() {
     for inter in [
@@ -825,6 +867,10 @@ proptest! {
                 }
             }
             prop_assert!(t.version > before);
+            // What is stored reads back the same, the graph included where it is left out.
+            let stored = serde_json::to_string(&t).unwrap();
+            prop_assert_eq!(&serde_json::from_str::<Topology>(&stored).unwrap(), &t);
+            prop_assert_eq!(stored.contains("\"graph\""), t.shape.graph().is_none());
             prop_assert!(t.graph.is_connected(), "disconnected after {:?}", op);
             prop_assert_eq!(t.graph.members().collect::<BTreeSet<_>>(), expected.clone());
             prop_assert_eq!(t.profiles.keys().copied().collect::<BTreeSet<_>>(), expected.clone());
