@@ -183,12 +183,11 @@ impl Context {
         })
     }
 
-    /// The job's live record: created on its first reconcile in this process, from its
-    /// ConfigMap and Secret when they exist (an operator restart), registering it with the hub.
     /// The job's live record: created on its first reconcile in this process, from the
     /// ConfigMap and Secret it owns when there are (an operator restart) — never from objects of
     /// another job of the same name (one deleted and created again) — and with attempts that
-    /// follow any `leftovers` (pods of such a job), so no pod name is taken twice.
+    /// follow any `leftovers` (pods of such a job), so no pod name is taken twice; registered
+    /// with the hub.
     pub(super) fn live(
         self: &Arc<Self>,
         job: &DecentralizedTrainingJob,
