@@ -37,7 +37,7 @@ impl serde::Serialize for Bridge {
 }
 
 /// Stored without its derived indexes, which are made again as it is read: at 10 000 members
-/// they were a third of the layout's text.
+/// they were two fifths of the layout's text.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(from = "StoredLayout")]
 pub struct CliqueLayout {

@@ -186,6 +186,7 @@ impl Shape {
         }
     }
 
+    /// Whether [`Shape::graph`] makes one (without making it).
     fn determines_graph(&self) -> bool {
         matches!(
             self,
@@ -197,7 +198,7 @@ impl Shape {
 /// A versioned communication graph. Serializable, so a control plane can keep it across
 /// restarts (the operator stores it in the job's topology ConfigMap). The graph is stored only
 /// where the shape does not determine it ([`Shape::graph`]): a 10 000-member D-Cliques graph was
-/// a third of the stored text, and most of what packing the operator's memory cost.
+/// a quarter of the operator's stored memory.
 #[derive(Clone, Debug, PartialEq, serde::Deserialize)]
 #[serde(try_from = "StoredTopology")]
 pub struct Topology {
