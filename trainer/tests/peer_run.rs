@@ -28,6 +28,13 @@ spec:
 
 const MEMBERS: u32 = 4;
 
+/// [`MANIFEST`] for the joiner tests: long enough that the two members started first are still
+/// training (and can answer) when the joiners ask beyond their neighbours. At 600 steps they
+/// could finish in the two seconds or so the joiners take to start.
+fn joining_manifest() -> String {
+    MANIFEST.replace("steps: 600", "steps: 3000")
+}
+
 /// Mean final accuracy of a finished run, from each process's "done" log line.
 fn final_accuracy(job: &LocalJob, attempts: &[(u32, u32)]) -> f64 {
     let accs: Vec<f64> = attempts
@@ -195,7 +202,7 @@ fn two_members_past_step_100(job: &LocalJob) -> (Reaper, std::path::PathBuf, u64
 fn joiners_whose_neighbours_are_all_new_take_state_from_beyond_them() {
     // Two members train; then two join at once, linked only to each other, as a whole clique
     // replaced at once is: neither has a neighbour that trained.
-    let job = LocalJob::new(MEMBERS, TopologyKind::Ring, MANIFEST);
+    let job = LocalJob::new(MEMBERS, TopologyKind::Ring, &joining_manifest());
     let address = |id: u32| format!("127.0.0.1:{}", job.members[id as usize].peer_port);
     let (mut procs, topology, step) = two_members_past_step_100(&job);
     let all = [0, 1, 2, 3];
@@ -236,13 +243,69 @@ fn joiners_whose_neighbours_are_all_new_take_state_from_beyond_them() {
 }
 
 #[test]
+fn joiners_with_no_trained_member_within_reach_start_without_waiting_out_the_timeout() {
+    // Two members join a job said to be at step 100, linked only to each other, and the members
+    // beyond them are gone (its last members finished, or were preempted with these two's
+    // predecessors). Once their dials to those fail, the two train from the start together
+    // rather than wait out the startup timeout for answers that cannot come.
+    let job = LocalJob::new(MEMBERS, TopologyKind::Ring, MANIFEST);
+    let gone: Vec<String> = (0..2)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let address = |id: u32| match gone.get(id as usize) {
+        Some(at) => at.clone(),
+        None => format!("127.0.0.1:{}", job.members[id as usize].peer_port),
+    };
+    std::fs::write(
+        job.dir.path().join("topology.json"),
+        document(1, 100, &[0, 1, 2, 3], &[(0, 1), (2, 3)], address),
+    )
+    .unwrap();
+    let mut procs = Reaper::default();
+    for id in 2..4 {
+        procs.0.push(job.spawn(id, 0, &[]));
+    }
+    for c in &mut procs.0 {
+        let status = wait_exit(c, Duration::from_secs(240)).expect("a member hung");
+        assert!(status.success(), "{status:?}");
+    }
+    let log = |id: u32| std::fs::read_to_string(job.log_path(id, 0)).unwrap_or_default();
+    for id in 2..4 {
+        let lines = job.log(id, 0);
+        assert!(
+            logged(
+                &lines,
+                "not every neighbour showed up in time; starting without them"
+            )
+            .is_none(),
+            "member {id} waited out its startup timeout; its log:\n{}",
+            log(id)
+        );
+        let done = logged(&lines, "done").expect("never logged done");
+        assert_eq!(done["step"], 600, "member {id}: {done}");
+    }
+    // The first to find everyone beyond out of reach starts; the other may then take the
+    // state of its first step from it.
+    assert!(
+        (2..4).any(|id| logged(
+            &job.log(id, 0),
+            "the job is under way, but no member within reach has trained"
+        )
+        .is_some()),
+        "neither joiner found that no one within reach had trained; their logs:\n{}\n{}",
+        log(2),
+        log(3)
+    );
+}
+
+#[test]
 fn a_joiner_asks_again_a_neighbour_replaced_while_it_waits() {
     // Members 0 and 1 train. Member 2 joins with one neighbour, member 3, whose address in the
     // topology is that of a process gone (a preempted pod): nothing answers there. Member 3's
     // replacement then starts at a new address, which the next topology version gives. The
     // joiner must follow that version and ask the new process, not wait out its startup
     // timeout for an answer from the old one.
-    let job = LocalJob::new(MEMBERS, TopologyKind::Ring, MANIFEST);
+    let job = LocalJob::new(MEMBERS, TopologyKind::Ring, &joining_manifest());
     let address = |id: u32| format!("127.0.0.1:{}", job.members[id as usize].peer_port);
     let (mut procs, topology, step) = two_members_past_step_100(&job);
     let all = [0, 1, 2, 3];
@@ -294,7 +357,9 @@ fn a_joiner_asks_again_a_neighbour_replaced_while_it_waits() {
             "not every neighbour showed up in time; starting without them"
         )
         .is_none(),
-        "member 2 waited out its startup timeout"
+        "member 2 waited out its startup timeout; its log:\n{}\nmember 3's:\n{}",
+        std::fs::read_to_string(job.log_path(2, 0)).unwrap_or_default(),
+        std::fs::read_to_string(job.log_path(3, 1)).unwrap_or_default(),
     );
     let transferred = logged(&lines, "state transferred from a neighbour")
         .expect("member 2 started without the job's state");

@@ -285,10 +285,13 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
                 BTreeSet::new()
             };
             let replied = |n: &MemberId| replies.iter().any(|r| r.from == *n);
+            // A member beyond that is gone (finished, or preempted with our neighbours) will
+            // never answer: the next batch is asked rather than the timeout waited out.
+            let beyond_answered = |n: &MemberId| replied(n) || self.transport.out_of_reach(*n);
             let everyone = neighbours
                 .iter()
                 .all(|n| connected.contains(n) && (replied(n) || first_round.contains(n)))
-                && asked_beyond.iter().all(replied);
+                && asked_beyond.iter().all(beyond_answered);
             // A step alone (a neighbour that has trained alone) is an answer, not a state.
             let ahead = replies
                 .iter()
@@ -302,7 +305,7 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
                 }
                 let beyond = beyond.as_mut().expect("just found");
                 if beyond.is_empty() {
-                    tracing::warn!("the job is under way, but no member that answered has trained");
+                    tracing::warn!("the job is under way, but no member within reach has trained");
                     break;
                 }
                 let batch: Vec<MemberId> =

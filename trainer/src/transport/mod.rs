@@ -341,6 +341,12 @@ impl Transport {
         true
     }
 
+    /// Whether `peer` said it left, or our last dial to it failed, and it has not been back
+    /// since: it will not answer what we ask it now.
+    pub fn out_of_reach(&self, peer: MemberId) -> bool {
+        self.shared.book.lock().out_of_reach(peer)
+    }
+
     /// Members with a live connection to us.
     pub fn connected_peers(&self) -> BTreeSet<MemberId> {
         self.peers_where(book::RoundBook::is_connected)
@@ -450,7 +456,7 @@ impl Transport {
                     let changed = self.shared.changed.notified();
                     tokio::pin!(changed);
                     changed.as_mut().enable();
-                    if self.shared.book.lock().out_of_reach(peer) {
+                    if self.out_of_reach(peer) {
                         break;
                     }
                     tokio::select! {
