@@ -321,10 +321,7 @@ fn trainers_follow_the_control_endpoint_from_a_ring_to_data_aware_cliques() {
     std::thread::sleep(Duration::from_secs(2));
     stub.down.store(false, Ordering::Relaxed);
 
-    for c in &mut procs.0 {
-        let status = wait_exit(c, Duration::from_secs(120)).expect("hung");
-        assert!(status.success(), "{status:?}");
-    }
+    procs.all_succeed(Duration::from_secs(120));
     assert_eq!(*stub.bad_signatures.lock().unwrap(), 0);
     // Each member's posts arrived in the order they were numbered, none twice.
     for (member, sequence) in stub.sequences.lock().unwrap().iter() {

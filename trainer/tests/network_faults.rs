@@ -19,7 +19,7 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use murmur_core::api::TopologyKind;
-use support::{Reaper, http_get_at, read_log, trainer_command, wait_exit, write_job};
+use support::{Reaper, http_get_at, read_log, trainer_command, write_job};
 
 const PEER_PORT: u16 = 7070;
 const STATUS_PORT: u16 = 7071;
@@ -443,11 +443,7 @@ fn a_slow_lossy_member_is_dropped_from_rounds_it_is_late_for_and_rejoins() {
     std::thread::sleep(Duration::from_secs(20));
     let slow_until = sample(&hosts).map(|s| s.0).unwrap_or(slow_from);
     back_to_normal(&hosts, 2);
-    for (i, child) in reaper.0.iter_mut().enumerate() {
-        let status = wait_exit(child, Duration::from_secs(300))
-            .unwrap_or_else(|| panic!("member {i} did not finish"));
-        assert!(status.success(), "member {i} failed: {status}");
-    }
+    reaper.all_succeed(Duration::from_secs(300));
     // Its neighbours (1 and 3) went on without it in rounds it was late for…
     for neighbour in [1, 3] {
         let late = drops(&job, neighbour, 2, Some("timeout"));

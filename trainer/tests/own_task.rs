@@ -50,10 +50,7 @@ fn a_task_of_ones_own_trains_across_members_with_one_class_each() {
     for id in 0..4 {
         procs.0.push(job.spawn(id, 0, &[]));
     }
-    for c in &mut procs.0 {
-        let status = wait_exit(c, Duration::from_secs(240)).expect("a member hung");
-        assert!(status.success(), "{status:?}");
-    }
+    procs.all_succeed(Duration::from_secs(240));
     for id in 0..4 {
         let lines = job.log(id, 0);
         let done = logged(&lines, "done").unwrap_or_else(|| panic!("member {id} never finished"));

@@ -65,17 +65,6 @@ fn start_then_kill_member_2(job: &LocalJob) -> Reaper {
     procs
 }
 
-/// Every process but the one at `killed` exits successfully within four minutes.
-fn all_but_the_killed_one_succeed(procs: &mut Reaper, killed: usize) {
-    for (i, c) in procs.0.iter_mut().enumerate() {
-        if i == killed {
-            continue;
-        }
-        let status = wait_exit(c, Duration::from_secs(240)).expect("a member hung");
-        assert!(status.success(), "member process {i}: {status:?}");
-    }
-}
-
 #[test]
 fn a_ring_trains_through_a_sigkill_and_a_restart() {
     // Undisturbed run.
@@ -84,10 +73,7 @@ fn a_ring_trains_through_a_sigkill_and_a_restart() {
     for id in 0..MEMBERS {
         procs.0.push(calm.spawn(id, 0, &[]));
     }
-    for c in &mut procs.0 {
-        let status = wait_exit(c, Duration::from_secs(240)).expect("a member hung");
-        assert!(status.success(), "{status:?}");
-    }
+    procs.all_succeed(Duration::from_secs(240));
     let calm_accuracy = final_accuracy(&calm, &[(0, 0), (1, 0), (2, 0), (3, 0)]);
     println!("undisturbed: {calm_accuracy:.4}");
     assert!(
@@ -115,7 +101,7 @@ fn a_ring_trains_through_a_sigkill_and_a_restart() {
     // Replaced at once, as the control plane would: it must catch up mid-run.
     let replacement = job.spawn(2, 1, &[]);
     procs.0.push(replacement);
-    all_but_the_killed_one_succeed(&mut procs, 2);
+    procs.all_but_succeed(&[2], Duration::from_secs(240));
     let lines = job.log(2, 1);
     let transferred = logged(&lines, "state transferred from a neighbour")
         .expect("the replacement did not fetch state from a neighbour");
@@ -214,10 +200,7 @@ fn joiners_whose_neighbours_are_all_new_take_state_from_beyond_them() {
     for id in 2..4 {
         procs.0.push(job.spawn(id, 0, &[]));
     }
-    for c in &mut procs.0 {
-        let status = wait_exit(c, Duration::from_secs(240)).expect("a member hung");
-        assert!(status.success(), "{status:?}");
-    }
+    procs.all_succeed(Duration::from_secs(240));
     // The first to find its neighbour untrained asks beyond it; the other may then take the
     // state from it.
     assert!(
@@ -265,11 +248,7 @@ fn joiners_with_no_trained_member_within_reach_start_without_waiting_out_the_tim
     for id in 2..4 {
         procs.0.push(job.spawn(id, 0, &[]));
     }
-    for c in &mut procs.0 {
-        let status = wait_exit(c, Duration::from_secs(240)).expect("a member hung");
-        assert!(status.success(), "{status:?}");
-    }
-    let log = |id: u32| std::fs::read_to_string(job.log_path(id, 0)).unwrap_or_default();
+    procs.all_succeed(Duration::from_secs(240));
     for id in 2..4 {
         let lines = job.log(id, 0);
         assert!(
@@ -279,7 +258,7 @@ fn joiners_with_no_trained_member_within_reach_start_without_waiting_out_the_tim
             )
             .is_none(),
             "member {id} waited out its startup timeout; its log:\n{}",
-            log(id)
+            job.log_text(id, 0)
         );
         let done = logged(&lines, "done").expect("never logged done");
         assert_eq!(done["step"], 600, "member {id}: {done}");
@@ -293,8 +272,8 @@ fn joiners_with_no_trained_member_within_reach_start_without_waiting_out_the_tim
         )
         .is_some()),
         "neither joiner found that no one within reach had trained; their logs:\n{}\n{}",
-        log(2),
-        log(3)
+        job.log_text(2, 0),
+        job.log_text(3, 0)
     );
 }
 
@@ -346,10 +325,7 @@ fn a_joiner_asks_again_a_neighbour_replaced_while_it_waits() {
         .spawn()
         .unwrap(),
     );
-    for c in &mut procs.0 {
-        let status = wait_exit(c, Duration::from_secs(240)).expect("a member hung");
-        assert!(status.success(), "{status:?}");
-    }
+    procs.all_succeed(Duration::from_secs(240));
     let lines = job.log(2, 0);
     assert!(
         logged(
@@ -358,8 +334,8 @@ fn a_joiner_asks_again_a_neighbour_replaced_while_it_waits() {
         )
         .is_none(),
         "member 2 waited out its startup timeout; its log:\n{}\nmember 3's:\n{}",
-        std::fs::read_to_string(job.log_path(2, 0)).unwrap_or_default(),
-        std::fs::read_to_string(job.log_path(3, 1)).unwrap_or_default(),
+        job.log_text(2, 0),
+        job.log_text(3, 1),
     );
     let transferred = logged(&lines, "state transferred from a neighbour")
         .expect("member 2 started without the job's state");
@@ -396,10 +372,7 @@ fn a_member_left_far_behind_catches_up_with_its_neighbours() {
     signal(&procs.0[2], "CONT");
     let resumed = Instant::now();
     let ahead_at_resume = job.step(1).unwrap_or(stopped_at + 40);
-    for c in &mut procs.0 {
-        let status = wait_exit(c, Duration::from_secs(120)).expect("a member hung");
-        assert!(status.success(), "{status:?}");
-    }
+    procs.all_succeed(Duration::from_secs(120));
     let finished = resumed.elapsed();
     println!("the ring finished {finished:?} after member 2 resumed");
     // Crawling, the ~200 rounds left would take a round timeout (500 ms) each.
@@ -459,7 +432,7 @@ fn with_outer_steps_a_replacement_takes_a_neighbours_anchor_and_outer_momentum()
     let job = LocalJob::new(MEMBERS, TopologyKind::Ring, &manifest);
     let mut procs = start_then_kill_member_2(&job);
     procs.0.push(job.spawn(2, 1, &[]));
-    all_but_the_killed_one_succeed(&mut procs, 2);
+    procs.all_but_succeed(&[2], Duration::from_secs(240));
     let lines = job.log(2, 1);
     let transferred = logged(&lines, "state transferred from a neighbour")
         .expect("the replacement did not fetch state from a neighbour");
@@ -507,10 +480,7 @@ fn members_starting_late_in_the_first_round_start_from_the_initial_model() {
     });
     std::thread::sleep(Duration::from_millis(300));
     procs.0.push(job.spawn(2, 0, &[]));
-    for c in &mut procs.0 {
-        let status = wait_exit(c, Duration::from_secs(240)).expect("a member hung");
-        assert!(status.success(), "{status:?}");
-    }
+    procs.all_succeed(Duration::from_secs(240));
     for id in [1, 2] {
         let transferred = logged(&job.log(id, 0), "state transferred from a neighbour").cloned();
         assert!(

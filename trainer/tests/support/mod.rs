@@ -214,6 +214,11 @@ impl LocalJob {
     pub fn log(&self, id: u32, attempt: u32) -> Vec<serde_json::Value> {
         read_log(&self.log_path(id, attempt))
     }
+
+    /// One process's log as written, for a failing assertion to show.
+    pub fn log_text(&self, id: u32, attempt: u32) -> String {
+        std::fs::read_to_string(self.log_path(id, attempt)).unwrap_or_default()
+    }
 }
 
 pub fn read_log(path: &Path) -> Vec<serde_json::Value> {
@@ -282,6 +287,25 @@ pub fn wait_exit(child: &mut Child, within: Duration) -> Option<std::process::Ex
 /// Kills its processes when dropped, so a failing test leaves nothing behind.
 #[derive(Default)]
 pub struct Reaper(pub Vec<Child>);
+
+impl Reaper {
+    /// Every process exits successfully, each within `within` of the last; a hung one fails
+    /// the test.
+    pub fn all_succeed(&mut self, within: Duration) {
+        self.all_but_succeed(&[], within);
+    }
+
+    /// [`Self::all_succeed`] for all but the processes at `skipped` (ones the test killed).
+    pub fn all_but_succeed(&mut self, skipped: &[usize], within: Duration) {
+        for (i, c) in self.0.iter_mut().enumerate() {
+            if skipped.contains(&i) {
+                continue;
+            }
+            let status = wait_exit(c, within).unwrap_or_else(|| panic!("process {i} hung"));
+            assert!(status.success(), "process {i}: {status:?}");
+        }
+    }
+}
 
 impl Drop for Reaper {
     fn drop(&mut self) {
