@@ -225,10 +225,15 @@ impl CliqueLayout {
 
     /// Clique-level adjacency (which cliques are bridged).
     fn clique_links(&self) -> BTreeMap<u32, BTreeSet<u32>> {
-        let owner: BTreeMap<MemberId, u32> = self
+        // Only bridge ends need their clique: a few members a clique, not all of them.
+        let owner: std::collections::HashMap<MemberId, u32> = self
             .cliques
             .iter()
-            .flat_map(|(&c, ms)| ms.iter().map(move |&m| (m, c)))
+            .flat_map(|(&c, ms)| {
+                ms.iter()
+                    .filter(|m| self.ends.contains_key(m))
+                    .map(move |&m| (m, c))
+            })
             .collect();
         let mut links: BTreeMap<u32, BTreeSet<u32>> =
             self.cliques.keys().map(|&c| (c, BTreeSet::new())).collect();
@@ -244,7 +249,17 @@ impl CliqueLayout {
     /// emptied clique disappears and its neighbouring cliques are linked to each other.
     pub(super) fn remove_member(&mut self, id: MemberId) -> Option<u32> {
         let clique = self.clique_of(id)?;
-        let links_before = self.clique_links();
+        // The cliques an emptied clique linked: only a clique's last member needs them.
+        let former: Vec<u32> = if self.cliques[&clique].len() == 1 {
+            let links = self.clique_links();
+            links[&clique]
+                .iter()
+                .copied()
+                .filter(|c| *c != clique)
+                .collect()
+        } else {
+            Vec::new()
+        };
         self.cliques
             .get_mut(&clique)
             .expect("found")
@@ -254,11 +269,6 @@ impl CliqueLayout {
             self.cliques.remove(&clique);
             // Close the gap the clique leaves: its former neighbour cliques link to each other
             // (a ring of cliques stays a ring), then anything still cut off is reconnected.
-            let former: Vec<u32> = links_before[&clique]
-                .iter()
-                .copied()
-                .filter(|c| *c != clique)
-                .collect();
             if former.len() == 2 && !self.clique_links()[&former[0]].contains(&former[1]) {
                 self.bridge(former[0], former[1]);
             }
