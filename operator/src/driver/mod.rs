@@ -373,6 +373,16 @@ impl JobDriver {
     /// The runtime carried `plan` out: it is the job's memory now. Publishes its topology
     /// document (a newer version only), its events and its view.
     pub fn commit(&mut self, plan: &Plan, now: Timestamp) {
+        self.assume(plan, now);
+        self.publish_topology(plan.document.as_deref(), plan.step);
+    }
+
+    /// `plan` is the job's memory from now on, while a runtime that writes behind carries it
+    /// out: the next plan starts from it. Publishes its events and its view, not its topology
+    /// document: trainers must never hold a version that a restarted control plane, reading
+    /// the memory it persisted, could issue again with other content
+    /// ([`JobDriver::publish_topology`] once the memory holding it is persisted).
+    pub fn assume(&mut self, plan: &Plan, now: Timestamp) {
         // Join reports that arrived while the plan was carried out are kept.
         self.memory.state = plan.memory.state.clone();
         self.places = plan
@@ -381,19 +391,33 @@ impl JobDriver {
             .iter()
             .map(|(&id, m)| (id, (m.zone.clone(), m.region.clone())))
             .collect();
-        if let Some(doc) = &plan.document
-            && doc.version > self.published_version
-        {
-            self.published_version = doc.version;
-            self.handle.set_topology(TopologyDocument {
-                step: plan.step,
-                ..TopologyDocument::clone(doc)
-            });
-        }
         for event in &plan.events {
             self.record(event.clone(), now);
         }
         self.hub.publish(&self.handle, plan.view.clone());
+    }
+
+    /// Publish a plan's topology document (a newer version only), with how far the job has
+    /// come for joiners.
+    pub fn publish_topology(&mut self, document: Option<&TopologyDocument>, step: u64) {
+        if let Some(doc) = document
+            && doc.version > self.published_version
+        {
+            self.published_version = doc.version;
+            self.handle.set_topology(TopologyDocument {
+                step,
+                ..doc.clone()
+            });
+        }
+    }
+
+    /// Amend the job's memory outside a plan: what the runtime learnt carrying one out (the
+    /// API server refused some of its pods). Its events are recorded for the status API.
+    pub fn amend(&mut self, state: JobState, events: &[Event], now: Timestamp) {
+        self.memory.state = state;
+        for event in events {
+            self.record(event.clone(), now);
+        }
     }
 
     /// Keep an event for the status API (the runtime prints it or writes it to the cluster).

@@ -13,7 +13,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
-use murmur_core::api::DecentralizedTrainingJob;
+use murmur_core::api::{DecentralizedTrainingJob, DecentralizedTrainingJobStatus};
 use murmur_core::topology::MemberId;
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
@@ -22,8 +22,8 @@ use super::error::Error;
 use super::labels::LABEL_JOB;
 use super::reconcile::listen;
 use super::writes::{REPORTING_CONTROLLER, RETRY_MAX, retry_delays};
-use super::{OperatorMetrics, Settings, decide, lease, observe, resources, start_events};
-use crate::driver::{JobDriver, Memory};
+use super::{OperatorMetrics, Settings, decide, lease, observe, resources, start_events, writer};
+use crate::driver::JobDriver;
 use crate::status::Hub;
 
 /// The watch caches reconcile reads (it never lists: an unchanged job costs no request).
@@ -84,14 +84,17 @@ pub(super) struct Live {
     /// The job's driver: memory, trainers' posts, publishing.
     pub(super) driver: JobDriver,
     pub(super) key_hex: String,
+    /// Pods created and when their creates were answered (`Timestamp::MAX` until then).
     pub(super) created: BTreeMap<(MemberId, u32), Timestamp>,
     /// The spec's validation result for a generation (CEL evaluation is not free).
     pub(super) validated: Option<(Option<i64>, Option<String>)>,
-    /// When the job's status was last written (progress alone is written now and then).
-    pub(super) status_written: Option<Timestamp>,
-    /// The memory the job's ConfigMap holds at a resourceVersion, as this operator last wrote
-    /// or compared it.
-    pub(super) config_map_memory: Option<(String, Memory)>,
+    /// When the job's status was last written, and what (progress alone is written now and
+    /// then).
+    pub(super) status_written: Option<(Timestamp, DecentralizedTrainingJobStatus)>,
+    /// The memory the job's ConfigMap holds, as this operator last wrote or compared it.
+    pub(super) config_map_memory: Option<writer::KnownMemory>,
+    /// The job's writes, behind its reconciles.
+    pub(super) behind: writer::Behind,
     /// The clique labels being written for this job, off the reconcile's path; one at a time.
     pub(super) labelling: Option<tokio::task::JoinHandle<()>>,
     /// Label writes that failed in a row: the next is tried after a doubling delay.
@@ -239,6 +242,7 @@ impl Context {
             validated: None,
             status_written: None,
             config_map_memory: None,
+            behind: Default::default(),
             labelling: None,
             label_failures: 0,
             labels_waiting: false,
@@ -272,6 +276,28 @@ impl Context {
         let jobs: Vec<Arc<Mutex<Live>>> = self.jobs.lock().values().cloned().collect();
         for live in jobs {
             live.lock().created.retain(|_, t| *t >= since);
+        }
+    }
+
+    /// Wait until everything decided for the job is written (or given up on: it was forgotten).
+    pub async fn writes_settled(&self, namespace: &str, name: &str) {
+        let live = self
+            .jobs
+            .lock()
+            .get(&(namespace.to_string(), name.to_string()))
+            .cloned();
+        if let Some(live) = live {
+            writer::settled(&live).await;
+        }
+    }
+
+    /// Wait until every job's writes are done, for at most `within` (a replica that stops
+    /// writes what it decided before it lets go of its lease).
+    pub async fn all_writes_settled(&self, within: Duration) {
+        let jobs: Vec<Arc<Mutex<Live>>> = self.jobs.lock().values().cloned().collect();
+        let all = futures::future::join_all(jobs.iter().map(|live| writer::settled(live)));
+        if tokio::time::timeout(within, all).await.is_err() {
+            tracing::warn!(?within, "stopping with writes still under way");
         }
     }
 

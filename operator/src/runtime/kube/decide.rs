@@ -1,6 +1,8 @@
 //! One reconcile, decided without I/O: from the job, what the caches hold of its objects, and
 //! the job driver's memory, to the driver's plan and the writes that bring the cluster to it.
-//! The caller (`reconcile`) only gathers the inputs, performs the writes and commits the plan.
+//! The caller (`reconcile`) only gathers the inputs and hands the decision to the job's writer
+//! (`writer`), which writes it behind the reconciles and persists the memory with
+//! [`memory_write`] and the status with [`status_due`].
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -11,6 +13,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use murmur_core::api::{DecentralizedTrainingJob, DecentralizedTrainingJobStatus, validate};
+use murmur_core::contract::TopologyDocument;
 use murmur_core::topology::MemberId;
 
 use super::labels::LABEL_CLIQUE;
@@ -94,29 +97,26 @@ pub struct Inputs<'a> {
     pub place: &'a dyn Fn(&str) -> observe::NodePlace,
     pub service: Option<&'a Service>,
     pub secret: Option<&'a Secret>,
-    pub config_map: Option<&'a ConfigMap>,
-    /// The memory `config_map` holds, when this operator knows it (it wrote or compared that
-    /// resourceVersion): compared in place of the ConfigMap's text, which at 10 000 members is
-    /// megabytes to serialize and inflate on every reconcile.
-    pub config_map_memory: Option<&'a Memory>,
     pub network_policy: Option<&'a NetworkPolicy>,
     pub disruption_budget: Option<&'a PodDisruptionBudget>,
     /// The job's driver: its memory and what its trainers posted.
     pub driver: &'a JobDriver,
-    /// Pods this operator created and when (the cache may not show them yet).
+    /// Pods this operator created and when the API server answered (the cache may not show
+    /// them yet); `Timestamp::MAX` for a create its writer has not had answered yet.
     pub created: &'a BTreeMap<(MemberId, u32), Timestamp>,
     /// The job's key, for a Secret that does not exist yet.
     pub key_hex: &'a str,
     pub settings: &'a Settings,
-    /// When this operator last wrote the job's status.
-    pub status_written: Option<Timestamp>,
     pub now: Timestamp,
 }
 
-/// The writes one reconcile makes. Nothing here means nothing to write.
+/// The writes one reconcile makes: nothing here, and a memory and status the cluster already
+/// holds, mean nothing to write. The memory and the status are compared with what the cluster
+/// holds when they are written, since the writes of earlier decisions may still be under way.
 #[derive(Debug)]
 pub struct Decision {
-    /// The driver's step: commit it once every write below landed.
+    /// The driver's step: assumed at once, its memory persisted and its topology published
+    /// once its creates are answered.
     pub plan: Plan,
     pub create: Vec<Pod>,
     /// Pod names, and whether to delete at once (its node is gone: no kubelet will finish a
@@ -129,13 +129,11 @@ pub struct Decision {
     /// The uid of a key Secret of the same name left by an earlier job of this name (orphaned
     /// or not yet collected): deleted before the new one is written, as it is immutable.
     pub replace_secret: Option<String>,
-    pub config_map: Option<ConfigMap>,
-    /// The resourceVersion of the cached ConfigMap, when its text was compared and holds this
-    /// plan's memory: the caller keeps the memory for the next comparison.
-    pub config_map_holds: Option<String>,
     pub network_policy: Option<NetworkPolicy>,
     pub disruption_budget: Option<PodDisruptionBudget>,
-    pub status: Option<DecentralizedTrainingJobStatus>,
+    /// Whether the plan's memory is the job's to persist (not while its spec is invalid: that
+    /// plan only says so).
+    pub persist: bool,
     /// Delete the job itself (`ttlSecondsAfterFinished` passed).
     pub delete_job: bool,
     pub requeue: Duration,
@@ -151,17 +149,16 @@ impl Decision {
             service: None,
             secret: None,
             replace_secret: None,
-            config_map: None,
-            config_map_holds: None,
             network_policy: None,
             disruption_budget: None,
-            status: None,
+            persist: true,
             delete_job: false,
             requeue: settings.resync,
         }
     }
 
-    /// Writes to the API server this decision makes (events included).
+    /// Writes to the API server this decision makes besides its memory and status (events
+    /// included).
     pub fn writes(&self) -> usize {
         self.create.len()
             + self.delete.len()
@@ -169,60 +166,46 @@ impl Decision {
             + usize::from(self.service.is_some())
             + usize::from(self.secret.is_some())
             + usize::from(self.replace_secret.is_some())
-            + usize::from(self.config_map.is_some())
             + usize::from(self.network_policy.is_some())
             + usize::from(self.disruption_budget.is_some())
-            + usize::from(self.status.is_some())
             + self.plan.events.len()
             + usize::from(self.delete_job)
     }
 
-    /// The API server's answers to this decision's creates, before anything else is written:
-    /// refused pods end `Refused` and are retried after a backoff while the admitted members
-    /// run ([`planner::creates_answered`]); the ConfigMap and the status written next say so.
-    pub fn answered(
-        &mut self,
-        job: &DecentralizedTrainingJob,
-        accepted: &[(MemberId, u32)],
-        refused: &[(MemberId, u32, String)],
-        now: Timestamp,
-    ) {
-        let Some((state, actions)) =
-            planner::creates_answered(&self.plan.memory.state, accepted, refused, now)
-        else {
-            return;
-        };
-        self.plan.memory.state = state;
-        self.config_map_holds = None;
-        self.plan
-            .events
-            .extend(actions.into_iter().filter_map(|a| match a {
-                Action::Event(e) => Some(e),
-                _ => None,
-            }));
-        let data = self.plan.memory.data(self.plan.document.as_deref());
-        self.config_map = Some(resources::config_map(job, data));
-        let mut status = self
-            .status
-            .clone()
-            .unwrap_or_else(|| self.plan.view.status.clone());
-        status.conditions = crate::status::view::status_conditions(&self.plan.memory.state);
-        self.plan.view.status.conditions = status.conditions.clone();
-        self.status = Some(status);
-        if !refused.is_empty() {
-            // Back when the first refused pod may be tried again.
-            let wait = self
-                .plan
-                .memory
-                .state
-                .members
-                .values()
-                .filter_map(|r| r.not_before)
-                .map(|t| planner::seconds_since(now, t).max(1.0))
-                .fold(f64::INFINITY, f64::min);
-            if wait.is_finite() {
-                self.requeue = self.requeue.min(Duration::from_secs_f64(wait));
+    /// This decision, not yet written, followed by `newer` (decided meanwhile, from the memory
+    /// this one left): one decision that writes what both do. The newer plan, objects and
+    /// relabels stand; the creates, deletes and events of both are made, in order.
+    pub fn then(mut self, newer: Decision) -> Decision {
+        let mut plan = newer.plan;
+        let mut events = std::mem::take(&mut self.plan.events);
+        events.append(&mut plan.events);
+        plan.events = events;
+        let mut create = self.create;
+        for pod in newer.create {
+            if !create.iter().any(|p| p.metadata.name == pod.metadata.name) {
+                create.push(pod);
             }
+        }
+        let mut delete = self.delete;
+        for (pod, at_once) in newer.delete {
+            match delete.iter_mut().find(|(p, _)| *p == pod) {
+                Some((_, before)) => *before |= at_once,
+                None => delete.push((pod, at_once)),
+            }
+        }
+        Decision {
+            plan,
+            create,
+            delete,
+            relabel: newer.relabel,
+            service: newer.service.or(self.service),
+            secret: newer.secret.or(self.secret),
+            replace_secret: newer.replace_secret.or(self.replace_secret),
+            network_policy: newer.network_policy.or(self.network_policy),
+            disruption_budget: newer.disruption_budget.or(self.disruption_budget),
+            persist: newer.persist,
+            delete_job: self.delete_job || newer.delete_job,
+            requeue: newer.requeue,
         }
     }
 
@@ -290,11 +273,8 @@ pub fn decide(i: &Inputs) -> Decision {
             .driver
             .plan(&job.spec, Some(problems), BTreeMap::new(), &address, i.now);
         let mut d = Decision::new(plan, i.settings);
-        let mut status = d.plan.view.status.clone();
-        status.observed_generation = job.metadata.generation;
-        if job.status.as_ref() != Some(&status) {
-            d.status = Some(status);
-        }
+        d.plan.view.status.observed_generation = job.metadata.generation;
+        d.persist = false;
         return d;
     }
     let (seen, lost) = observe(i, &addresses);
@@ -304,32 +284,84 @@ pub fn decide(i: &Inputs) -> Decision {
     members(i, &mut d);
     delete_on_lost_nodes(&lost, &mut d);
     relabel(i, &mut d);
-    config_map(i, &mut d);
     status(i, &mut d);
     requeue(i, &mut d);
     d
 }
 
-/// The job's memory in its ConfigMap, written when the plan changes it.
-fn config_map(i: &Inputs, d: &mut Decision) {
-    let owner = resources::config_map(i.job, BTreeMap::new()).metadata;
-    let current = i.config_map.filter(|c| owned_by(&c.metadata, &owner));
-    let known = current.and(i.config_map_memory);
-    if known == Some(&d.plan.memory) {
-        return;
+/// What the job's ConfigMap needs to hold `memory`.
+#[derive(Debug, PartialEq)]
+pub enum MemoryWrite {
+    /// It holds it, as this operator knows (it wrote or compared it, and the cache shows
+    /// nothing newer).
+    Known,
+    /// Its text, at this resourceVersion, is `memory`'s: remember it for the next comparison.
+    Holds(Option<String>),
+    /// Write this.
+    Write(Box<ConfigMap>),
+}
+
+/// What the job's ConfigMap (`cached`, as the watch shows it) needs to hold `memory`, whose
+/// topology has `document`. `known`: the memory this operator knows the ConfigMap holds (it
+/// wrote it, and the cache shows that write or nothing newer), compared in place of its text
+/// (at 10 000 members, megabytes to serialize and inflate). A memory that differs from the
+/// known one differs in text too, so it is written without inflating the ConfigMap to compare;
+/// otherwise the text is compared, packed (gzip, for a large job) only when written.
+pub fn memory_write(
+    job: &DecentralizedTrainingJob,
+    memory: &Memory,
+    document: Option<&TopologyDocument>,
+    cached: Option<&ConfigMap>,
+    known: Option<&Memory>,
+) -> MemoryWrite {
+    let owner = resources::config_map(job, BTreeMap::new()).metadata;
+    let current = cached.filter(|c| owned_by(&c.metadata, &owner));
+    if known == Some(memory) {
+        return MemoryWrite::Known;
     }
-    let data = d.plan.memory.data(d.plan.document.as_deref());
-    // A memory this operator knows the ConfigMap holds, and the plan's differs from it: the
-    // text differs too, so it is not inflated to compare (at 10 000 members, megabytes).
-    // Otherwise compared as plain text: packing (gzip, for a large job) only when written.
+    let data = memory.data(document);
     match current {
         Some(c)
             if known.is_none() && resources::config_map_data(c).ok().as_ref() == Some(&data) =>
         {
-            d.config_map_holds = c.metadata.resource_version.clone();
+            MemoryWrite::Holds(c.metadata.resource_version.clone())
         }
-        _ => d.config_map = Some(resources::config_map(i.job, data)),
+        _ => MemoryWrite::Write(Box::new(resources::config_map(job, data))),
     }
+}
+
+/// The API server's answers to creates, taken into a job's `state`: refused pods end `Refused`
+/// and are tried again after a backoff while the admitted members run
+/// ([`planner::creates_answered`]). The new state and the events the answers bring, or None
+/// when they change nothing.
+pub fn answer_state(
+    state: &planner::JobState,
+    accepted: &[(MemberId, u32)],
+    refused: &[(MemberId, u32, String)],
+    now: Timestamp,
+) -> Option<(planner::JobState, Vec<planner::Event>)> {
+    let (state, actions) = planner::creates_answered(state, accepted, refused, now)?;
+    let events = actions
+        .into_iter()
+        .filter_map(|a| match a {
+            Action::Event(e) => Some(e),
+            _ => None,
+        })
+        .collect();
+    Some((state, events))
+}
+
+/// [`answer_state`] for a plan not yet written: its memory, and the conditions of its status.
+pub fn answer(
+    plan: &mut Plan,
+    accepted: &[(MemberId, u32)],
+    refused: &[(MemberId, u32, String)],
+    now: Timestamp,
+) -> Option<Vec<planner::Event>> {
+    let (state, events) = answer_state(&plan.memory.state, accepted, refused, now)?;
+    plan.memory.state = state;
+    plan.view.status.conditions = crate::status::view::status_conditions(&plan.memory.state);
+    Some(events)
 }
 
 /// The children that must exist before any member starts: the headless Service, the key
@@ -474,7 +506,8 @@ fn relabel(i: &Inputs, d: &mut Decision) {
     }
 }
 
-/// The status subresource, and what the status API shows: the view with each member's pod.
+/// The status subresource, and what the status API shows: the view with each member's pod
+/// (written when [`status_due`]).
 fn status(i: &Inputs, d: &mut Decision) {
     let name = resources::name(i.job);
     let state = &d.plan.memory.state;
@@ -490,14 +523,6 @@ fn status(i: &Inputs, d: &mut Decision) {
         && let Some(previous) = i.job.status.as_ref().and_then(|s| s.progress.clone())
     {
         d.plan.view.status.progress = Some(previous);
-    }
-    if status_due(
-        i.job.status.as_ref(),
-        &d.plan.view.status,
-        i.status_written,
-        i.now,
-    ) {
-        d.status = Some(d.plan.view.status.clone());
     }
 }
 
@@ -610,13 +635,14 @@ fn observe(
                 m
             }
             _ => match i.created.get(&(id, record.attempt)) {
-                // Just created: the cache has not caught up.
+                // Just created, the cache not caught up; or its create not answered yet
+                // (`Timestamp::MAX`): pending from now.
                 Some(&t)
                     if planner::seconds_since(t, i.now)
                         < i.settings.creation_grace.as_secs_f64() =>
                 {
                     ObservedMember {
-                        pending_since: Some(t),
+                        pending_since: Some(t.min(i.now)),
                         ..Default::default()
                     }
                 }

@@ -45,6 +45,8 @@ pub struct OperatorMetrics {
     errors: Family<KindLabels, Counter>,
     writes: Family<KindLabels, Counter>,
     duration: Histogram,
+    rounds: Family<OutcomeLabels, Counter>,
+    round_duration: Histogram,
     members: Family<PhaseLabels, Gauge>,
 }
 
@@ -57,6 +59,10 @@ impl OperatorMetrics {
             writes: Family::default(),
             // 0.5 ms .. ~5.6 s, each bucket 1.5 times the last: fine enough for a p99.
             duration: Histogram::new(exponential_buckets(0.0005, 1.5, 24)),
+            rounds: Family::default(),
+            // Up to ~86 s: a round that creates a burst of pods on a busy API server takes
+            // seconds.
+            round_duration: Histogram::new(exponential_buckets(0.0005, 1.5, 30)),
             members: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("operator");
@@ -77,8 +83,18 @@ impl OperatorMetrics {
         );
         r.register(
             "reconcile_duration_seconds",
-            "Time one reconcile takes",
+            "Time one reconcile takes to decide (its writes follow behind it)",
             m.duration.clone(),
+        );
+        r.register(
+            "write_rounds",
+            "Rounds of a job's writes behind its reconciles, by outcome",
+            m.rounds.clone(),
+        );
+        r.register(
+            "write_round_duration_seconds",
+            "Time one round of a job's writes takes (the API server's answers included)",
+            m.round_duration.clone(),
         );
         r.register("members", "Members of each job by phase", m.members.clone());
         m
@@ -87,6 +103,15 @@ impl OperatorMetrics {
     pub fn reconciled(&self, seconds: f64, outcome: &str) {
         self.duration.observe(seconds);
         self.reconciles
+            .get_or_create(&OutcomeLabels {
+                outcome: outcome.into(),
+            })
+            .inc();
+    }
+
+    pub fn wrote_round(&self, seconds: f64, outcome: &str) {
+        self.round_duration.observe(seconds);
+        self.rounds
             .get_or_create(&OutcomeLabels {
                 outcome: outcome.into(),
             })

@@ -1,13 +1,16 @@
 //! The Kubernetes runtime (`murmur operator`): a kube-rs controller that reconciles each
 //! DecentralizedTrainingJob into pods, a headless Service, the peer-key Secret and the topology
 //! ConfigMap. `reconcile` gathers inputs from the watch caches, calls the pure [`decide`] (which
-//! calls the same planner as `murmur run`) and performs the writes; the same status router as
-//! `murmur run` serves the API, the dashboard and the trainers' control endpoint.
+//! calls the same planner as `murmur run`) and hands the writes to the job's writer, which makes
+//! them behind the reconciles; the same status router as `murmur run` serves the API, the
+//! dashboard and the trainers' control endpoint.
 //!
 //! Where each concern lives:
 //! - `error.rs`: the error a reconcile ends with (`Error`) and its kind.
 //! - `context.rs`: the watch caches (`Stores`) and the per-job registry (`Context`).
 //! - `reconcile.rs`: one reconcile of one job, and the trainers' posts that ask for one.
+//! - `writer.rs`: a job's writes behind its reconciles, in rounds, in the order that keeps its
+//!   memory true.
 //! - `writes.rs`: pod writes, applies, Kubernetes Events, and the retry of a failed reconcile.
 //! - `process.rs`: the operator process (`run`, `run_with`) and its status router.
 //! - `watch.rs`: the watches that fill the caches and wake reconciles, decoding jobs leniently.
@@ -30,6 +33,7 @@ pub mod scheduling;
 pub mod start_events;
 pub mod template;
 mod watch;
+mod writer;
 mod writes;
 
 #[cfg(test)]

@@ -176,6 +176,7 @@ pub async fn run_with(
         jobs.clone(),
         options.settings.resync,
     ));
+    let writing = ctx.clone();
     let controller = controller(&client, writers, jobs, &ctx, options.concurrency)
         .reconcile_on(futures::stream::unfold(triggered, |mut rx| async move {
             rx.recv().await.map(|r| (r, rx))
@@ -201,6 +202,11 @@ pub async fn run_with(
             false
         }
     };
+    // What the last reconciles decided is written while this replica still leads: its
+    // successor would decide it again, but a burst of creates half made would wait for that.
+    if !lost {
+        writing.all_writes_settled(WRITES_AT_SHUTDOWN).await;
+    }
     // Stop being selected by the Service before the next leader can take over.
     if let Some(label) = &label {
         let cleared = tokio::time::timeout(Duration::from_secs(2), label.set(false)).await;
@@ -217,6 +223,9 @@ pub async fn run_with(
         None => Ok(()),
     }
 }
+
+/// How long a stopping replica writes what it decided before it lets go of its lease.
+const WRITES_AT_SHUTDOWN: Duration = Duration::from_secs(10);
 
 /// The status router (API, dashboard, control endpoint, metrics) on `options.listen`, not
 /// Ready until it knows whether it leads. The Service selects the leader's pod by its label

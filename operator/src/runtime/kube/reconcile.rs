@@ -1,14 +1,13 @@
-//! One reconcile of one job: read the caches, [`decide`], perform the writes; and the
-//! trainers' posts that ask for one.
+//! One reconcile of one job: read the caches, [`decide`], assume the plan and hand its writes
+//! to the job's writer; and the trainers' posts that ask for one.
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use murmur_core::api::DecentralizedTrainingJob;
@@ -18,18 +17,13 @@ use tokio::sync::mpsc;
 use tracing::Instrument;
 
 use super::context::{Context, JobKey, Live};
-use super::decide::{self, Decision, Inputs, decide};
-use super::error::{Error, kube_err};
+use super::decide::{self, Inputs, decide};
+use super::error::Error;
 use super::labels::{LABEL_CLIQUE, LABEL_JOB};
-use super::writes::{
-    RETRY_MAX, apply_object, apply_status, record_event, retry_delays, write_labels, write_pods,
-};
-use super::{observe, resources};
+use super::writes::{RETRY_MAX, retry_delays, write_labels};
+use super::{observe, resources, writer};
 use crate::planner;
 use crate::status::Inbound;
-
-/// Events a reconcile writes at once.
-const EVENTS_AT_ONCE: usize = 16;
 
 /// What a job's trainers post goes to its driver; a post that changes the job (a join report,
 /// a member's new state) reconciles it now rather than at the next resync.
@@ -75,7 +69,7 @@ pub async fn reconcile(
     // The work, not the wait before it.
     let started = Instant::now();
     tracing::debug!(parent: &span, "reconciling");
-    let result = reconcile_inner(&job, &ctx).instrument(span).await;
+    let result = span.in_scope(|| reconcile_inner(&job, &ctx));
     let outcome = match &result {
         Ok(_) => "ok",
         Err(e) => e.kind(),
@@ -89,8 +83,10 @@ pub async fn reconcile(
     result
 }
 
-async fn reconcile_inner(
-    job: &DecentralizedTrainingJob,
+/// Decide, assume the plan and hand its writes to the job's writer: nothing here waits on the
+/// API server.
+fn reconcile_inner(
+    job: &Arc<DecentralizedTrainingJob>,
     ctx: &Arc<Context>,
 ) -> Result<Action, Error> {
     let namespace = resources::namespace(job);
@@ -128,11 +124,6 @@ async fn reconcile_inner(
         &namespace,
         resources::secret_name(&name),
     );
-    let config_map = get(
-        &ctx.stores.config_maps,
-        &namespace,
-        resources::config_map_name(&name),
-    );
     let network_policy = ctx
         .stores
         .network_policies
@@ -150,7 +141,12 @@ async fn reconcile_inner(
     let start_event = |p: &Pod| ctx.stores.start_events.get(p);
     let now = (ctx.clock)();
     let job_pods = observe::job_pods(&pod_refs);
-    let decision = {
+    if !ctx.leadership.may_write() {
+        return Err(Error::NotLeading);
+    }
+    let (relabel, requeue, delete_job) = {
+        // One hold of the job's lock from the plan to its hand-over: the writer's answers to
+        // earlier creates reach either the memory planned from or the decision handed over.
         let mut l = live.lock();
         let generation = job.metadata.generation;
         let problems = match &l.validated {
@@ -180,7 +176,7 @@ async fn reconcile_inner(
                 })
             });
         }
-        decide(&Inputs {
+        let mut d = decide(&Inputs {
             job,
             problems: problems.as_deref(),
             pods: &job_pods,
@@ -189,28 +185,41 @@ async fn reconcile_inner(
             place: &place,
             service: service.as_deref(),
             secret: secret.as_deref(),
-            config_map: config_map.as_deref(),
-            config_map_memory: l
-                .config_map_memory
-                .as_ref()
-                .filter(|(version, _)| {
-                    config_map
-                        .as_ref()
-                        .and_then(|c| c.metadata.resource_version.as_ref())
-                        == Some(version)
-                })
-                .map(|(_, memory)| memory),
             network_policy: network_policy.as_deref(),
             disruption_budget: disruption_budget.as_deref(),
             driver: &l.driver,
             created: &l.created,
             key_hex: &l.key_hex,
             settings: &ctx.settings,
-            status_written: l.status_written,
             now,
-        })
+        });
+        // Expectations the cache has caught up with, or that are stale, are dropped; this
+        // decision's creates are awaited until answered.
+        let grace = ctx.settings.creation_grace.as_secs_f64();
+        l.created
+            .retain(|_, t| planner::seconds_since(*t, now) < grace);
+        for key in d.create.iter().filter_map(observe::member_of) {
+            l.created.insert(key, Timestamp::MAX);
+        }
+        l.driver.assume(&d.plan, now);
+        ctx.metrics.observe(&d.plan.view);
+        let handed = (std::mem::take(&mut d.relabel), d.requeue, d.delete_job);
+        writer::enqueue(
+            ctx,
+            &live,
+            &mut l,
+            (namespace.clone(), name.clone()),
+            job.clone(),
+            d,
+        );
+        handed
     };
-    execute(job, ctx, &live, decision, now).await
+    label(ctx, &live, &namespace, &name, relabel);
+    Ok(if delete_job {
+        Action::await_change()
+    } else {
+        Action::requeue(requeue)
+    })
 }
 
 /// Write the decision's clique labels off the reconcile's path: nothing waits for them, and a
@@ -294,106 +303,4 @@ where
     K::DynamicType: Eq + std::hash::Hash + Clone + Default,
 {
     store.get(&ObjectRef::new(&name).within(namespace))
-}
-
-/// Perform a decision's writes, then commit the driver's plan and record its events.
-async fn execute(
-    job: &DecentralizedTrainingJob,
-    ctx: &Arc<Context>,
-    live: &Arc<Mutex<Live>>,
-    mut d: Decision,
-    now: Timestamp,
-) -> Result<Action, Error> {
-    if !ctx.leadership.may_write() {
-        return Err(Error::NotLeading);
-    }
-    let namespace = resources::namespace(job);
-    let name = resources::name(job);
-    if let Some(service) = &d.service {
-        apply_object(ctx, &namespace, service, "service").await?;
-    }
-    if let Some(uid) = &d.replace_secret {
-        let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
-        let name = resources::secret_name(&name);
-        let only_that_one = DeleteParams {
-            preconditions: Some(kube::api::Preconditions {
-                uid: Some(uid.clone()),
-                resource_version: None,
-            }),
-            ..DeleteParams::default()
-        };
-        match secrets.delete(&name, &only_that_one).await {
-            Ok(_) => ctx.metrics.wrote("secret", 1),
-            // Gone already, or replaced since: nothing of the earlier job's is left to remove.
-            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
-            Err(e) => return Err(kube_err("delete the earlier job's", name)(e)),
-        }
-    }
-    if let Some(secret) = &d.secret {
-        apply_object(ctx, &namespace, secret, "secret").await?;
-    }
-    if let Some(policy) = &d.network_policy {
-        apply_object(ctx, &namespace, policy, "networkpolicy").await?;
-    }
-    if let Some(budget) = &d.disruption_budget {
-        apply_object(ctx, &namespace, budget, "poddisruptionbudget").await?;
-    }
-    let (accepted, refused) = write_pods(ctx, &namespace, live, &d, now).await?;
-    if !d.create.is_empty() {
-        if !refused.is_empty() {
-            tracing::warn!(
-                refused = refused.len(),
-                admitted = accepted.len(),
-                reason = %refused[0].2,
-                "the API server refuses members' pods; the admitted ones run"
-            );
-        }
-        d.answered(job, &accepted, &refused, now);
-    }
-    let mut config_map_holds = d.config_map_holds.clone();
-    if let Some(config_map) = &d.config_map {
-        let written = apply_object(ctx, &namespace, config_map, "configmap").await?;
-        config_map_holds = written.metadata.resource_version;
-    }
-    if let Some(status) = &d.status {
-        apply_status(ctx, job, status).await?;
-    }
-    // Every write above succeeded: this is now the job's memory.
-    {
-        let mut l = live.lock();
-        // Drop expectations the cache has caught up with, or that are stale.
-        let grace = ctx.settings.creation_grace.as_secs_f64();
-        l.created
-            .retain(|_, t| planner::seconds_since(*t, now) < grace);
-        l.driver.commit(&d.plan, now);
-        if let Some(version) = config_map_holds {
-            l.config_map_memory = Some((version, d.plan.memory.clone()));
-        }
-        if d.status.is_some() {
-            l.status_written = Some(now);
-        }
-    }
-    ctx.metrics.observe(&d.plan.view);
-    // Several at once: a join wave's plan names a score of members, and one at a time their
-    // round trips were most of a 10 000-member job's reconcile.
-    let events = d.kube_events();
-    for batch in events.chunks(EVENTS_AT_ONCE) {
-        let writes: Vec<_> = batch
-            .iter()
-            .map(|event| record_event(ctx, job, event, Decision::pod_of(&name, event)))
-            .collect();
-        futures::future::join_all(writes).await;
-    }
-    label(ctx, live, &namespace, &name, d.relabel);
-    if d.delete_job {
-        let jobs: Api<DecentralizedTrainingJob> = Api::namespaced(ctx.client.clone(), &namespace);
-        match jobs.delete(&name, &DeleteParams::background()).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(e)) if e.code == 404 => {}
-            Err(e) => return Err(kube_err("delete finished job", name)(e)),
-        }
-        ctx.metrics.wrote("job_delete", 1);
-        return Ok(Action::await_change());
-    }
-    Ok(Action::requeue(d.requeue))
 }

@@ -57,6 +57,8 @@ struct Call {
     query: String,
     content_type: String,
     body: Value,
+    /// The status code it was answered with.
+    code: u16,
 }
 
 type Permission = (String, String, String);
@@ -103,6 +105,7 @@ struct Cluster {
     disruption_budgets: Writer<PodDisruptionBudget>,
     pod_objects: BTreeMap<String, Pod>,
     labels: Arc<LabelWrites>,
+    behind: Arc<Behind>,
 }
 
 /// How the mock API server answers the operator's clique label patches.
@@ -112,6 +115,20 @@ struct LabelWrites {
     refuse: Mutex<Option<u16>>,
     /// Held (write-locked by a test): each waits for it before it is answered.
     gate: tokio::sync::RwLock<()>,
+}
+
+/// How the mock API server answers the writes behind the reconciles that a test holds, refuses
+/// or fails.
+#[derive(Default)]
+struct Behind {
+    /// Held (write-locked by a test): pod creates wait for it before they are answered.
+    creates: tokio::sync::RwLock<()>,
+    /// Held likewise: applies of the job's ConfigMap.
+    config_maps: tokio::sync::RwLock<()>,
+    /// Pods whose creates are refused, as a ResourceQuota refuses them.
+    refused: Mutex<std::collections::BTreeSet<String>>,
+    /// Pod creates still to be answered with an internal error.
+    failing: Mutex<u32>,
 }
 
 fn job(manifest: &str) -> DecentralizedTrainingJob {
@@ -144,7 +161,46 @@ async fn read_call(request: Request<Body>) -> Call {
         query,
         content_type,
         body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        code: 200,
     }
+}
+
+/// A Status object, as the API server answers a refused request.
+fn failure(code: u16, reason: &str, message: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": code, "reason": reason, "message": message, "metadata": {}})
+}
+
+/// What the API server answers a successful write with.
+fn answer(call: &Call, shared_job: &Mutex<Value>) -> Value {
+    let (method, path, query, body) = (&call.method, &call.path, &call.query, &call.body);
+    if method == "DELETE" {
+        json!({"apiVersion": "v1", "kind": "Status", "status": "Success", "metadata": {}})
+    } else if method == "PATCH" && path.contains("/events/") {
+        // The recorder's series update: a merge patch carrying the whole event.
+        body.clone()
+    } else if method == "PATCH" && !query.contains("force=true") {
+        // A merge patch: the real server answers with the whole object.
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": path.rsplit('/').next()}})
+    } else if path.ends_with("/status") {
+        let mut job = shared_job.lock().clone();
+        job["status"] = body["status"].clone();
+        job
+    } else if path.contains("/configmaps/") {
+        let mut applied = body.clone();
+        applied["metadata"]["resourceVersion"] = json!(resource_version(body));
+        applied
+    } else {
+        body.clone()
+    }
+}
+
+fn respond(send: tower_test::mock::SendResponse<Response<Body>>, code: u16, body: &Value) {
+    send.send_response(
+        Response::builder()
+            .status(code)
+            .body(Body::from(serde_json::to_vec(body).unwrap()))
+            .unwrap(),
+    );
 }
 
 /// The resourceVersion the mock API server gives an object it stores: one per content.
@@ -161,64 +217,61 @@ fn serve(
     log: Arc<Mutex<Vec<Call>>>,
     shared_job: Arc<Mutex<Value>>,
     labels: Arc<LabelWrites>,
+    behind: Arc<Behind>,
 ) {
     tokio::spawn(async move {
         while let Some((request, send)) = handle.next_request().await {
-            let call = read_call(request).await;
+            let mut call = read_call(request).await;
+            let create = call.is("POST", "/pods");
+            if create || call.is("PATCH", "/configmaps/") {
+                let (behind, log, shared_job) = (behind.clone(), log.clone(), shared_job.clone());
+                // Answered on its own, so a held one holds nothing else.
+                tokio::spawn(async move {
+                    let _open = if create {
+                        behind.creates.read().await
+                    } else {
+                        behind.config_maps.read().await
+                    };
+                    let pod = call.body["metadata"]["name"].as_str().unwrap_or_default();
+                    let (code, body) = if create && behind.refused.lock().contains(pod) {
+                        let why = format!(
+                            "pods \"{pod}\" is forbidden: exceeded quota: pods, requested: pods=1, used: pods=2, limited: pods=2"
+                        );
+                        (403, failure(403, "Forbidden", &why))
+                    } else if create && *behind.failing.lock() > 0 {
+                        *behind.failing.lock() -= 1;
+                        (
+                            500,
+                            failure(500, "InternalError", "etcdserver: request timed out"),
+                        )
+                    } else {
+                        (200, answer(&call, &shared_job))
+                    };
+                    call.code = code;
+                    log.lock().push(call);
+                    respond(send, code, &body);
+                });
+                continue;
+            }
             if call.is("PATCH", "/pods/") && !call.query.contains("force") {
-                let labels = labels.clone();
-                let log = log.clone();
+                let (labels, log, shared_job) = (labels.clone(), log.clone(), shared_job.clone());
                 // Answered on its own, so a held one holds nothing else.
                 tokio::spawn(async move {
                     let _open = labels.gate.read().await;
                     let refuse = *labels.refuse.lock();
-                    let object = call.path.rsplit('/').next().unwrap_or_default().to_string();
-                    log.lock().push(call);
                     let (code, body) = match refuse {
-                        Some(code) => (
-                            code,
-                            json!({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": code, "reason": "InternalError", "message": "refused by the test", "metadata": {}}),
-                        ),
-                        None => (
-                            200,
-                            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": object}}),
-                        ),
+                        Some(code) => (code, failure(code, "InternalError", "refused by the test")),
+                        None => (200, answer(&call, &shared_job)),
                     };
-                    send.send_response(
-                        Response::builder()
-                            .status(code)
-                            .body(Body::from(serde_json::to_vec(&body).unwrap()))
-                            .unwrap(),
-                    );
+                    call.code = code;
+                    log.lock().push(call);
+                    respond(send, code, &body);
                 });
                 continue;
             }
-            let (method, path, query, body) = (&call.method, &call.path, &call.query, &call.body);
-            let response = if method == "DELETE" {
-                json!({"apiVersion": "v1", "kind": "Status", "status": "Success", "metadata": {}})
-            } else if method == "PATCH" && path.contains("/events/") {
-                // The recorder's series update: a merge patch carrying the whole event.
-                body.clone()
-            } else if method == "PATCH" && !query.contains("force=true") {
-                // A merge patch: the real server answers with the whole object.
-                json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": path.rsplit('/').next()}})
-            } else if path.ends_with("/status") {
-                let mut job = shared_job.lock().clone();
-                job["status"] = body["status"].clone();
-                job
-            } else if path.contains("/configmaps/") {
-                let mut applied = body.clone();
-                applied["metadata"]["resourceVersion"] = json!(resource_version(body));
-                applied
-            } else {
-                body.clone()
-            };
+            let response = answer(&call, &shared_job);
             log.lock().push(call);
-            send.send_response(
-                Response::builder()
-                    .body(Body::from(serde_json::to_vec(&response).unwrap()))
-                    .unwrap(),
-            );
+            respond(send, 200, &response);
         }
     });
 }
@@ -240,7 +293,14 @@ impl Cluster {
         let job = job(manifest);
         let shared_job = Arc::new(Mutex::new(serde_json::to_value(&job).unwrap()));
         let labels = Arc::new(LabelWrites::default());
-        serve(handle, log.clone(), shared_job.clone(), labels.clone());
+        let behind = Arc::new(Behind::default());
+        serve(
+            handle,
+            log.clone(),
+            shared_job.clone(),
+            labels.clone(),
+            behind.clone(),
+        );
         let (pods, mut pod_writer) = reflector::store();
         let (services, mut service_writer) = reflector::store();
         let (config_maps, mut config_map_writer) = reflector::store();
@@ -311,6 +371,7 @@ impl Cluster {
             disruption_budgets: disruption_budget_writer,
             pod_objects: BTreeMap::new(),
             labels,
+            behind,
         }
     }
 
@@ -362,16 +423,15 @@ impl Cluster {
         *self.now.lock()
     }
 
-    /// One reconcile; returns its action and every request it made, which the cluster then
-    /// carries out (objects appear in the caches, status lands on the job).
+    /// One reconcile; returns its action and every request it and its writes behind it made,
+    /// which the cluster then carries out (objects appear in the caches, status lands on the
+    /// job).
     async fn reconcile(&mut self) -> (Action, Vec<Call>) {
         *self.shared_job.lock() = serde_json::to_value(&self.job).unwrap();
         let action = reconcile(Arc::new(self.job.clone()), self.ctx.clone())
             .await
             .expect("reconcile");
-        self.ctx
-            .labels_written(&(resources::namespace(&self.job), resources::name(&self.job)))
-            .await;
+        self.written().await;
         let calls: Vec<Call> = self.log.lock()[self.seen..].to_vec();
         self.seen += calls.len();
         let declared = declared();
@@ -389,7 +449,17 @@ impl Cluster {
         (action, calls)
     }
 
+    /// Wait until the job's writes behind its reconciles, and its clique labels, are written.
+    async fn written(&self) {
+        let (namespace, name) = (resources::namespace(&self.job), resources::name(&self.job));
+        self.ctx.writes_settled(&namespace, &name).await;
+        self.ctx.labels_written(&(namespace, name)).await;
+    }
+
     fn carry_out(&mut self, call: &Call) {
+        if call.code >= 300 {
+            return;
+        }
         let object = call.path.rsplit('/').next().unwrap_or_default().to_string();
         match (call.method.as_str(), call.path.as_str()) {
             ("PATCH", p) if p.ends_with("/status") => {
@@ -1214,6 +1284,7 @@ async fn reconciles_of_a_job_are_spaced_and_never_starved() {
             .is_none()
     );
     reconcile.await.unwrap().unwrap();
+    c.written().await;
     let created: Vec<String> = c.log.lock()[c.seen..]
         .iter()
         .filter(|call| call.method == "POST" && call.path.ends_with("/pods"))
@@ -1446,6 +1517,210 @@ async fn an_unchanged_job_costs_no_request_at_all() {
     assert!(calls.is_empty(), "{calls:#?}");
 }
 
+/// A reconcile that the test drives without the cluster carrying out its calls: it returns
+/// once it has decided, whatever the API server is doing.
+async fn decided(c: &Cluster) -> Action {
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        reconcile(Arc::new(c.job.clone()), c.ctx.clone()),
+    )
+    .await
+    .expect("the reconcile waited on the API server")
+    .expect("reconcile")
+}
+
+/// Wait until the job's writer has taken everything decided into a round (held, say).
+async fn round_taken(c: &Cluster) {
+    while c.live().lock().behind.pending.is_some() {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// The job's memory as the last ConfigMap written holds it.
+fn memory_written(c: &Cluster) -> crate::driver::Memory {
+    let call = c
+        .log
+        .lock()
+        .iter()
+        .rev()
+        .find(|call| call.is("PATCH", "/configmaps/") && call.code < 300)
+        .cloned()
+        .expect("the memory is written");
+    let config_map: ConfigMap = serde_json::from_value(call.body).unwrap();
+    memory_of(&c.job, Some(&config_map), &[], &[]).unwrap()
+}
+
+#[tokio::test]
+async fn a_reconcile_decides_without_waiting_for_its_writes_and_the_memory_waits_for_its_creates() {
+    let mut c = Cluster::new(MANIFEST);
+    let behind = c.behind.clone();
+    let held = behind.creates.write().await;
+    decided(&c).await;
+    // Assumed: the next plan starts from the four members created.
+    assert_eq!(
+        c.live()
+            .lock()
+            .driver
+            .state()
+            .members
+            .values()
+            .filter(|r| r.lifecycle == crate::member::Lifecycle::PENDING)
+            .count(),
+        4
+    );
+    // Another reconcile while they are held creates none of them again: they are awaited.
+    round_taken(&c).await;
+    decided(&c).await;
+    assert!(
+        c.live()
+            .lock()
+            .behind
+            .pending
+            .as_ref()
+            .unwrap()
+            .1
+            .create
+            .is_empty(),
+        "created again"
+    );
+    tokio::task::yield_now().await;
+    let log = c.log.lock().clone();
+    assert!(!log.iter().any(|call| call.is("POST", "/pods")), "{log:#?}");
+    assert!(
+        !log.iter().any(|call| call.is("PATCH", "/configmaps/")),
+        "the memory names attempts whose creates are not answered: {log:#?}"
+    );
+    drop(held);
+    let (_, calls) = c.reconcile().await;
+    let creates: Vec<usize> = (0..calls.len())
+        .filter(|&n| calls[n].is("POST", "/pods"))
+        .collect();
+    let names: std::collections::BTreeSet<&str> = creates
+        .iter()
+        .map(|&n| calls[n].body["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(creates.len(), 4, "each pod once: {calls:#?}");
+    assert_eq!(names.len(), 4);
+    let memory = (0..calls.len())
+        .filter(|&n| calls[n].is("PATCH", "/configmaps/"))
+        .collect::<Vec<_>>();
+    assert_eq!(memory.len(), 1, "the reconciles' writes folded: {calls:#?}");
+    assert!(memory[0] > *creates.last().unwrap(), "{calls:#?}");
+    let record = &memory_written(&c).state.members[&3];
+    assert_eq!(record.lifecycle, crate::member::Lifecycle::PENDING);
+    assert_eq!(
+        calls
+            .iter()
+            .filter(|call| call.path.ends_with("/status"))
+            .count(),
+        1
+    );
+}
+
+#[tokio::test]
+async fn a_topology_is_published_once_the_memory_holding_it_is_written() {
+    let mut c = Cluster::new(MANIFEST);
+    c.reconcile().await;
+    c.schedule_all();
+    c.reconcile().await;
+    let handle = c.ctx.hub.job("ml", "mnist").unwrap();
+    let behind = c.behind.clone();
+    let held = behind.config_maps.write().await;
+    c.join(&[0, 1, 2, 3]).await;
+    decided(&c).await;
+    tokio::task::yield_now().await;
+    let planned = c
+        .live()
+        .lock()
+        .driver
+        .state()
+        .topology
+        .as_ref()
+        .map(|t| t.version);
+    assert_eq!(planned, Some(1));
+    assert!(
+        handle.topology().borrow().is_none(),
+        "a trainer could hold a version no restarted operator knows"
+    );
+    drop(held);
+    c.written().await;
+    assert_eq!(
+        handle.topology().borrow().as_ref().map(|d| d.version),
+        Some(1)
+    );
+}
+
+#[tokio::test]
+async fn refused_creates_are_answered_into_the_memory_the_status_and_what_was_decided_meanwhile() {
+    let mut c = Cluster::new(MANIFEST);
+    let behind = c.behind.clone();
+    behind
+        .refused
+        .lock()
+        .extend(["mnist-2-0".to_string(), "mnist-3-0".to_string()]);
+    let held = behind.creates.write().await;
+    decided(&c).await;
+    // Decided while the creates are held: it is written after them, and must not forget what
+    // their answers say.
+    round_taken(&c).await;
+    c.advance(1);
+    decided(&c).await;
+    drop(held);
+    c.written().await;
+    let memory = memory_written(&c);
+    for id in [2, 3] {
+        let record = &memory.state.members[&id];
+        assert_eq!(record.refusals, 1, "member {id}: {record:?}");
+        assert!(record.not_before.is_some());
+    }
+    assert_eq!(memory.state.members[&0].refusals, 0);
+    c.reconcile().await;
+    assert_eq!(c.condition("PodsRejected").unwrap().0, "True");
+    assert_eq!(c.status().preemptions, 0, "a refused pod was never deleted");
+    // Until the backoff passes, nothing is tried again; then the refused members are.
+    behind.refused.lock().clear();
+    let (_, calls) = c.reconcile().await;
+    assert!(
+        !calls.iter().any(|call| call.is("POST", "/pods")),
+        "{calls:#?}"
+    );
+    c.advance(10);
+    let (_, calls) = c.reconcile().await;
+    let created: Vec<&str> = calls
+        .iter()
+        .filter(|call| call.is("POST", "/pods"))
+        .map(|call| call.body["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(created.len(), 2, "{created:?}");
+    assert_eq!(c.status().preemptions, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_round_of_writes_is_tried_again_later_and_fails_no_reconcile() {
+    let mut c = Cluster::new(MANIFEST);
+    *c.behind.failing.lock() = 1;
+    // The reconcile succeeds: the error is the writer's, which tries again after a delay.
+    let (_, calls) = c.reconcile().await;
+    let creates: Vec<&Call> = calls
+        .iter()
+        .filter(|call| call.is("POST", "/pods"))
+        .collect();
+    assert_eq!(creates[0].code, 500);
+    assert_eq!(
+        creates.len(),
+        5,
+        "the failed one again, then the rest: {creates:#?}"
+    );
+    let names: std::collections::BTreeSet<&str> = creates[1..]
+        .iter()
+        .map(|call| call.body["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names.len(), 4);
+    assert_eq!(c.live().lock().behind.failures, 0, "the retry succeeded");
+    assert_eq!(memory_written(&c).state.members.len(), 4);
+    assert_eq!(c.pod_objects.len(), 4);
+}
+
 #[tokio::test]
 async fn clique_labels_are_written_off_the_reconciles_path_and_retried_when_refused() {
     let mut c = Cluster::new(MANIFEST);
@@ -1466,6 +1741,7 @@ async fn clique_labels_are_written_off_the_reconciles_path_and_retried_when_refu
     .await
     .expect("the reconcile waited for its labels")
     .expect("reconcile");
+    c.ctx.writes_settled("ml", "mnist").await;
     assert_eq!(
         c.live()
             .lock()

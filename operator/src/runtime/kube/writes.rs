@@ -15,7 +15,6 @@ use murmur_core::topology::MemberId;
 use parking_lot::Mutex;
 
 use super::context::{Context, Live};
-use super::decide::Decision;
 use super::error::{Error, kube_err};
 use super::labels::LABEL_CLIQUE;
 use super::{observe, resources};
@@ -24,33 +23,32 @@ use crate::planner;
 /// Pods created at once, at most: the batches double from one up to this.
 const CREATE_BATCH_MAX: usize = 64;
 
-/// The decision's pod writes: create and delete. Creates go in batches that double from
-/// one (as Kubernetes' Job controller starts pods), so a quota or an admission policy that
-/// refuses them costs one request, not one per member: after a batch with a refusal the rest
-/// are not tried, and count as refused with it. Returns the admitted and the refused
-/// (member, attempt[, why]); an error other than a refusal ends the reconcile (kube's client
-/// has already retried 429s and 503s with backoff).
-pub(super) async fn write_pods(
+/// Create members' pods. They go in batches that double from one (as Kubernetes' Job
+/// controller starts pods), so a quota or an admission policy that refuses them costs one
+/// request, not one per member: after a batch with a refusal the rest are not tried, and count
+/// as refused with it. Returns the admitted and the refused (member, attempt[, why]); an error
+/// other than a refusal fails the round, whose creates are all tried again (kube's client has
+/// already retried 429s and 503s with backoff; a pod that exists is the one its attempt wants).
+pub(super) async fn create_pods(
     ctx: &Context,
     namespace: &str,
     live: &Mutex<Live>,
-    d: &Decision,
+    create: &[Pod],
     now: Timestamp,
 ) -> Result<(Vec<(MemberId, u32)>, Vec<(MemberId, u32, String)>), Error> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
     let m = &ctx.metrics;
     // Created, never applied: an attempt's pod is immutable, and an apply onto one that exists
-    // (this reconcile planned it again after a later write failed) with a spec edited meanwhile
-    // is a 422 forever. One that exists already is the one this attempt wants.
-    let create = PostParams {
+    // (a round tried again after a failure) with a spec edited meanwhile is a 422 forever. One
+    // that exists already is the one this attempt wants.
+    let params = PostParams {
         field_manager: Some(ctx.settings.field_manager.clone()),
         ..Default::default()
     };
     let mut accepted = Vec::new();
     let mut refused: Vec<(MemberId, u32, String)> = Vec::new();
     let mut failed = None;
-    let mut queue = d
-        .create
+    let mut queue = create
         .iter()
         .filter_map(|p| Some((observe::member_of(p)?, p)));
     let mut batch = 1;
@@ -59,18 +57,12 @@ pub(super) async fn write_pods(
         if chunk.is_empty() {
             break;
         }
-        // Awaited from before the request (the watch may show the pod before the answer
-        // comes), and stamped with the answer's time: only a re-list begun after the create
-        // was answered can prove the pod gone.
-        {
-            let mut l = live.lock();
-            for (key, _) in &chunk {
-                l.created.insert(*key, Timestamp::MAX);
-            }
-        }
+        // Awaited since the reconcile that decided it (`Timestamp::MAX`: the watch may show the
+        // pod before the answer comes), and stamped with the answer's time: only a re-list
+        // begun after the create was answered can prove the pod gone.
         let answers =
             futures::future::join_all(chunk.iter().map(|(key, pod)| async {
-                (*key, pod.name_any(), pods.create(&create, pod).await)
+                (*key, pod.name_any(), pods.create(&params, pod).await)
             }))
             .await;
         {
@@ -110,8 +102,19 @@ pub(super) async fn write_pods(
             ));
         }
     }
+    Ok((accepted, refused))
+}
+
+/// Delete pods by name, each at once (grace 0) when asked: its node is gone, and no kubelet
+/// will finish a graceful deletion. A pod already gone is fine.
+pub(super) async fn delete_pods(
+    ctx: &Context,
+    namespace: &str,
+    delete: &[(String, bool)],
+) -> Result<(), Error> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
     let mut deletes = Vec::new();
-    for (object, at_once) in &d.delete {
+    for (object, at_once) in delete {
         let params = DeleteParams {
             grace_period_seconds: at_once.then_some(0),
             propagation_policy: Some(PropagationPolicy::Background),
@@ -126,8 +129,9 @@ pub(super) async fn write_pods(
             }
         });
     }
-    m.wrote("pod_delete", at_most_at_once(deletes).await?);
-    Ok((accepted, refused))
+    ctx.metrics
+        .wrote("pod_delete", at_most_at_once(deletes).await?);
+    Ok(())
 }
 
 /// The decision's clique labels, written off the reconcile's path once the job's memory is
