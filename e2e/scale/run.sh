@@ -15,7 +15,10 @@
 #   operatorRssMiB         the operator's peak resident memory
 #   topologyBytesPerChange topology bytes the members received per topology version, over one
 #                          member deleted and replaced (its leave and its join)
-#   reconcileP99Ms         99th percentile of a reconcile's work, from the operator's histogram
+#   reconcileP99Ms         99th percentile of a reconcile's work (deciding and handing its writes
+#                          to the job's writer), from the operator's histogram
+#   writeRoundP99Ms        99th percentile of a round of the job's writes behind its reconciles
+#                          (the API server's answers included), from the operator's histogram
 #   apiWriteP50Ms, apiWriteP99Ms  the API server's own time answering the operator's writes
 #                          (audit log: received -> response complete), over the whole run
 #
@@ -244,10 +247,10 @@ sleep 10 # the views of the change are served
 BYTES_AFTER=$(figure viewBytes)
 VERSION_AFTER=$(sum_metric murmur_job_topology_version)
 
-# A quantile of the reconcile histogram, interpolated within its bucket (the top bucket's
-# lower bound when it falls there).
-quantile() { metrics | awk -v q="$1" '
-    /^murmur_operator_reconcile_duration_seconds_bucket/ {
+# A quantile of one of the operator's histograms, interpolated within its bucket (the top bucket's
+# lower bound when it falls there): quantile NAME Q.
+quantile() { metrics | awk -v name="$1" -v q="$2" '
+    index($0, name "_bucket{") == 1 {
         match($0, /le="[^"]*"/); le = substr($0, RSTART + 4, RLENGTH - 5)
         n++; bound[n] = (le == "+Inf") ? -1 : le; count[n] = $2 }
     END {
@@ -259,9 +262,12 @@ quantile() { metrics | awk -v q="$1" '
                 f = (inb > 0) ? (want - below) / inb : 1
                 printf "%.1f\n", (lo + f * (hi - lo)) * 1000; exit }
             lo = bound[i]; below = count[i] } }'; }
-P99=$(quantile 0.99)
-P50=$(quantile 0.5)
+P99=$(quantile murmur_operator_reconcile_duration_seconds 0.99)
+P50=$(quantile murmur_operator_reconcile_duration_seconds 0.5)
 RECONCILES=$(sum_metric murmur_operator_reconciles_total)
+ROUND_P99=$(quantile murmur_operator_write_round_duration_seconds 0.99)
+ROUND_P50=$(quantile murmur_operator_write_round_duration_seconds 0.5)
+ROUNDS=$(sum_metric murmur_operator_write_rounds_total)
 ANSWERS=$(audit_answer_ms)
 RSS=$(awk '/VmHWM/ { printf "%.0f\n", $2 / 1024 }' "/proc/$OPERATOR_PID/status")
 cp "$WORK/loadgen.json" "$WORK/end.json"
@@ -272,6 +278,7 @@ jq -cn --argjson members "$MEMBERS" \
     --argjson rss "$RSS" --argjson bytes "$((BYTES_AFTER - BYTES_BEFORE))" \
     --argjson versions "$((VERSION_AFTER - VERSION_BEFORE))" --argjson p99 "${P99:-null}" \
     --argjson p50 "${P50:-null}" --argjson reconciles "$RECONCILES" --argjson answers "$ANSWERS" \
+    --argjson roundP99 "${ROUND_P99:-null}" --argjson roundP50 "${ROUND_P50:-null}" --argjson rounds "${ROUNDS:-0}" \
     --argjson statusEvery "$STATUS_EVERY" --arg follow "$FOLLOW" --slurpfile last "$WORK/end.json" '{
         members: $members,
         podsCreatedSeconds: ($pods / 1000),
@@ -283,6 +290,9 @@ jq -cn --argjson members "$MEMBERS" \
         reconcileP99Ms: $p99,
         reconcileP50Ms: $p50,
         reconciles: $reconciles,
+        writeRoundP99Ms: $roundP99,
+        writeRoundP50Ms: $roundP50,
+        writeRounds: $rounds,
         apiWriteP50Ms: $answers[0],
         apiWriteP99Ms: $answers[1],
         statusEverySeconds: $statusEvery,
