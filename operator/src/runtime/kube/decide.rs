@@ -691,3 +691,84 @@ fn same_service(current: &Service, desired: &Service) -> bool {
         && c.selector == d.selector
         && ports(c) == ports(d)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::status::Hub;
+    use std::sync::Arc;
+
+    /// A decision whose plan carries `events` (by reason), creating and deleting pods by name.
+    fn decision(events: &[planner::Reason], create: &[&str], delete: &[(&str, bool)]) -> Decision {
+        let job = murmur_core::api::parse_manifest(
+            "apiVersion: murmur.dev/v1alpha1\nkind: DecentralizedTrainingJob\nmetadata: {name: j, namespace: ml}\nspec:\n  replicas: {min: 1, target: 2, max: 2}\n  training: {model: mlp, steps: 10}\n",
+            "job.yaml",
+        )
+        .unwrap();
+        let now = Timestamp::from_second(1_800_000_000).unwrap();
+        let (driver, _inbox) = JobDriver::start(
+            Arc::new(Hub::default()),
+            "ml",
+            "j",
+            vec![0],
+            Memory::new(now),
+        );
+        let mut plan = driver.plan(&job.spec, None, BTreeMap::new(), &|_, _| None, now);
+        plan.events = events
+            .iter()
+            .map(|&reason| planner::Event {
+                kind: planner::EventKind::Normal,
+                reason,
+                member: None,
+                attempt: None,
+                message: String::new(),
+            })
+            .collect();
+        let mut d = Decision::new(plan, &Settings::default());
+        d.create = create
+            .iter()
+            .map(|name| Pod {
+                metadata: ObjectMeta {
+                    name: Some(name.to_string()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            })
+            .collect();
+        d.delete = delete.iter().map(|(n, a)| (n.to_string(), *a)).collect();
+        d
+    }
+
+    #[test]
+    fn decisions_folded_make_both_writes_in_order_and_the_newer_plan_stands() {
+        use planner::Reason::{Joined, Preempted};
+        let mut older = decision(&[Joined], &["j-0-0", "j-1-0"], &[("j-2-0", false)]);
+        older.delete_job = true;
+        older.service = Some(Service::default());
+        let mut newer = decision(&[Preempted], &["j-1-0", "j-3-0"], &[("j-2-0", true)]);
+        newer.persist = false;
+        newer.plan.step = 7;
+        let d = older.then(newer);
+        let names: Vec<_> = d
+            .create
+            .iter()
+            .map(|p| p.metadata.name.clone().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            ["j-0-0", "j-1-0", "j-3-0"],
+            "each pod once, in order"
+        );
+        assert_eq!(
+            d.delete,
+            [("j-2-0".to_string(), true)],
+            "at once if either says so"
+        );
+        let reasons: Vec<_> = d.plan.events.iter().map(|e| e.reason).collect();
+        assert_eq!(reasons, [Joined, Preempted]);
+        assert_eq!(d.plan.step, 7);
+        assert!(!d.persist);
+        assert!(d.delete_job);
+        assert!(d.service.is_some(), "an object not written yet still is");
+    }
+}
