@@ -1529,11 +1529,20 @@ async fn decided(c: &Cluster) -> Action {
     .expect("reconcile")
 }
 
-/// Wait until the job's writer has taken everything decided into a round (held, say).
-async fn round_taken(c: &Cluster) {
-    while c.live().lock().behind.pending.is_some() {
+/// Let the other tasks run, without time passing, until `done` (a few thousand turns at most).
+async fn yielded_until(done: impl Fn() -> bool) {
+    for _ in 0..10_000 {
+        if done() {
+            return;
+        }
         tokio::task::yield_now().await;
     }
+    panic!("never came to pass without time passing");
+}
+
+/// Wait until the job's writer has taken everything decided into a round (held, say).
+async fn round_taken(c: &Cluster) {
+    yielded_until(|| c.live().lock().behind.pending.is_none()).await;
 }
 
 /// The job's memory as the last ConfigMap written holds it.
@@ -1719,6 +1728,38 @@ async fn a_failed_round_of_writes_is_tried_again_later_and_fails_no_reconcile() 
     assert_eq!(c.live().lock().behind.failures, 0, "the retry succeeded");
     assert_eq!(memory_written(&c).state.members.len(), 4);
     assert_eq!(c.pod_objects.len(), 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn news_is_written_at_once_by_a_writer_waiting_after_a_failure() {
+    let mut c = Cluster::new(MANIFEST);
+    *c.behind.failing.lock() = 2;
+    decided(&c).await;
+    let failed = |c: &Cluster| {
+        c.log
+            .lock()
+            .iter()
+            .filter(|call| call.is("POST", "/pods") && call.code == 500)
+            .count()
+    };
+    yielded_until(|| c.live().lock().behind.failures == 1).await;
+    // Waiting its delay (at least a second): news from a reconcile has it try again now, as
+    // news reconciled a job at once whatever its failed reconciles' delay.
+    let waiting = tokio::time::Instant::now();
+    assert_eq!(failed(&c), 1);
+    decided(&c).await;
+    yielded_until(|| failed(&c) == 2).await;
+    assert_eq!(waiting.elapsed(), Duration::ZERO, "it waited out its delay");
+    c.written().await;
+    assert_eq!(c.live().lock().behind.failures, 0);
+    let (_, calls) = c.reconcile().await;
+    assert_eq!(
+        calls
+            .iter()
+            .filter(|call| call.is("POST", "/pods") && call.code == 200)
+            .count(),
+        4
+    );
 }
 
 #[tokio::test]

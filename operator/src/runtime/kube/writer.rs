@@ -54,6 +54,9 @@ pub(super) struct Behind {
     task: Option<tokio::task::JoinHandle<()>>,
     /// Rounds that failed in a row: the next waits a doubling delay.
     pub(super) failures: u32,
+    /// Wakes a writer waiting out that delay: news decided since is tried at once, as news
+    /// reconciled a job at once whatever its failed reconciles' delay.
+    news: Arc<tokio::sync::Notify>,
 }
 
 /// Hand a decision, whose plan the caller has just assumed, to the job's writer (started if
@@ -72,6 +75,9 @@ pub(super) fn enqueue(
         Some((_, older)) => (job, older.then(d)),
         None => (job, d),
     });
+    if b.failures > 0 {
+        b.news.notify_one();
+    }
     if !b.running {
         b.running = true;
         let span = tracing::Span::current();
@@ -134,7 +140,7 @@ async fn write_behind(ctx: Arc<Context>, live: Weak<Mutex<Live>>, key: JobKey) {
             continue;
         };
         ctx.metrics.error(e.kind());
-        let failures = {
+        let (failures, news) = {
             let mut l = live.lock();
             // What this round did not write goes before anything decided since.
             let b = &mut l.behind;
@@ -143,14 +149,17 @@ async fn write_behind(ctx: Arc<Context>, live: Weak<Mutex<Live>>, key: JobKey) {
                 None => (job, d),
             });
             b.failures = b.failures.saturating_add(1);
-            b.failures
+            (b.failures, b.news.clone())
         };
         let delay = retry_delays()
             .nth(failures as usize - 1)
             .unwrap_or(RETRY_MAX);
         tracing::warn!(error = %e, retry_in = ?delay, "cannot write the job's decision; retrying");
         drop(live);
-        tokio::time::sleep(delay).await;
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = news.notified() => {}
+        }
     }
 }
 
