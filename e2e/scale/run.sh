@@ -78,8 +78,9 @@ trap cleanup EXIT
 
 say "building the operator and the load generator (release)"
 (cd "$REPO" && cargo build --release --locked -q -p murmur --bin murmur --example scale-loadgen)
-MURMUR=${OPERATOR:-$REPO/target/release/murmur}
-LOADGEN=$REPO/target/release/examples/scale-loadgen
+TARGET=${CARGO_TARGET_DIR:-$REPO/target}
+MURMUR=${OPERATOR:-$TARGET/release/murmur}
+LOADGEN=$TARGET/release/examples/scale-loadgen
 
 # The API server's audit log: the operator's writes, at Metadata level, and nothing else.
 OPERATOR_USER=system:serviceaccount:murmur-system:murmur-operator
