@@ -1658,3 +1658,76 @@ fn a_large_job_is_created_a_burst_per_plan_and_the_next_plan_is_due_at_once() {
     w.now = 3.0;
     assert!(creates(&w.plan()).is_empty());
 }
+
+/// `spec.suspend` in each phase a job has before it ends: every live member stops, nothing is
+/// created while it stays suspended, no stop counts as a restart or a preemption, and resuming
+/// creates every member again.
+#[test]
+fn suspend_is_honoured_in_every_phase_before_the_end_and_resuming_starts_every_member() {
+    let before_any_member = || World::new(spec());
+    let waiting_for_nodes = || {
+        let mut w = World::new(spec());
+        w.pending = true;
+        w.plan();
+        w
+    };
+    let degraded = || {
+        let mut w = World::running();
+        w.pending = true;
+        w.end(
+            3,
+            Exit::Preempted {
+                reason: "node gone".into(),
+            },
+        );
+        w.now = 1.0;
+        w.plan();
+        w
+    };
+    let scenes: [(JobPhase, fn() -> World); 4] = [
+        (JobPhase::Pending, before_any_member),
+        (JobPhase::Pending, waiting_for_nodes),
+        (JobPhase::Running, World::running),
+        (JobPhase::Degraded, degraded),
+    ];
+    for (phase, scene) in scenes {
+        let mut w = scene();
+        assert_eq!(w.state.phase, phase, "the scene reaches its phase");
+        let live: Vec<(u32, u32)> = w
+            .observed
+            .members
+            .iter()
+            .filter(|(_, m)| m.is_live())
+            .map(|(&id, m)| (id, m.attempt))
+            .collect();
+        let counted = (w.state.restarts, w.state.preemption_count());
+        w.spec.suspend = true;
+        w.now += 10.0;
+        let actions = w.plan();
+        assert_eq!(World::stops(&actions), live, "suspended when {phase:?}");
+        assert!(World::creates(&actions).is_empty(), "when {phase:?}");
+        assert!(World::reasons(&actions).contains(&"Suspended"));
+        assert_eq!(w.state.phase, JobPhase::Suspended);
+        // The stopped members end; a suspended job starts none of them again, however long.
+        for _ in 0..3 {
+            w.now += 1000.0;
+            assert!(World::creates(&w.plan()).is_empty(), "when {phase:?}");
+            assert_eq!(w.state.phase, JobPhase::Suspended);
+        }
+        assert!(w.observed.members.values().all(|m| !m.is_live()));
+        assert_eq!(
+            (w.state.restarts, w.state.preemption_count()),
+            counted,
+            "a stop on suspend is neither a restart nor a preemption (when {phase:?})"
+        );
+        w.spec.suspend = false;
+        w.now += 1.0;
+        let actions = w.plan();
+        let mut resumed: Vec<u32> = World::creates(&actions).iter().map(|c| c.0).collect();
+        resumed.sort_unstable();
+        assert_eq!(resumed, vec![0, 1, 2, 3], "resumed from {phase:?}");
+        assert!(World::reasons(&actions).contains(&"Resumed"));
+        assert_ne!(w.state.phase, JobPhase::Suspended);
+        assert_eq!((w.state.restarts, w.state.preemption_count()), counted);
+    }
+}
