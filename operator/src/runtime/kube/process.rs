@@ -84,8 +84,19 @@ pub async fn run(options: OperatorOptions) -> Result<(), OperatorError> {
             _ = term.recv() => {}
         }
     };
-    let client = Client::try_default().await.map_err(OperatorError::Config)?;
-    run_with(client, options, shutdown).await
+    let config = kube::Config::infer()
+        .await
+        .map_err(|e| OperatorError::Config(kube::Error::InferConfig(e)))?;
+    run_with(api_client(config)?, options, shutdown).await
+}
+
+/// The operator's client of the API server. A request the server sheds (429: API priority and
+/// fairness under load; 503, 504) is tried again, up to 15 times, after a doubling backoff or
+/// the server's `Retry-After` (kube's retry layer, kept on here whatever the config says): a
+/// burst of pod creates slows down rather than fails.
+fn api_client(mut config: kube::Config) -> Result<Client, OperatorError> {
+    config.default_retry = true;
+    Client::try_from(config).map_err(OperatorError::Config)
 }
 
 /// The operator against `client` until `shutdown` completes: at once if it completes before
@@ -259,4 +270,66 @@ async fn serve_status(
         ),
     ));
     Ok((hub, metrics))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use axum::http::StatusCode;
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::Api;
+    use kube::api::PostParams;
+
+    use super::api_client;
+
+    /// An API server that sheds the first `shed` pod creates with 429, as API priority and
+    /// fairness does under load, and admits the rest.
+    async fn shedding_server(shed: usize) -> (String, Arc<AtomicUsize>) {
+        let creates = Arc::new(AtomicUsize::new(0));
+        let seen = creates.clone();
+        let app = axum::Router::new().route(
+            "/api/v1/namespaces/ml/pods",
+            axum::routing::post(move |body: String| {
+                let seen = seen.clone();
+                async move {
+                    if seen.fetch_add(1, Ordering::SeqCst) < shed {
+                        let status = r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"TooManyRequests","code":429,"message":"too many requests"}"#;
+                        return (StatusCode::TOO_MANY_REQUESTS, [("Retry-After", "0")], status.to_string());
+                    }
+                    (StatusCode::CREATED, [("Retry-After", "0")], body)
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        (url, creates)
+    }
+
+    fn pod() -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "job-0-0", "namespace": "ml"},
+            "spec": {"containers": [{"name": "trainer", "image": "murmur-trainer"}]}
+        }))
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_create_the_api_server_sheds_is_tried_again_after_a_backoff() {
+        let (url, creates) = shedding_server(3).await;
+        let mut config = kube::Config::new(url.parse().unwrap());
+        // Whatever a kubeconfig or a test says, the operator's client retries.
+        config.default_retry = false;
+        let pods: Api<Pod> = Api::namespaced(api_client(config).unwrap(), "ml");
+        let created = pods.create(&PostParams::default(), &pod()).await;
+        assert_eq!(created.unwrap().metadata.name.as_deref(), Some("job-0-0"));
+        assert_eq!(
+            creates.load(Ordering::SeqCst),
+            4,
+            "three shed, the fourth admitted"
+        );
+    }
 }
