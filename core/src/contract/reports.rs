@@ -19,6 +19,24 @@ pub struct JoinReport {
     pub proxy_vector: Option<Vec<f32>>,
 }
 
+impl JoinReport {
+    /// Decimal places of a proxy vector's entries the control plane keeps.
+    pub const PROXY_DECIMALS: i32 = 3;
+
+    /// The report as the control plane keeps it: each proxy-vector entry rounded to
+    /// [`Self::PROXY_DECIMALS`] places. Clumping needs no more (entries are probabilities), and
+    /// a job's memory holds every member's report: at 10 000 members of ten classes, full f32
+    /// digits packed to 1.6 MB, over the 1 MiB a ConfigMap may hold. Kept rounded from the
+    /// start, the topology built live and the one rebuilt from the memory are the same.
+    pub fn kept(mut self) -> Self {
+        let scale = 10f32.powi(Self::PROXY_DECIMALS);
+        for x in self.proxy_vector.iter_mut().flatten() {
+            *x = (*x * scale).round() / scale;
+        }
+        self
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum TrainerState {
@@ -98,6 +116,23 @@ pub struct TerminationMessage {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_join_is_kept_with_its_proxy_vector_rounded_and_keeping_it_again_changes_nothing() {
+        let report = JoinReport {
+            member_id: 7,
+            label_histogram: vec![400, 10],
+            proxy_vector: Some(vec![0.123_456_78, 0.876_543_2, 0.0, 1.0]),
+        };
+        let kept = report.clone().kept();
+        assert_eq!(kept.proxy_vector, Some(vec![0.123, 0.877, 0.0, 1.0]));
+        assert_eq!(kept.label_histogram, report.label_histogram);
+        assert_eq!(kept.clone().kept(), kept);
+        // As the memory stores it, and back.
+        let text = serde_json::to_string(&kept).unwrap();
+        assert!(text.contains("[0.123,0.877,0.0,1.0]"), "{text}");
+        assert_eq!(serde_json::from_str::<JoinReport>(&text).unwrap(), kept);
+    }
 
     #[test]
     fn status_json_is_flat() {

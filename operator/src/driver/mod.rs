@@ -178,6 +178,7 @@ impl JobDriver {
                 // last pods of a large job were created). Dropped, the join would leave the
                 // member out of the first topology and unbalance its clique.
                 let attempt = self.attempt_of(id).unwrap_or(0);
+                let report = report.kept();
                 self.memory.joins.insert(id, StoredJoin { attempt, report });
                 true
             }
