@@ -196,8 +196,6 @@ fn an_invalid_spec_plans_no_member_and_says_why_once() {
     assert!(again.events.is_empty(), "said once");
 }
 
-/// A 10 000-member D-Cliques job, every member joined and addressed: its memory fits a
-/// ConfigMap (1 MiB) with room to spare, whatever the members' label histograms.
 /// The ConfigMap holding a 10 000-member job's memory (the CRD's most members), once every
 /// member joined, for a topology of `kind`: its bytes, keys included.
 fn memory_bytes_of_ten_thousand(kind: &str) -> usize {
