@@ -286,12 +286,36 @@ fn trainers_follow_the_control_endpoint_from_a_ring_to_data_aware_cliques() {
     for id in 0..4 {
         procs.0.push(job.spawn(id, 0, &env));
     }
-    wait_for(Duration::from_secs(60), "the switch to cliques", || {
-        (0..4).all(|id| {
-            job.status(id)
-                .is_some_and(|s| s["topologyVersion"] == 2 && s["step"].as_u64() > Some(20))
-        })
-    });
+    wait_for_or_explain(
+        Duration::from_secs(60),
+        "the switch to cliques",
+        || {
+            (0..4).all(|id| {
+                job.status(id)
+                    .is_some_and(|s| s["topologyVersion"] == 2 && s["step"].as_u64() > Some(20))
+            })
+        },
+        // What each member and the endpoint got to, for a switch that never comes.
+        || {
+            let joined: Vec<u32> = stub
+                .joins
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|j| j.member_id)
+                .collect();
+            let mut seen = format!("joins the endpoint took: {joined:?}\n");
+            for id in 0..4 {
+                let log = job.log_text(id, 0);
+                let tail: Vec<&str> = log.lines().rev().take(15).collect();
+                seen += &format!("member {id}: status {:?}\n", job.status(id));
+                for line in tail.into_iter().rev() {
+                    seen += &format!("  {line}\n");
+                }
+            }
+            seen
+        },
+    );
     // An endpoint that serves a newer topology signed with another key: refused, the old one
     // kept.
     stub.forged.store(true, Ordering::Relaxed);

@@ -260,10 +260,22 @@ pub fn http_get_at(host: &str, port: u16, path: &str) -> Option<(u16, String)> {
 }
 
 /// Wait until `f` holds, or fail after `within`.
-pub fn wait_for(within: Duration, what: &str, mut f: impl FnMut() -> bool) {
+pub fn wait_for(within: Duration, what: &str, f: impl FnMut() -> bool) {
+    wait_for_or_explain(within, what, f, String::new);
+}
+
+/// As [`wait_for`]; a timeout's message adds what `explain` says was seen.
+pub fn wait_for_or_explain(
+    within: Duration,
+    what: &str,
+    mut f: impl FnMut() -> bool,
+    explain: impl FnOnce() -> String,
+) {
     let deadline = Instant::now() + within;
     while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        if Instant::now() >= deadline {
+            panic!("timed out waiting for {what}\n{}", explain());
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
 }
