@@ -298,7 +298,7 @@ mod tests {
                         let status = r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"TooManyRequests","code":429,"message":"too many requests"}"#;
                         return (StatusCode::TOO_MANY_REQUESTS, [("Retry-After", "0")], status.to_string());
                     }
-                    (StatusCode::CREATED, [("Retry-After", "0")], body)
+                    (StatusCode::CREATED, [("Content-Type", "application/json")], body)
                 }
             }),
         );
