@@ -24,10 +24,14 @@ pub(super) fn shape_topology(
     now: Timestamp,
     actions: &mut Vec<Action>,
 ) {
-    // Members with a live current attempt that has sent its join report.
+    // Members with a live current attempt that has sent its join report, and is not being
+    // stopped: a mover's pod runs on until its deletion is written, and must not rejoin
+    // meanwhile (it would join a clique of the zone it is leaving, and its next attempt would
+    // ask for that zone).
     let joined: Vec<&JoinReport> = s
         .members
         .iter()
+        .filter(|(_, r)| r.lifecycle.is_active())
         .filter_map(|(&id, r)| observed.live(id, r.attempt))
         .filter_map(|m| m.join.as_ref())
         .collect();

@@ -371,6 +371,38 @@ fn members_outside_their_cliques_zone_move_there_once_before_anyone_trains() {
 }
 
 #[test]
+fn movers_whose_pods_still_run_stay_out_of_the_topology_and_still_ask_for_their_cliques_zone() {
+    // The runtime writes behind its plans: the next plan can come before the movers' pods are
+    // deleted, their join reports still in hand. They must not rejoin meanwhile: they would
+    // join a clique of the zone they are leaving, and their next attempts would ask for it.
+    let zone_of = |id: u32| if id.is_multiple_of(2) { "a" } else { "b" };
+    let mut w = World::zoned(None, zone_of);
+    let actions = w.plan();
+    let first = w.state.topology.clone().unwrap();
+    let movers: Vec<u32> = World::stops(&actions).iter().map(|&(m, _)| m).collect();
+    assert_eq!(movers.len(), 2);
+    let deletions = std::mem::take(&mut w.stopping);
+    let actions = w.plan();
+    let t = w.state.topology.as_ref().unwrap();
+    assert!(movers.iter().all(|m| !t.graph.contains(*m)), "{actions:#?}");
+    assert_eq!(t.version, first.version, "nothing changed: {actions:#?}");
+    w.stopping = deletions;
+    let creates = World::moved_creates(&w.plan());
+    assert_eq!(creates.len(), 2);
+    for (member, clique, zone) in &creates {
+        let mate = (0..4)
+            .find(|&s| !movers.contains(&s) && first.clique_of(s) == *clique)
+            .unwrap_or_else(|| panic!("{member} asks for clique {clique:?}, which has no stayer"));
+        assert_eq!(
+            zone.as_deref(),
+            Some(zone_of(mate)),
+            "{member} asks by name"
+        );
+        assert_ne!(zone_of(*member), zone_of(mate));
+    }
+}
+
+#[test]
 fn a_moved_member_the_scheduler_left_in_its_zone_joins_a_clique_there_not_across() {
     // As above, but both movers land where they ran before: the preference for the clique's
     // zone is only a preference. Each joins the clique of its own zone that has room, not the
