@@ -437,6 +437,15 @@ fn cases() -> Vec<Broken> {
             spec(json!({"trainer": {"backend": "cuda"}})),
         ),
         broken(
+            "topology.kind fullyConnected takes at most 256 members (replicas.max)",
+            "spec.replicas.max",
+            spec(json!({
+                "replicas": {"min": 6, "target": 10, "max": 257},
+                "topology": {"kind": "fullyConnected", "cliqueSize": null, "interClique": null},
+                "algorithm": {"kind": "dpsgd"},
+            })),
+        ),
+        broken(
             "topology.cliqueSize must not exceed replicas.max",
             "spec.topology.cliqueSize",
             spec(json!({"topology": {"cliqueSize": 13}})),

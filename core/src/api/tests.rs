@@ -55,6 +55,34 @@ fn the_valid_fixture_is_valid_and_defaults_are_filled() {
 }
 
 #[test]
+fn a_fully_connected_topology_takes_at_most_256_members_unless_moshpit_groups_them() {
+    // Every view and every round of a complete graph grow with the job: at 10 000 members,
+    // 50 million links and views of 9 999 peers each.
+    let job = |max: u32, algorithm: &str| {
+        let text = VALID
+            .replace(
+                "{min: 2, target: 4, max: 8}",
+                &format!("{{min: 2, target: 4, max: {max}}}"),
+            )
+            .replace(
+                "{kind: dCliques, cliqueSize: 4, interClique: smallWorld}",
+                "{kind: fullyConnected}",
+            )
+            .replace("kind: cliqueAveraging", &format!("kind: {algorithm}"));
+        parse_manifest(&text, "job.yaml")
+    };
+    job(256, "dpsgd").expect("256 members");
+    for algorithm in ["dpsgd", "gossip", "asyncGossip"] {
+        let e = job(257, algorithm).expect_err(algorithm);
+        let fields: Vec<String> = e.fields().iter().map(|f| f.to_string()).collect();
+        assert_eq!(fields, ["spec.replicas.max"], "{e}");
+        assert!(e.to_string().contains("at most 256 members"), "{e}");
+    }
+    // Moshpit averages in groups of its grid, whatever the topology says.
+    job(10_000, "moshpit").expect("Moshpit at 10 000 members");
+}
+
+#[test]
 fn every_cel_rule_rejects_with_the_field_it_guards() {
     let cases: &[(&str, &str, &str)] = &[
         (
