@@ -287,18 +287,33 @@ fn zone_aware_cliques_form_inside_the_zones_of_the_members_nodes() {
     }
     // Each zone holds one kind: a clique of one zone would see half the classes, so cliques
     // cross zones (zone-aware ones too, and then they move members: the test below).
-    let by_kind = |id: u32| if id.is_multiple_of(2) { "a" } else { "b" };
-    for (id, mate) in cliques(Some(false), by_kind) {
+    for (id, mate) in cliques(Some(false), zone_by_kind) {
         assert_ne!(id % 2, mate % 2, "{id} and {mate} hold the same classes");
     }
 }
 
+/// Zone a holds the even members (classes 0-4), zone b the odd ones (5-9): each balanced
+/// clique of two spans the zones.
+fn zone_by_kind(id: u32) -> &'static str {
+    if id.is_multiple_of(2) { "a" } else { "b" }
+}
+
+/// A zone-aware job over [`zone_by_kind`] after its first plan, which moved one member of each
+/// clique: the world, that first topology, and the movers (their stops not yet carried out).
+fn after_the_moves() -> (World, Topology, Vec<u32>) {
+    let mut w = World::zoned(None, zone_by_kind);
+    let actions = w.plan();
+    let first = w.state.topology.clone().unwrap();
+    let movers: Vec<u32> = World::stops(&actions).iter().map(|&(m, _)| m).collect();
+    assert_eq!(movers.len(), 2);
+    (w, first, movers)
+}
+
 #[test]
 fn members_outside_their_cliques_zone_move_there_once_before_anyone_trains() {
-    // Zone a holds the even members (classes 0-4), zone b the odd ones (5-9): each balanced
-    // clique of two spans the zones. Zone-aware, the planner moves one member of each clique to
-    // its mate's zone, one each way, so the zones keep their sizes.
-    let zone_of = |id: u32| if id.is_multiple_of(2) { "a" } else { "b" };
+    // Zone-aware, the planner moves one member of each clique to its mate's zone, one each way,
+    // so the zones keep their sizes.
+    let zone_of = zone_by_kind;
     let mut w = World::zoned(None, zone_of);
     let actions = w.plan();
     let t = w.state.topology.clone().unwrap();
@@ -375,12 +390,8 @@ fn movers_whose_pods_still_run_stay_out_of_the_topology_and_still_ask_for_their_
     // The runtime writes behind its plans: the next plan can come before the movers' pods are
     // deleted, their join reports still in hand. They must not rejoin meanwhile: they would
     // join a clique of the zone they are leaving, and their next attempts would ask for it.
-    let zone_of = |id: u32| if id.is_multiple_of(2) { "a" } else { "b" };
-    let mut w = World::zoned(None, zone_of);
-    let actions = w.plan();
-    let first = w.state.topology.clone().unwrap();
-    let movers: Vec<u32> = World::stops(&actions).iter().map(|&(m, _)| m).collect();
-    assert_eq!(movers.len(), 2);
+    let zone_of = zone_by_kind;
+    let (mut w, first, movers) = after_the_moves();
     let deletions = std::mem::take(&mut w.stopping);
     let actions = w.plan();
     let t = w.state.topology.as_ref().unwrap();
@@ -407,12 +418,8 @@ fn a_moved_member_the_scheduler_left_in_its_zone_joins_a_clique_there_not_across
     // As above, but both movers land where they ran before: the preference for the clique's
     // zone is only a preference. Each joins the clique of its own zone that has room, not the
     // clique it was moved for across the zones: no clique spans zones.
-    let zone_of = |id: u32| if id.is_multiple_of(2) { "a" } else { "b" };
-    let mut w = World::zoned(None, zone_of);
-    let actions = w.plan();
-    let first = w.state.topology.clone().unwrap();
-    let movers: Vec<u32> = World::stops(&actions).iter().map(|&(m, _)| m).collect();
-    assert_eq!(movers.len(), 2);
+    let zone_of = zone_by_kind;
+    let (mut w, first, _) = after_the_moves();
     let creates = World::moved_creates(&w.plan());
     assert_eq!(creates.len(), 2);
     for &(member, _, _) in &creates {
