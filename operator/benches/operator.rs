@@ -76,6 +76,8 @@ struct Steady {
     job: DecentralizedTrainingJob,
     pods: Vec<Pod>,
     decision: Decision,
+    /// The job's state as every member has joined, before the plan that builds the topology.
+    unbuilt: planner::JobState,
     /// The ConfigMap holding the steady job's memory.
     config_map: ConfigMap,
     driver: JobDriver,
@@ -164,6 +166,7 @@ fn steady(settings: &Settings) -> Steady {
         settings,
         now,
     });
+    let unbuilt = driver.state().clone();
     driver.commit(&built.plan, now);
     // The cluster carries out the relabelling (clique labels follow the topology): every pod,
     // as after the reconciles that label a burst each.
@@ -213,6 +216,7 @@ fn steady(settings: &Settings) -> Steady {
         job,
         pods,
         decision: built,
+        unbuilt,
         config_map,
         driver,
         first,
@@ -358,6 +362,32 @@ fn benches(c: &mut Criterion) {
     });
     group.bench_function("plan, one preemption", |b| {
         b.iter(|| planner::plan(spec, s.driver.state(), &lost, now))
+    });
+
+    // The join wave: the topology built from every member's join report; and built once a
+    // tenth fewer had joined (`replicas.min` past the join grace), that tenth joining it in
+    // one plan.
+    let everyone = &s.decision.plan.observed;
+    group.bench_function("plan, the topology built from every join", |b| {
+        b.iter(|| planner::plan(spec, &s.unbuilt, everyone, now))
+    });
+    let mut most = everyone.clone();
+    let late = *MEMBERS - *MEMBERS / 10;
+    for (_, m) in most.members.range_mut(late..) {
+        m.join = None;
+    }
+    let after_grace = now + Duration::from_secs(planner::JOIN_GRACE_SECONDS as u64 + 1);
+    let (built_early, _) = planner::plan(spec, &s.unbuilt, &most, after_grace);
+    assert_eq!(
+        built_early
+            .topology
+            .as_ref()
+            .map(|t| t.graph.member_count()),
+        Some(late as usize),
+        "the topology is built from the members joined"
+    );
+    group.bench_function("plan, the last tenth joins the topology", |b| {
+        b.iter(|| planner::plan(spec, &built_early, everyone, after_grace))
     });
 
     // What a reconcile that changes the job's memory writes into its ConfigMap: the memory

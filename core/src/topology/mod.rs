@@ -28,6 +28,7 @@ pub use flags::TopologyOptions;
 pub use graph::{Graph, MemberId};
 pub use measures::{Measures, measure};
 pub use moshpit::MoshpitGrid;
+pub use repair::Repair;
 pub use simple::{ONE_PEER_EXPONENTIAL, OnePeer, one_peer};
 pub use weights::{MixingWeights, metropolis_hastings};
 

@@ -892,6 +892,79 @@ proptest! {
     }
 }
 
+proptest! {
+    /// One repair of many leaves and joins (members set aside and rejoining their cliques
+    /// included, and refused changes) leaves the topology the same changes leave one by one: the
+    /// same cliques, graph, profiles and version, and the same answers on the way.
+    #[test]
+    fn one_repair_of_many_changes_leaves_what_the_changes_one_by_one_leave(
+        (kind, inter) in kinds(),
+        n in 1usize..40,
+        clique_size in 2usize..8,
+        seed in any::<u64>(),
+        changes in prop::collection::vec((0usize..5, any::<usize>(), 0usize..10), 0..40),
+        shape in 0usize..3,
+        zones in 0usize..4,
+    ) {
+        let zone = |k: usize| (zones > 0).then(|| format!("z{}", k % zones));
+        let profile = |id: u32, class: usize| MemberProfile {
+            id,
+            histogram: Some(class_histogram(class)),
+            proxy: None,
+            zone: zone(class),
+        };
+        let members: Vec<MemberProfile> = (0..n).map(|k| profile(k as u32, k % 10)).collect();
+        let start = if shape == 1 {
+            moshpit(&members, clique_size.max(2)).unwrap()
+        } else if shape == 2 && n > 4 {
+            random_regular(&members, 4, seed).unwrap()
+        } else {
+            let mut s = BuildSpec::new(kind);
+            s.inter_clique = inter;
+            s.clique_size = clique_size;
+            s.seed = seed;
+            s.zone_aware = zones > 0;
+            build(&s, &members).unwrap()
+        };
+        let mut one_by_one = start.clone();
+        let mut at_once = start;
+        let mut repair = at_once.repair();
+        let mut next_id = n as u32;
+        let mut aside: Vec<(MemberProfile, Option<u32>)> = Vec::new();
+        for (change, pick, class) in changes {
+            let present: Vec<MemberId> = one_by_one.profiles.keys().copied().collect();
+            let picked = present[pick % present.len()];
+            let (single, batched) = match change {
+                0 | 1 if present.len() <= 1 => continue,
+                0 => (one_by_one.remove_member(picked), repair.remove_member(picked)),
+                1 => {
+                    aside.push((one_by_one.profiles[&picked].clone(), one_by_one.clique_of(picked)));
+                    (one_by_one.set_aside(picked), repair.set_aside(picked))
+                }
+                2 => {
+                    let (joiner, home) = if aside.is_empty() {
+                        next_id += 1;
+                        (profile(next_id, class), None)
+                    } else {
+                        aside.remove(pick % aside.len())
+                    };
+                    (one_by_one.rejoin(joiner.clone(), home), repair.rejoin(joiner, home))
+                }
+                3 => (one_by_one.remove_member(10_000), repair.remove_member(10_000)),
+                _ => {
+                    let again = one_by_one.profiles[&picked].clone();
+                    (one_by_one.add_member(again.clone()), repair.add_member(again))
+                }
+            };
+            prop_assert_eq!(&batched, &single);
+            prop_assert_eq!(repair.member_count(), one_by_one.profiles.len());
+            prop_assert_eq!(repair.contains(picked), one_by_one.graph.contains(picked));
+        }
+        drop(repair);
+        prop_assert_eq!(&at_once, &one_by_one);
+    }
+}
+
 #[test]
 fn random_regular_graphs_are_regular_connected_and_stay_so() {
     let mut t = random_regular(&bare(30), 4, 11).unwrap();

@@ -81,9 +81,13 @@ pub(super) fn shape_topology(
                     gone.then_some((id, attempt))
                 })
                 .collect();
+            // One repair for this plan's leaves and joins: the graph is rebuilt once, not after
+            // each member (a thousand joins at 10 000 members took seconds).
+            let mut repair = t.repair();
             for (id, attempt) in gone {
-                if t.graph.member_count() == 1 {
+                if repair.member_count() == 1 {
                     // The last one: nothing to repair. Rebuilt when members rejoin.
+                    drop(repair);
                     s.last_version = t.version;
                     s.topology = None;
                     actions.push(event(
@@ -95,12 +99,10 @@ pub(super) fn shape_topology(
                     return;
                 }
                 if let Some(record) = s.members.get_mut(&id) {
-                    record.clique = t.clique_of(id);
-                    record.zone = record
-                        .clique
-                        .and_then(|c| topology::zones::zone_of_clique(t, c));
+                    record.clique = repair.clique_of(id);
+                    record.zone = record.clique.and_then(|c| repair.zone_of_clique(c));
                 }
-                t.remove_member(id).expect("listed from the graph");
+                repair.remove_member(id).expect("listed from the graph");
                 actions.push(event(
                     EventKind::Normal,
                     Reason::Left,
@@ -109,7 +111,7 @@ pub(super) fn shape_topology(
                 ));
             }
             for report in joined {
-                if !t.graph.contains(report.member_id) {
+                if !repair.contains(report.member_id) {
                     // A moved member joins the clique it was moved for, while it has room:
                     // moved members rejoining in another order took each other's cliques,
                     // splitting a clique over zones and skewing two cliques' labels. One the
@@ -123,12 +125,13 @@ pub(super) fn shape_topology(
                         .filter(|r| r.zone.is_none() || landed.is_none() || r.zone == landed)
                         .and_then(|r| r.clique);
                     // A profile of the right length was checked when the report came in.
-                    let _ = t.rejoin(
+                    let _ = repair.rejoin(
                         MemberProfile::from_join(report, zone(report.member_id)),
                         home,
                     );
                 }
             }
+            drop(repair);
             // Not across zones: a member moved to its clique's zone comes back to a place its
             // clique keeps for it, which a trade could fill.
             let zones: std::collections::BTreeSet<&String> = t
@@ -186,17 +189,24 @@ fn relocate(
     relocations: &mut u32,
     actions: &mut Vec<Action>,
 ) {
-    for m in topology::zones::misplaced(t) {
+    let misplaced = topology::zones::misplaced(t);
+    let from: Vec<String> = misplaced
+        .iter()
+        .map(|m| t.profiles[&m.member].zone.clone().unwrap_or_default())
+        .collect();
+    let mut repair = t.repair();
+    for (m, from) in misplaced.into_iter().zip(from) {
         let Some(record) = members.get_mut(&m.member) else {
             continue;
         };
-        if record.relocated || !record.lifecycle.is_active() || t.graph.member_count() <= 1 {
+        if record.relocated || !record.lifecycle.is_active() || repair.member_count() <= 1 {
             continue;
         }
-        let from = t.profiles[&m.member].zone.clone().unwrap_or_default();
         // Set aside, not removed: a clique left with two of five would be spread over the
         // others, across zones, and the movers would come back to a clique that is gone.
-        t.set_aside(m.member).expect("listed from the topology");
+        repair
+            .set_aside(m.member)
+            .expect("listed from the topology");
         record.become_(Lifecycle::Retiring);
         record.relocated = true;
         record.clique = Some(m.clique);

@@ -181,8 +181,11 @@ impl Decision {
         events.append(&mut plan.events);
         plan.events = events;
         let mut create = self.create;
+        // By name through a set: both can hold hundreds of creates while the writer is behind.
+        let mut named: std::collections::HashSet<Option<String>> =
+            create.iter().map(|p| p.metadata.name.clone()).collect();
         for pod in newer.create {
-            if !create.iter().any(|p| p.metadata.name == pod.metadata.name) {
+            if named.insert(pod.metadata.name.clone()) {
                 create.push(pod);
             }
         }
