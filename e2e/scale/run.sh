@@ -6,6 +6,8 @@
 # control endpoint. The last line of stdout is one JSON object:
 #
 #   members                N
+#   extraPods              pods the operator created beyond one a member while the job came up
+#                          (a member's second pod beside its first); the run fails unless 0
 #   podsCreatedSeconds     apply -> N pods exist
 #   firstTopologySeconds   the last member's join sent -> every member holds its view
 #   writesPerMember        the operator's writes (API server audit log), apply -> every member
@@ -225,6 +227,13 @@ UP=$(now_ms)
 say "every pod labelled with its clique $(((UP - VIEWS_AT) / 1000)) s after the last view"
 sleep 5 # the audit log is written in batches
 WRITES_UP=$(audit_writes "$APPLIED" "$UP")
+# Pods created beyond one a member while the job came up: nothing was lost, so each is a member's
+# second pod beside its first.
+EXTRA_PODS=$(($(jq -rs --argjson from "$APPLIED" --argjson to "$UP" "$AUDIT_MS"'
+    map(select(.stage == "ResponseComplete" and .verb == "create"
+            and .objectRef.resource == "pods" and .responseStatus.code == 201)
+        | (.requestReceivedTimestamp | ms) as $ms | select($ms >= $from and $ms < $to))
+    | length' "$WORK/audit.log") - MEMBERS))
 
 say "steady for $STEADY s"
 STEADY_FROM=$(now_ms)
@@ -280,8 +289,10 @@ jq -cn --argjson members "$MEMBERS" \
     --argjson versions "$((VERSION_AFTER - VERSION_BEFORE))" --argjson p99 "${P99:-null}" \
     --argjson p50 "${P50:-null}" --argjson reconciles "$RECONCILES" --argjson answers "$ANSWERS" \
     --argjson roundP99 "${ROUND_P99:-null}" --argjson roundP50 "${ROUND_P50:-null}" --argjson rounds "${ROUNDS:-0}" \
-    --argjson statusEvery "$STATUS_EVERY" --arg follow "$FOLLOW" --slurpfile last "$WORK/end.json" '{
+    --argjson statusEvery "$STATUS_EVERY" --arg follow "$FOLLOW" --slurpfile last "$WORK/end.json" \
+    --argjson extra "$EXTRA_PODS" '{
         members: $members,
+        extraPods: $extra,
         podsCreatedSeconds: ($pods / 1000),
         firstTopologySeconds: ($topo / 1000),
         writesPerMember: (($writes / $members) * 100 | round / 100),
@@ -300,3 +311,4 @@ jq -cn --argjson members "$MEMBERS" \
         follow: $follow,
         loadErrors: $last[0].errors
     }' | tee "$WORK/figures.json"
+((EXTRA_PODS == 0)) || die "the operator created $EXTRA_PODS pods beyond one a member while the job came up"

@@ -189,13 +189,13 @@ impl Context {
     /// The job's live record: created on its first reconcile in this process, from the
     /// ConfigMap and Secret it owns when there are (an operator restart) — never from objects of
     /// another job of the same name (one deleted and created again) — and with attempts that
-    /// follow any `leftovers` (pods of such a job), so no pod name is taken twice; registered
+    /// follow any leftovers (`cached_pods`: the job's pods and other pods of its name, read only
+    /// when the record is created), so no pod name is taken twice; registered
     /// with the hub.
     pub(super) fn live(
         self: &Arc<Self>,
         job: &DecentralizedTrainingJob,
-        pods: &[&Pod],
-        leftovers: &[&Pod],
+        cached_pods: impl FnOnce() -> (Vec<Arc<Pod>>, Vec<Arc<Pod>>),
     ) -> Result<Arc<Mutex<Live>>, Error> {
         let key = (resources::namespace(job), resources::name(job));
         let uid = job.uid().unwrap_or_default();
@@ -210,7 +210,10 @@ impl Context {
             .config_maps
             .get(&ObjectRef::new(&resources::config_map_name(&key.1)).within(&key.0))
             .filter(|c| ours(&c.metadata));
-        let memory = decide::memory_of(job, config_map.as_deref(), pods, leftovers)?;
+        let (pods, leftovers) = cached_pods();
+        let pods: Vec<&Pod> = pods.iter().map(|p| p.as_ref()).collect();
+        let leftovers: Vec<&Pod> = leftovers.iter().map(|p| p.as_ref()).collect();
+        let memory = decide::memory_of(job, config_map.as_deref(), &pods, &leftovers)?;
         let secret = self
             .stores
             .secrets

@@ -101,19 +101,19 @@ fn reconcile_inner(
         meta.namespace.as_deref() == Some(namespace.as_str())
             && meta.owner_references.iter().flatten().any(|o| o.uid == uid)
     };
-    let (pods, others): (Vec<Arc<Pod>>, Vec<Arc<Pod>>) = ctx
-        .stores
-        .pods
-        .state()
-        .into_iter()
-        .filter(|p| {
-            p.metadata.namespace.as_deref() == Some(namespace.as_str())
-                && p.labels().get(LABEL_JOB) == Some(&name)
-        })
-        .partition(|p| owned(&p.metadata));
-    let pod_refs: Vec<&Pod> = pods.iter().map(|p| p.as_ref()).collect();
-    let leftovers: Vec<&Pod> = others.iter().map(|p| p.as_ref()).collect();
-    let live = ctx.live(job, &pod_refs, &leftovers)?;
+    // The job's pods in the cache, and others of its name (an earlier job's).
+    let cached_pods = || -> (Vec<Arc<Pod>>, Vec<Arc<Pod>>) {
+        ctx.stores
+            .pods
+            .state()
+            .into_iter()
+            .filter(|p| {
+                p.metadata.namespace.as_deref() == Some(namespace.as_str())
+                    && p.labels().get(LABEL_JOB) == Some(&name)
+            })
+            .partition(|p| owned(&p.metadata))
+    };
+    let live = ctx.live(job, cached_pods)?;
     let service = get(
         &ctx.stores.services,
         &namespace,
@@ -140,7 +140,6 @@ fn reconcile_inner(
     let place = move |n: &str| observe::place(places.get(&ObjectRef::new(n)).as_deref());
     let start_event = |p: &Pod| ctx.stores.start_events.get(p);
     let now = (ctx.clock)();
-    let job_pods = observe::job_pods(&pod_refs);
     if !ctx.leadership.may_write() {
         return Err(Error::NotLeading);
     }
@@ -148,6 +147,14 @@ fn reconcile_inner(
         // One hold of the job's lock from the plan to its hand-over: the writer's answers to
         // earlier creates reach either the memory planned from or the decision handed over.
         let mut l = live.lock();
+        // The cache is read under the lock: the watch puts a pod in the cache before it ends
+        // its create's expectation (under this lock), so a pod no longer awaited is in what is
+        // read here. Read before the lock, a pod the watch showed meanwhile was in neither, and
+        // its member was taken for deleted and given a second pod (at 10 000 members, dozens
+        // in the create burst).
+        let (pods, _) = cached_pods();
+        let pod_refs: Vec<&Pod> = pods.iter().map(|p| p.as_ref()).collect();
+        let job_pods = observe::job_pods(&pod_refs);
         let generation = job.metadata.generation;
         let problems = match &l.validated {
             Some((g, p)) if *g == generation && generation.is_some() => p.clone(),
@@ -193,6 +200,15 @@ fn reconcile_inner(
             settings: &ctx.settings,
             now,
         });
+        for e in &d.plan.events {
+            tracing::debug!(
+                reason = e.reason.as_str(),
+                member = e.member,
+                attempt = e.attempt,
+                message = %e.message,
+                "planned"
+            );
+        }
         // Expectations the cache has caught up with, or that are stale, are dropped; this
         // decision's creates are awaited until answered.
         let grace = ctx.settings.creation_grace.as_secs_f64();

@@ -2100,6 +2100,58 @@ async fn a_created_pod_the_watch_has_not_shown_is_awaited_until_pods_are_listed_
 }
 
 #[tokio::test]
+async fn a_pod_a_relist_brings_is_awaited_until_the_list_is_the_cache() {
+    let mut c = Cluster::running().await;
+    c.advance(30);
+    let pod = c.pod_objects.remove("mnist-2-0").unwrap();
+    c.pods.apply_watcher_event(&Event::Delete(pod));
+    let (_, calls) = c.reconcile().await;
+    assert_eq!(pods_created(&calls), vec!["mnist-2-1"]);
+    // The watch went down before it showed the replacement, and the pods are listed again.
+    let mut replacement = c.pod_objects["mnist-2-1"].clone();
+    c.pods
+        .apply_watcher_event(&Event::Delete(replacement.clone()));
+    super::observe::keep_what_is_read_of_pod(&mut replacement);
+    c.advance(5);
+    let mut listing = None;
+    let mut event = |c: &mut Cluster, e: Event<Pod>| {
+        c.pods.apply_watcher_event(&e);
+        watch::settle_awaited_pods(&c.ctx, &mut listing, &e);
+    };
+    event(&mut c, Event::Init);
+    let listed: Vec<Pod> = c
+        .ctx
+        .stores
+        .pods
+        .state()
+        .iter()
+        .map(|p| (**p).clone())
+        .chain([replacement])
+        .collect();
+    for pod in listed {
+        event(&mut c, Event::InitApply(pod));
+    }
+    // Mid-list the cache still holds what it held before, without the replacement.
+    let mid_list = ObjectRef::new("mnist-2-1").within("ml");
+    assert!(c.ctx.stores.pods.get(&mid_list).is_none());
+    let (_, calls) = c.reconcile().await;
+    assert!(
+        pods_created(&calls).is_empty(),
+        "replaced beside its pod mid-list: {:?}",
+        pods_created(&calls)
+    );
+    event(&mut c, Event::InitDone);
+    assert!(c.ctx.stores.pods.get(&mid_list).is_some());
+    let (_, calls) = c.reconcile().await;
+    assert!(
+        pods_created(&calls).is_empty(),
+        "{:?}",
+        pods_created(&calls)
+    );
+    assert_eq!(c.status().preemptions, 1);
+}
+
+#[tokio::test]
 async fn a_crash_loop_backs_off_counts_restarts_and_fails_the_job_past_max_restarts() {
     let mut c = Cluster::running().await;
     let crash = |c: &mut Cluster, pod: &str| {

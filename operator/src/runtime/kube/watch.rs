@@ -95,12 +95,7 @@ pub(super) fn controller(
     let mut controller = Controller::for_stream(job_stream, jobs)
         .with_config(ControllerConfig::default().concurrency(concurrency))
         .owns_stream({
-            // A pod the watch has shown is no longer an expectation, even if it is gone before
-            // any reconcile saw it in the cache (a force deletion right after creation).
-            // A re-list (after the watch was down long enough to lose its place) settles the
-            // rest: what it lacks is gone.
-            let seen = Arc::downgrade(ctx);
-            let listed = Arc::downgrade(ctx);
+            let ctx = Arc::downgrade(ctx);
             let mut listing_since = None;
             owned_with(
                 client,
@@ -108,23 +103,11 @@ pub(super) fn controller(
                 w.pods,
                 observe::keep_what_is_read_of_pod,
                 move |event| {
-                    let Some(ctx) = listed.upgrade() else { return };
-                    match event {
-                        watcher::Event::Init => listing_since = Some((ctx.clock)()),
-                        watcher::Event::InitDone => {
-                            if let Some(since) = listing_since.take() {
-                                ctx.pods_listed(since);
-                            }
-                        }
-                        _ => {}
+                    if let Some(ctx) = ctx.upgrade() {
+                        settle_awaited_pods(&ctx, &mut listing_since, event);
                     }
                 },
             )
-            .inspect_ok(move |pod| {
-                if let Some(ctx) = seen.upgrade() {
-                    ctx.pod_seen(pod);
-                }
-            })
         })
         .owns_stream(owned(client, &managed, w.services))
         .owns_stream(owned(client, &managed, w.config_maps))
@@ -325,13 +308,13 @@ fn owned<K: OwnedKind>(
 }
 
 /// [`owned`], with each object trimmed to what is read (managed fields are always dropped),
-/// and `on_event` shown each watch event before the cache applies it.
+/// and `applied` shown each watch event once the cache has applied it.
 fn owned_with<K: OwnedKind>(
     client: &Client,
     managed: &watcher::Config,
     writer: reflector::store::Writer<K>,
     mut trim: impl FnMut(&mut K) + Send + 'static,
-    mut on_event: impl FnMut(&watcher::Event<K>) + Send + 'static,
+    mut applied: impl FnMut(&watcher::Event<K>) + Send + 'static,
 ) -> impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static {
     // Touched, not applied: a deleted (or force-deleted) child wakes its job at once; with
     // applied objects only, it waited for the next resync.
@@ -341,9 +324,35 @@ fn owned_with<K: OwnedKind>(
             o.meta_mut().managed_fields = None;
             trim(o);
         })
-        .inspect_ok(move |event| on_event(event))
         .reflect(writer)
+        .inspect_ok(move |event| applied(event))
         .touched_objects()
+}
+
+/// What one pod watch event, once the cache has applied it, settles of the pods the jobs await
+/// (created, not yet shown by the cache). A pod the watch shows, or shows deleted, is awaited no
+/// longer, even if it is gone before any reconcile saw it (a force deletion right after
+/// creation). A re-list, once it is the cache, proves gone what was created before it began and
+/// it lacks. The pods a re-list brings are in the cache only when the list is done: until then
+/// the cache holds what it held before, so they stay awaited (settled as they arrived, a
+/// reconcile mid-list found a new pod neither cached nor awaited, and gave its member a second
+/// pod beside it).
+pub(super) fn settle_awaited_pods(
+    ctx: &Context,
+    listing_since: &mut Option<k8s_openapi::jiff::Timestamp>,
+    event: &watcher::Event<Pod>,
+) {
+    match event {
+        watcher::Event::Init => *listing_since = Some((ctx.clock)()),
+        watcher::Event::InitApply(_) => {}
+        watcher::Event::InitDone => {
+            if let Some(since) = listing_since.take() {
+                tracing::info!(%since, "the pod cache is a new list of pods");
+                ctx.pods_listed(since);
+            }
+        }
+        watcher::Event::Apply(pod) | watcher::Event::Delete(pod) => ctx.pod_seen(pod),
+    }
 }
 
 /// Forget jobs deleted behind the operator's back, once per resync.
