@@ -729,6 +729,36 @@ fn kinds() -> impl Strategy<Value = (TopologyKind, InterClique)> {
     )
 }
 
+/// A topology the repair property tests start from: Moshpit's grid (`shape` 1), a random
+/// regular graph (`shape` 2, over 4 members), else `kind` built with these options.
+struct Start {
+    kind: TopologyKind,
+    inter: InterClique,
+    clique_size: usize,
+    seed: u64,
+    shape: usize,
+    homogeneous: bool,
+    zone_aware: bool,
+}
+
+fn start(members: &[MemberProfile], o: &Start) -> Topology {
+    if o.shape == 1 {
+        moshpit(members, o.clique_size.max(2)).unwrap()
+    } else if o.shape == 2 && members.len() > 4 {
+        random_regular(members, 4, o.seed).unwrap()
+    } else {
+        let mut s = BuildSpec::new(o.kind);
+        s.inter_clique = o.inter;
+        s.clique_size = o.clique_size;
+        s.seed = o.seed;
+        if o.homogeneous {
+            s.clique_mix = crate::api::CliqueMix::Homogeneous;
+        }
+        s.zone_aware = o.zone_aware;
+        build(&s, members).unwrap()
+    }
+}
+
 fn class_histogram(class: usize) -> Vec<f64> {
     let mut h = vec![1.0; 10];
     h[class] = 20.0;
@@ -812,21 +842,7 @@ proptest! {
         let members: Vec<MemberProfile> = (0..n)
             .map(|k| MemberProfile { id: k as u32, histogram: Some(class_histogram(k % 10)), proxy: None, zone: zone(k) })
             .collect();
-        let mut t = if shape == 1 {
-            moshpit(&members, clique_size.max(2)).unwrap()
-        } else if shape == 2 && n > 4 {
-            random_regular(&members, 4, seed).unwrap()
-        } else {
-            let mut s = BuildSpec::new(kind);
-            s.inter_clique = inter;
-            s.clique_size = clique_size;
-            s.seed = seed;
-            if homogeneous {
-                s.clique_mix = crate::api::CliqueMix::Homogeneous;
-            }
-            s.zone_aware = zones > 0;
-            build(&s, &members).unwrap()
-        };
+        let mut t = start(&members, &Start { kind, inter, clique_size, seed, shape, homogeneous, zone_aware: zones > 0 });
         let mut expected: BTreeSet<MemberId> = (0..n as u32).collect();
         let mut next_id = n as u32;
         let was_ring = matches!(t.shape, Shape::Ring { .. });
@@ -914,20 +930,9 @@ proptest! {
             zone: zone(class),
         };
         let members: Vec<MemberProfile> = (0..n).map(|k| profile(k as u32, k % 10)).collect();
-        let start = if shape == 1 {
-            moshpit(&members, clique_size.max(2)).unwrap()
-        } else if shape == 2 && n > 4 {
-            random_regular(&members, 4, seed).unwrap()
-        } else {
-            let mut s = BuildSpec::new(kind);
-            s.inter_clique = inter;
-            s.clique_size = clique_size;
-            s.seed = seed;
-            s.zone_aware = zones > 0;
-            build(&s, &members).unwrap()
-        };
-        let mut one_by_one = start.clone();
-        let mut at_once = start;
+        let first = start(&members, &Start { kind, inter, clique_size, seed, shape, homogeneous: false, zone_aware: zones > 0 });
+        let mut one_by_one = first.clone();
+        let mut at_once = first;
         let mut repair = at_once.repair();
         let mut next_id = n as u32;
         let mut aside: Vec<(MemberProfile, Option<u32>)> = Vec::new();

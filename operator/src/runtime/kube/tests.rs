@@ -489,9 +489,7 @@ impl Cluster {
                 self.put_pod(pod);
             }
             ("DELETE", p) if p.contains("/pods/") => {
-                if let Some(pod) = self.pod_objects.remove(&object) {
-                    self.pods.apply_watcher_event(&Event::Delete(pod));
-                }
+                self.delete_pod(&object);
             }
             ("PATCH", p) if p.contains("/services/") => {
                 let mut s: Service = serde_json::from_value(call.body.clone()).unwrap();
@@ -543,6 +541,13 @@ impl Cluster {
         self.pods.apply_watcher_event(&Event::Apply(cached));
         self.pod_objects
             .insert(pod.metadata.name.clone().unwrap(), pod);
+    }
+
+    /// The pod is deleted: gone from the API server and, through the watch, from the cache.
+    fn delete_pod(&mut self, name: &str) -> Option<Pod> {
+        let pod = self.pod_objects.remove(name)?;
+        self.pods.apply_watcher_event(&Event::Delete(pod.clone()));
+        Some(pod)
     }
 
     fn edit_pod(&mut self, name: &str, edit: impl FnOnce(&mut Pod)) {
@@ -1982,8 +1987,7 @@ async fn a_replacement_after_an_operator_upgrade_runs_the_image_its_job_started_
         s.trainer_cuda_image = "registry.example/murmur-trainer:2.0-cuda".into();
     });
     c.advance(30);
-    let pod = c.pod_objects.remove("mnist-0-0").unwrap();
-    c.pods.apply_watcher_event(&Event::Delete(pod));
+    c.delete_pod("mnist-0-0").unwrap();
     let (_, calls) = c.reconcile().await;
     assert_eq!(pods_created(&calls), vec!["mnist-0-1"]);
     let replacement: Pod = serde_json::from_value(
@@ -2011,8 +2015,7 @@ async fn a_deleted_pod_and_a_lost_node_are_preemptions_too() {
     let mut c = Cluster::running().await;
     c.advance(30);
     // Someone deletes a pod (kubectl, a drain): it vanishes from the cache.
-    let pod = c.pod_objects.remove("mnist-0-0").unwrap();
-    c.pods.apply_watcher_event(&Event::Delete(pod));
+    c.delete_pod("mnist-0-0").unwrap();
     let (_, calls) = c.reconcile().await;
     assert_eq!(pods_created(&calls), vec!["mnist-0-1"]);
     assert_eq!(c.status().preemptions, 1);
@@ -2070,13 +2073,11 @@ async fn a_cached_pod_is_a_small_part_of_the_pod() {
 async fn a_created_pod_the_watch_has_not_shown_is_awaited_until_pods_are_listed_again() {
     let mut c = Cluster::running().await;
     c.advance(30);
-    let pod = c.pod_objects.remove("mnist-2-0").unwrap();
-    c.pods.apply_watcher_event(&Event::Delete(pod));
+    c.delete_pod("mnist-2-0").unwrap();
     let (_, calls) = c.reconcile().await;
     assert_eq!(pods_created(&calls), vec!["mnist-2-1"]);
     // The pod watch is down (an API server restart): the cache never shows the replacement.
-    let replacement = c.pod_objects.remove("mnist-2-1").unwrap();
-    c.pods.apply_watcher_event(&Event::Delete(replacement));
+    c.delete_pod("mnist-2-1").unwrap();
     let answered = c.now();
     // Well past the watch's usual lag, the member is still awaited, not replaced again.
     c.advance(45);
@@ -2103,8 +2104,7 @@ async fn a_created_pod_the_watch_has_not_shown_is_awaited_until_pods_are_listed_
 async fn a_pod_a_relist_brings_is_awaited_until_the_list_is_the_cache() {
     let mut c = Cluster::running().await;
     c.advance(30);
-    let pod = c.pod_objects.remove("mnist-2-0").unwrap();
-    c.pods.apply_watcher_event(&Event::Delete(pod));
+    c.delete_pod("mnist-2-0").unwrap();
     let (_, calls) = c.reconcile().await;
     assert_eq!(pods_created(&calls), vec!["mnist-2-1"]);
     // The watch went down before it showed the replacement, and the pods are listed again.
@@ -2638,8 +2638,7 @@ proptest::proptest! {
                         }
                     },
                     PodEvent::Delete(m) => if let Some(p) = c.newest(m) {
-                        let pod = c.pod_objects.remove(&p).unwrap();
-                        c.pods.apply_watcher_event(&Event::Delete(pod));
+                        c.delete_pod(&p).unwrap();
                     },
                     PodEvent::Complete(m) => if let Some(p) = c.newest(m) {
                         c.end_pod(&p, 0, Some(r#"{"outcome":"done","step":100}"#));
@@ -3183,8 +3182,7 @@ async fn the_job_key_never_leaves_its_secret() {
 
     let mut c = Cluster::running().await;
     c.advance(30);
-    let pod = c.pod_objects.remove("mnist-2-0").unwrap();
-    c.pods.apply_watcher_event(&Event::Delete(pod));
+    c.delete_pod("mnist-2-0").unwrap();
     c.reconcile().await;
     let key = c.live().lock().key_hex.clone();
     assert_eq!(key.len(), 64);
