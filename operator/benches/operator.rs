@@ -73,7 +73,7 @@ spec:
 /// A 1 000-member job in steady state: every pod running, every member joined, the topology
 /// built, the ConfigMap and status written.
 struct Steady {
-    job: DecentralizedTrainingJob,
+    job: Arc<DecentralizedTrainingJob>,
     pods: Vec<Pod>,
     decision: Decision,
     /// The job's state as every member has joined, before the plan that builds the topology.
@@ -85,7 +85,7 @@ struct Steady {
 }
 
 fn steady(settings: &Settings) -> Steady {
-    let mut job = job();
+    let mut job = Arc::new(job());
     let now = Timestamp::now();
     let created = BTreeMap::new();
     let ready = |_: &str| observe::NodeState::Ready;
@@ -129,7 +129,7 @@ fn steady(settings: &Settings) -> Steady {
         });
         driver.commit(&d.plan, now);
         let burst = d.create.len();
-        pods.extend(d.create.iter().cloned().map(running));
+        pods.extend(d.create.iter().map(|new| running(new.build(settings))));
         if burst < planner::CREATES_PER_PLAN {
             break d;
         }
@@ -191,7 +191,7 @@ fn steady(settings: &Settings) -> Steady {
             .member_count(),
         *MEMBERS as usize
     );
-    job.status = Some(built.plan.view.status.clone());
+    Arc::make_mut(&mut job).status = Some(built.plan.view.status.clone());
     let mut config_map =
         resources::config_map(&job, built.plan.memory.data(built.plan.document.as_deref()));
     // As stored: with a resourceVersion, by which the operator knows the memory it holds.
@@ -292,7 +292,7 @@ fn operator(s: &Steady, pods: &[Pod], settings: &Settings) -> Arc<Context> {
     let mut hub = Hub::default();
     let metrics = Arc::new(OperatorMetrics::register(&mut hub.metrics.registry));
     let (ctx, _) = Context::new(
-        mock(serde_json::to_value(&s.job).unwrap()),
+        mock(serde_json::to_value(&*s.job).unwrap()),
         Stores {
             pods: pod_store,
             services,
@@ -463,7 +463,7 @@ fn benches(c: &mut Criterion) {
             .build()
             .unwrap()
     };
-    let job = Arc::new(s.job.clone());
+    let job = s.job.clone();
     let (namespace, name) = (resources::namespace(&job), resources::name(&job));
     let reconciled = |ctx: &Arc<Context>| {
         let (job, ctx) = (job.clone(), ctx.clone());

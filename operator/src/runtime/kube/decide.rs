@@ -5,6 +5,7 @@
 //! [`memory_write`] and the status with [`status_due`].
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
@@ -82,9 +83,51 @@ pub fn problems(job: &DecentralizedTrainingJob) -> Option<String> {
     })
 }
 
+/// A member attempt's pod to create, built only as its create is sent: a built pod is some
+/// 25 KB, and while the API server is slow a large job's creates wait for its writer by the
+/// thousand.
+#[derive(Clone, Debug)]
+pub struct NewPod {
+    /// The job as the reconcile that decided the create saw it.
+    pub job: Arc<DecentralizedTrainingJob>,
+    pub member: MemberId,
+    pub attempt: u32,
+    pub on_demand: bool,
+    /// Its clique in the current topology, when it has one (a replacement).
+    pub clique: Option<u32>,
+    /// The zone that clique trains in, when the topology knows it.
+    pub zone: Option<String>,
+}
+
+impl NewPod {
+    /// The member attempt it is.
+    pub fn attempt(&self) -> (MemberId, u32) {
+        (self.member, self.attempt)
+    }
+
+    pub fn name(&self) -> String {
+        resources::pod_name(&resources::name(&self.job), self.member, self.attempt)
+    }
+
+    /// The pod, as the API server is sent it.
+    pub fn build(&self, settings: &Settings) -> Pod {
+        resources::pod(
+            &resources::MemberPod {
+                job: &self.job,
+                member: self.member,
+                attempt: self.attempt,
+                on_demand: self.on_demand,
+                clique: self.clique,
+                zone: self.zone.as_deref(),
+            },
+            settings,
+        )
+    }
+}
+
 /// Everything one reconcile looks at.
 pub struct Inputs<'a> {
-    pub job: &'a DecentralizedTrainingJob,
+    pub job: &'a Arc<DecentralizedTrainingJob>,
     /// [`problems`] of this job's spec.
     pub problems: Option<&'a str>,
     /// The job's pods that name a member attempt.
@@ -118,7 +161,7 @@ pub struct Decision {
     /// The driver's step: assumed at once, its memory persisted and its topology published
     /// once its creates are answered.
     pub plan: Plan,
-    pub create: Vec<Pod>,
+    pub create: Vec<NewPod>,
     /// Pod names, and whether to delete at once (its node is gone: no kubelet will finish a
     /// graceful deletion).
     pub delete: Vec<(String, bool)>,
@@ -181,11 +224,11 @@ impl Decision {
         events.append(&mut plan.events);
         plan.events = events;
         let mut create = self.create;
-        // By name through a set: both can hold hundreds of creates while the writer is behind.
-        let mut named: std::collections::HashSet<Option<String>> =
-            create.iter().map(|p| p.metadata.name.clone()).collect();
+        // Through a set: both can hold hundreds of creates while the writer is behind.
+        let mut named: std::collections::HashSet<(MemberId, u32)> =
+            create.iter().map(NewPod::attempt).collect();
         for pod in newer.create {
-            if named.insert(pod.metadata.name.clone()) {
+            if named.insert(pod.attempt()) {
                 create.push(pod);
             }
         }
@@ -421,17 +464,14 @@ fn members(i: &Inputs, d: &mut Decision) {
                 if let Some(m) = d.plan.observed.members.get_mut(&member) {
                     m.pending_since = Some(i.now);
                 }
-                d.create.push(resources::pod(
-                    &resources::MemberPod {
-                        job,
-                        member,
-                        attempt,
-                        on_demand,
-                        clique,
-                        zone: zone.as_deref(),
-                    },
-                    i.settings,
-                ));
+                d.create.push(NewPod {
+                    job: job.clone(),
+                    member,
+                    attempt,
+                    on_demand,
+                    clique,
+                    zone: zone.clone(),
+                });
             }
             Action::Stop { member, attempt } => {
                 // Even when the cache does not show it yet (a 404 is fine).
@@ -701,8 +741,13 @@ mod tests {
     use crate::status::Hub;
     use std::sync::Arc;
 
-    /// A decision whose plan carries `events` (by reason), creating and deleting pods by name.
-    fn decision(events: &[planner::Reason], create: &[&str], delete: &[(&str, bool)]) -> Decision {
+    /// A decision whose plan carries `events` (by reason), creating member attempts' pods and
+    /// deleting pods by name.
+    fn decision(
+        events: &[planner::Reason],
+        create: &[(MemberId, u32)],
+        delete: &[(&str, bool)],
+    ) -> Decision {
         let job = murmur_core::api::parse_manifest(
             "apiVersion: murmur.dev/v1alpha1\nkind: DecentralizedTrainingJob\nmetadata: {name: j, namespace: ml}\nspec:\n  replicas: {min: 1, target: 2, max: 2}\n  training: {model: mlp, steps: 10}\n",
             "job.yaml",
@@ -728,14 +773,16 @@ mod tests {
             })
             .collect();
         let mut d = Decision::new(plan, &Settings::default());
+        let job = Arc::new(job);
         d.create = create
             .iter()
-            .map(|name| Pod {
-                metadata: ObjectMeta {
-                    name: Some(name.to_string()),
-                    ..Default::default()
-                },
-                ..Default::default()
+            .map(|&(member, attempt)| NewPod {
+                job: job.clone(),
+                member,
+                attempt,
+                on_demand: false,
+                clique: None,
+                zone: None,
             })
             .collect();
         d.delete = delete.iter().map(|(n, a)| (n.to_string(), *a)).collect();
@@ -745,18 +792,14 @@ mod tests {
     #[test]
     fn decisions_folded_make_both_writes_in_order_and_the_newer_plan_stands() {
         use planner::Reason::{Joined, Preempted};
-        let mut older = decision(&[Joined], &["j-0-0", "j-1-0"], &[("j-2-0", false)]);
+        let mut older = decision(&[Joined], &[(0, 0), (1, 0)], &[("j-2-0", false)]);
         older.delete_job = true;
         older.service = Some(Service::default());
-        let mut newer = decision(&[Preempted], &["j-1-0", "j-3-0"], &[("j-2-0", true)]);
+        let mut newer = decision(&[Preempted], &[(1, 0), (3, 0)], &[("j-2-0", true)]);
         newer.persist = false;
         newer.plan.step = 7;
         let d = older.then(newer);
-        let names: Vec<_> = d
-            .create
-            .iter()
-            .map(|p| p.metadata.name.clone().unwrap())
-            .collect();
+        let names: Vec<_> = d.create.iter().map(NewPod::name).collect();
         assert_eq!(
             names,
             ["j-0-0", "j-1-0", "j-3-0"],

@@ -214,7 +214,7 @@ fn reconcile_inner(
         let grace = ctx.settings.creation_grace.as_secs_f64();
         l.created
             .retain(|_, t| planner::seconds_since(*t, now) < grace);
-        for key in d.create.iter().filter_map(observe::member_of) {
+        for key in d.create.iter().map(decide::NewPod::attempt) {
             l.created.insert(key, Timestamp::MAX);
         }
         l.driver.assume(&d.plan, now);

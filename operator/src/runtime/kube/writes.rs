@@ -15,9 +15,10 @@ use murmur_core::topology::MemberId;
 use parking_lot::Mutex;
 
 use super::context::{Context, Live};
+use super::decide::NewPod;
 use super::error::{Error, kube_err};
 use super::labels::LABEL_CLIQUE;
-use super::{observe, resources};
+use super::resources;
 use crate::planner;
 
 /// Pods created at once, at most: the batches double from one up to this.
@@ -33,7 +34,7 @@ pub(super) async fn create_pods(
     ctx: &Context,
     namespace: &str,
     live: &Mutex<Live>,
-    create: &[Pod],
+    create: &[NewPod],
     now: Timestamp,
 ) -> Result<(Vec<(MemberId, u32)>, Vec<(MemberId, u32, String)>), Error> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
@@ -48,28 +49,27 @@ pub(super) async fn create_pods(
     let mut accepted = Vec::new();
     let mut refused: Vec<(MemberId, u32, String)> = Vec::new();
     let mut failed = None;
-    let mut queue = create
-        .iter()
-        .filter_map(|p| Some((observe::member_of(p)?, p)));
+    let mut queue = create.iter();
     let mut batch = 1;
     while refused.is_empty() && failed.is_none() {
-        let chunk: Vec<((MemberId, u32), &Pod)> = queue.by_ref().take(batch).collect();
+        let chunk: Vec<&NewPod> = queue.by_ref().take(batch).collect();
         if chunk.is_empty() {
             break;
         }
         // Awaited since the reconcile that decided it (`Timestamp::MAX`: the watch may show the
         // pod before the answer comes), and stamped with the answer's time: only a re-list
-        // begun after the create was answered can prove the pod gone.
-        let answers =
-            futures::future::join_all(chunk.iter().map(|(key, pod)| async {
-                (*key, pod.name_any(), pods.create(&params, pod).await)
-            }))
-            .await;
+        // begun after the create was answered can prove the pod gone. Each pod is built only
+        // for its request.
+        let answers = futures::future::join_all(chunk.iter().map(|new| async {
+            let pod = new.build(&ctx.settings);
+            (new.attempt(), new.name(), pods.create(&params, &pod).await)
+        }))
+        .await;
         {
             let answered = (ctx.clock)().max(now);
             let mut l = live.lock();
-            for (key, _) in &chunk {
-                if let Some(t) = l.created.get_mut(key) {
+            for new in &chunk {
+                if let Some(t) = l.created.get_mut(&new.attempt()) {
                     *t = answered;
                 }
             }
@@ -94,11 +94,11 @@ pub(super) async fn create_pods(
         return Err(e);
     }
     if let Some((_, _, why)) = refused.first().cloned() {
-        for ((member, attempt), pod) in queue {
+        for new in queue {
             refused.push((
-                member,
-                attempt,
-                format!("{}: not tried after {why}", pod.name_any()),
+                new.member,
+                new.attempt,
+                format!("{}: not tried after {why}", new.name()),
             ));
         }
     }
