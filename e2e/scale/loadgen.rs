@@ -1,9 +1,9 @@
 //! The scale harness's trainers (`e2e/scale/run.sh`): for every running member pod of a job, what
 //! a trainer does on the control plane and nothing else. It reads the job key from the job's
-//! Secret, posts a signed join report once the pod runs, long-polls the member's topology view
-//! as a trainer does, and posts a signed status at a trainer's cadence. Pods are kwok's, so no
-//! training runs: the operator, the API server and the control endpoint see a real job's
-//! traffic. Its figures are rewritten to `--out` as JSON every second.
+//! Secret, posts a signed join report once the pod runs, follows the member's topology view on
+//! its view stream as a trainer does, and posts a signed status at a trainer's cadence. Pods
+//! are kwok's, so no training runs: the operator, the API server and the control endpoint see a
+//! real job's traffic. Its figures are rewritten to `--out` as JSON every second.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -18,11 +18,13 @@ use kube::Api;
 use kube::runtime::watcher;
 use murmur::runtime::kube::resources::{LABEL_ATTEMPT, LABEL_JOB, LABEL_MEMBER, secret_name};
 use murmur_core::contract::control::{self, Envelope};
+use murmur_core::contract::view_stream;
 use murmur_core::contract::{
     JoinReport, MemberView, TopologyDocument, TrainerState, TrainerStatus,
 };
 use parking_lot::Mutex;
 use serde::Serialize;
+use tokio::io::AsyncReadExt;
 use tokio::task::JoinHandle;
 
 #[derive(Parser)]
@@ -154,14 +156,61 @@ impl Member {
         }
     }
 
-    /// One long-poll of the member's view (or of the whole document, made into the view): the
-    /// view and the bytes received, or None (nothing newer).
-    async fn view_after(&self, after: u64) -> Result<Option<(MemberView, usize)>, String> {
+    /// The member's views on one view stream (as a trainer follows them), each with its bytes,
+    /// until the operator ends the stream (`Ok`) or it fails.
+    async fn view_stream(
+        &self,
+        after: u64,
+        mut on_view: impl FnMut(MemberView, usize),
+    ) -> Result<(), String> {
         let a = &self.shared.args;
-        let path = match a.follow {
-            Follow::View => control::view_path(&a.namespace, &a.job, self.id),
-            Follow::Document => control::topology_path(&a.namespace, &a.job),
-        };
+        let path = control::view_path(&a.namespace, &a.job, self.id);
+        let request = self
+            .shared
+            .http
+            .get(format!("{}{path}?after={after}", a.control))
+            .header(reqwest::header::CONNECTION, "upgrade")
+            .header(reqwest::header::UPGRADE, view_stream::PROTOCOL);
+        let wait = Duration::from_secs(control::LONG_POLL_HOLD_SECONDS + 15);
+        let r = tokio::time::timeout(wait, self.signed(request, "GET", &path, &[]).send())
+            .await
+            .map_err(|_| "view: timeout".to_string())?
+            .map_err(|e| format!("view: {}", kind(&e)))?;
+        if r.status() != reqwest::StatusCode::SWITCHING_PROTOCOLS {
+            return Err(format!("view: HTTP {}", r.status().as_u16()));
+        }
+        let mut io = r
+            .upgrade()
+            .await
+            .map_err(|e| format!("view: {}", kind(&e)))?;
+        let mut frames = view_stream::Frames::default();
+        let mut read = vec![0; 16 * 1024];
+        loop {
+            while let Some(frame) = frames.next_frame().map_err(|_| "view: bad frame")? {
+                if let view_stream::Frame::View { signature, body } = frame {
+                    let text = self.verified(&path, &body, &signature)?;
+                    on_view(
+                        MemberView::parse(text).map_err(|e| format!("view: {e}"))?,
+                        body.len(),
+                    );
+                }
+            }
+            let n = tokio::time::timeout(wait, io.read(&mut read))
+                .await
+                .map_err(|_| "view: silent stream".to_string())?
+                .map_err(|_| "view: stream".to_string())?;
+            if n == 0 {
+                return Ok(());
+            }
+            frames.push(&read[..n]);
+        }
+    }
+
+    /// One long-poll of the whole document, made into the member's view: the view and the
+    /// bytes received, or None (nothing newer).
+    async fn document_after(&self, after: u64) -> Result<Option<(MemberView, usize)>, String> {
+        let a = &self.shared.args;
+        let path = control::topology_path(&a.namespace, &a.job);
         let request = self
             .shared
             .http
@@ -182,21 +231,20 @@ impl Member {
                     .map(str::to_string)
                     .unwrap_or_default();
                 let body = r.bytes().await.map_err(|e| format!("view: {}", kind(&e)))?;
-                if !control::verify_topology(&self.shared.key, &path, &body, &signature) {
-                    return Err("view: bad signature".into());
-                }
-                let text = std::str::from_utf8(&body).map_err(|_| "view: not UTF-8".to_string())?;
-                let view = match a.follow {
-                    Follow::View => MemberView::parse(text).map_err(|e| format!("view: {e}"))?,
-                    Follow::Document => MemberView::of(
-                        &TopologyDocument::parse(text).map_err(|e| format!("document: {e}"))?,
-                        self.id,
-                    ),
-                };
-                Ok(Some((view, body.len())))
+                let text = self.verified(&path, &body, &signature)?;
+                let doc = TopologyDocument::parse(text).map_err(|e| format!("document: {e}"))?;
+                Ok(Some((MemberView::of(&doc, self.id), body.len())))
             }
             code => Err(format!("view: HTTP {code}")),
         }
+    }
+
+    /// A served topology's text, if the job key signed it.
+    fn verified<'a>(&self, path: &str, body: &'a [u8], signature: &str) -> Result<&'a str, String> {
+        if !control::verify_topology(&self.shared.key, path, body, signature) {
+            return Err("view: bad signature".into());
+        }
+        std::str::from_utf8(body).map_err(|_| "view: not UTF-8".to_string())
     }
 
     /// Join, then follow the view for good.
@@ -219,37 +267,51 @@ impl Member {
             f.joined += 1;
             f.last_join_at_ms = f.last_join_at_ms.max(sent);
         }
-        let mut after = 0;
-        let mut inside = false;
+        let mut seen = Seen::default();
         loop {
-            match self.view_after(after).await {
-                Ok(Some((view, bytes))) => {
-                    let mut f = self.shared.figures.lock();
-                    if !inside && !view.outside {
-                        inside = true;
-                        f.with_view += 1;
-                        if f.with_view == a.members && f.all_views_at_ms == 0 {
-                            f.all_views_at_ms = unix_ms();
-                        }
-                    }
-                    f.views_received += 1;
-                    f.view_bytes += bytes as u64;
-                    after = view.version;
-                    // Left out (the operator that took the join may not have kept it for this
-                    // attempt): report it again, as a trainer does.
-                    if view.outside {
-                        drop(f);
-                        let member = self.clone();
-                        let (path, report) = (join_path.clone(), report.clone());
-                        tokio::spawn(async move { member.post(&path, &report, "join").await });
-                    }
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    self.shared.error(e);
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                }
+            let after = seen.after;
+            let mut received = |view, bytes| self.received(&mut seen, view, bytes, &report);
+            let followed = match a.follow {
+                Follow::View => self.view_stream(after, received).await,
+                Follow::Document => self
+                    .document_after(after)
+                    .await
+                    .map(|got| got.map_or((), |(view, bytes)| received(view, bytes))),
+            };
+            if let Err(e) = followed {
+                self.shared.error(e);
+                tokio::time::sleep(Duration::from_secs(1)).await;
             }
+        }
+    }
+
+    /// Count a view the member received; a view that leaves it out sends its join again, as a
+    /// trainer does (the operator that took the join may not have kept it for this attempt).
+    fn received(
+        self: &Arc<Self>,
+        seen: &mut Seen,
+        view: MemberView,
+        bytes: usize,
+        report: &JoinReport,
+    ) {
+        let a = &self.shared.args;
+        let mut f = self.shared.figures.lock();
+        if !seen.inside && !view.outside {
+            seen.inside = true;
+            f.with_view += 1;
+            if f.with_view == a.members && f.all_views_at_ms == 0 {
+                f.all_views_at_ms = unix_ms();
+            }
+        }
+        f.views_received += 1;
+        f.view_bytes += bytes as u64;
+        seen.after = view.version;
+        if view.outside {
+            drop(f);
+            let member = self.clone();
+            let path = control::join_path(&a.namespace, &a.job, self.id);
+            let report = report.clone();
+            tokio::spawn(async move { member.post(&path, &report, "join").await });
         }
     }
 
@@ -271,6 +333,13 @@ impl Member {
             self.shared.figures.lock().statuses_posted += 1;
         }
     }
+}
+
+/// What a member has seen of its views.
+#[derive(Default)]
+struct Seen {
+    after: u64,
+    inside: bool,
 }
 
 /// A short name for what went wrong with a request.

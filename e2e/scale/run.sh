@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The operator at scale, on the project's real control plane: kwok nodes, one DecentralizedTraining
 # Job of N members, and simulated trainers (the scale-loadgen example: signed joins and statuses
-# at a trainer's cadence, each member long-polling its own topology view). Measures what the
-# operator costs the API server and its own process, and what one topology change costs the
-# control endpoint. The last line of stdout is one JSON object:
+# at a trainer's cadence, each member following its own topology view on its view stream).
+# Measures what the operator costs the API server and its own process, and what one topology
+# change costs the control endpoint. The last line of stdout is one JSON object:
 #
 #   members                N
 #   extraPods              pods the operator created beyond one a member while the job came up

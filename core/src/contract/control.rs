@@ -32,8 +32,8 @@ pub const MAX_CLOCK_SKEW_MS: u64 = 300_000;
 /// How long the server may hold a topology long-poll before answering "no change" (204).
 pub const LONG_POLL_HOLD_SECONDS: u64 = 25;
 
-/// The control endpoint closes a connection that waits this long for a request (every trainer
-/// holds one long-poll open, and an idle connection costs the server as much). Clients drop
+/// The control endpoint closes a connection that waits this long for a request (an idle HTTP
+/// connection costs the server buffers; every trainer holds its view stream besides). Clients drop
 /// their idle connections sooner, so no request meets a connection being closed.
 pub const CONNECTION_IDLE_SECONDS: u64 = 5;
 
@@ -48,8 +48,9 @@ pub fn topology_path(namespace: &str, job: &str) -> String {
     format!("{}/topology", job_path(namespace, job))
 }
 
-/// Long-poll of one member's [`MemberView`](super::MemberView): `GET {view_path}?after=V`,
-/// answered as [`topology_path`] is; a change that does not touch the member does not wake it.
+/// One member's [`MemberView`](super::MemberView): `GET {view_path}?after=V` is long-polled as
+/// [`topology_path`] is, and a change that does not touch the member does not wake it; trainers
+/// ask for it as a [`view_stream`](super::view_stream) instead, pushed on one held connection.
 pub fn view_path(namespace: &str, job: &str, member: u32) -> String {
     format!("{}/members/{member}/topology", job_path(namespace, job))
 }

@@ -6,6 +6,7 @@ pub mod document;
 pub mod env;
 pub mod reports;
 pub mod view;
+pub mod view_stream;
 
 pub use control::{DropReason, PeerEvent};
 pub use document::{DocumentEdge, DocumentError, DocumentMember, TopologyDocument};

@@ -18,9 +18,9 @@ mod tests;
 pub use hub::{Hub, Inbound, JobHandle, Role};
 
 /// Connections the listen queue holds while the server accepts (the kernel caps it at
-/// `net.core.somaxconn`): every trainer of a large job long-polls here, and a job's members
-/// start together; with tokio's default of 1 024, 10 000 members starting at once were refused
-/// connections.
+/// `net.core.somaxconn`): every trainer of a large job holds its view stream here, and a job's
+/// members start together; with tokio's default of 1 024, 10 000 members starting at once were
+/// refused connections.
 pub const LISTEN_BACKLOG: u32 = 8192;
 
 /// Listen on `address` (`host:port`) for the status API and control endpoint.
@@ -47,10 +47,10 @@ pub async fn listen(address: &str) -> std::io::Result<tokio::net::TcpListener> {
 }
 
 /// How long a connection may wait for a request's head (idle between requests, or sending one
-/// slowly) before it is closed. Every trainer holds its topology long-poll open here, and its
-/// client kept a second connection for posts; hyper holds 16 to 24 KiB for each connection, so
-/// 10 000 members' idle post connections were 170 MB of the operator's memory. A trainer's next
-/// long-poll follows its answer at once, and a post after an idle spell opens a new connection.
+/// slowly) before it is closed. hyper holds 16 to 24 KiB for each connection, and a trainer's
+/// client kept its post connection open between posts: 10 000 members' idle post connections
+/// were 170 MB of the operator's memory. A post after an idle spell opens a new connection; a
+/// trainer's view stream is no HTTP connection once upgraded, and is not closed.
 pub const IDLE_TIMEOUT: std::time::Duration =
     std::time::Duration::from_secs(murmur_core::contract::control::CONNECTION_IDLE_SECONDS);
 

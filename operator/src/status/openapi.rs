@@ -114,7 +114,7 @@ pub fn document() -> Value {
             base: {"get": {"summary": "A job: phase, conditions, members, topology version, preemptions",
                 "security": observer, "parameters": [ns, name], "responses": ok(job, "the job")}},
             format!("{base}/topology"): topology_read(topology, "The whole topology document; with `after`, a long-poll for a newer one. For the job's trainers (a request signed with the job key, as the posts are, but not sequenced) or an observer who may get the job"),
-            format!("{base}/members/{{id}}/topology"): topology_read(view, "Member `id`'s view of the topology: its neighbours, their addresses and weights. With `after`, a long-poll that only a change touching the member answers. Trainers follow this; read as the document is"),
+            format!("{base}/members/{{id}}/topology"): topology_read(view, "Member `id`'s view of the topology: its neighbours, their addresses and weights. With `after`, a long-poll that only a change touching the member answers. With `Connection: upgrade` and `Upgrade: murmur-view/1`, answered 101 and then each newer view pushed as a frame (`{length} {signature}\\n` and the JSON; `\\n` alone every 25 s): trainers follow this. Read as the document is"),
             format!("{base}/events"): {"get": {"summary": "What happened to the job", "security": observer, "parameters": [ns, name, from],
                 "responses": ok(events, "events, oldest first")}},
             format!("{base}/series"): {"get": {"summary": "Progress samples per member", "security": observer, "parameters": [ns, name, from],

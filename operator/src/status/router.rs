@@ -15,15 +15,19 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use axum::body::Bytes;
-use axum::extract::{FromRef, Path, Query, State};
+use axum::extract::{FromRef, Path, Query, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Router, middleware};
+use hyper_util::rt::TokioIo;
 use murmur_core::contract::control::Envelope;
-use murmur_core::contract::{JoinReport, PeerEvent, TrainerStatus, control};
+use murmur_core::contract::{
+    JoinReport, MemberView, PeerEvent, TrainerStatus, control, view_stream,
+};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::access::{self, Access, Action, Caller};
 use super::hub::{Hub, Inbound, JobHandle, Role};
@@ -75,9 +79,10 @@ pub fn router(hub: Arc<Hub>, access: Arc<dyn Access>, reads_per_second: u32) -> 
     let control = Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
-        // Trainers long-poll their topology here (the dashboard reads it too).
+        // Trainers that follow the whole document long-poll it here (the dashboard reads it too).
         .route(&format!("{job}/topology"), get(get_topology))
-        // Each trainer long-polls its own view: a change wakes only the members it touches.
+        // Each trainer follows its own view on a view stream (or long-polls it): a change wakes
+        // only the members it touches.
         .route(&format!("{job}/members/{{id}}/topology"), get(get_view))
         .route(
             &format!("{job}/members/{{id}}/join"),
@@ -235,19 +240,158 @@ async fn get_topology(
     .await
 }
 
-/// Member `id`'s own view, long-polled and signed as [`get_topology`] serves the document.
+/// Member `id`'s own view, long-polled and signed as [`get_topology`] serves the document, or
+/// streamed to it over the upgraded connection where it asks for [`view_stream::PROTOCOL`].
 async fn get_view(
     State(served): State<Served>,
     Path((namespace, name, id)): Path<(String, String, u32)>,
     Query(q): Query<After>,
-    uri: Uri,
-    headers: HeaderMap,
+    request: Request,
 ) -> Response {
+    let (mut parts, _) = request.into_parts();
     let target = (namespace.as_str(), name.as_str(), "view");
-    serve_topology(&served, target, (uri, headers), q.after, |job| {
-        (job.member_view(id), |view| view.version)
-    })
+    if wants_view_stream(&parts.headers) {
+        let Some(upgrade) = parts.extensions.remove::<hyper::upgrade::OnUpgrade>() else {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "this connection cannot be upgraded to a view stream",
+            )
+            .into_response();
+        };
+        return open_view_stream(&served, target, parts, (id, q.after), upgrade).await;
+    }
+    serve_topology(
+        &served,
+        target,
+        (parts.uri, parts.headers),
+        q.after,
+        |job| (job.member_view(id), |view| view.version),
+    )
     .await
+}
+
+/// Whether a view request asks to be upgraded to the view stream.
+fn wants_view_stream(headers: &HeaderMap) -> bool {
+    let has = |name, token: &str| {
+        headers.get_all(name).iter().any(|v| {
+            v.to_str()
+                .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+        })
+    };
+    has(header::CONNECTION, "upgrade") && has(header::UPGRADE, view_stream::PROTOCOL)
+}
+
+/// Answer a view stream's request: 101 once it is the job's trainer (or an observer who may
+/// read the job), then the member's views on the upgraded connection until either side ends it.
+async fn open_view_stream(
+    served: &Served,
+    (namespace, name, _): (&str, &str, &str),
+    parts: axum::http::request::Parts,
+    (id, after): (u32, Option<u64>),
+    upgrade: hyper::upgrade::OnUpgrade,
+) -> Response {
+    let job = match topology_reader(served, namespace, name, &parts.uri, &parts.headers).await {
+        Ok(job) => job,
+        Err(r) => return r,
+    };
+    let stream = ViewStream {
+        hub: served.hub.clone(),
+        // Not the job's handle: a deleted job's views end, and its streams with them.
+        key: job.key().to_vec(),
+        target: (namespace.to_string(), name.to_string()),
+        path: parts.uri.path().to_string(),
+        views: job.member_view(id),
+        quiet: Duration::from_secs(control::LONG_POLL_HOLD_SECONDS),
+    };
+    drop((job, parts));
+    tokio::spawn(async move {
+        if let Ok(upgraded) = upgrade.await {
+            stream.run(TokioIo::new(upgraded), after).await;
+        }
+    });
+    (
+        StatusCode::SWITCHING_PROTOCOLS,
+        [
+            (header::CONNECTION, "upgrade"),
+            (header::UPGRADE, view_stream::PROTOCOL),
+        ],
+    )
+        .into_response()
+}
+
+/// One member's view stream: what it needs once its request is gone.
+pub(super) struct ViewStream {
+    pub(super) hub: Arc<Hub>,
+    pub(super) key: Vec<u8>,
+    /// The job's namespace and name.
+    pub(super) target: (String, String),
+    /// The view's path, which its frames' signatures cover.
+    pub(super) path: String,
+    pub(super) views: watch::Receiver<Option<MemberView>>,
+    /// How long the stream stays silent before it says it is alive.
+    pub(super) quiet: Duration,
+}
+
+/// What woke a view stream.
+enum Woken {
+    Changed,
+    Quiet,
+    Ended,
+}
+
+impl ViewStream {
+    /// Write each view newer than `after` (every view where `after` is absent) as it appears,
+    /// and [`view_stream::ALIVE`] after each `quiet` spell. Ends when the member's views end
+    /// (the job is gone), the trainer sends anything or closes, or a write is not taken within
+    /// `quiet`.
+    pub(super) async fn run(
+        mut self,
+        mut io: impl AsyncRead + AsyncWrite + Unpin,
+        mut after: Option<u64>,
+    ) {
+        let hold = self.quiet;
+        let mut heard = [0u8; 16];
+        loop {
+            let newer = self
+                .views
+                .borrow_and_update()
+                .as_ref()
+                .filter(|view| after.is_none_or(|a| view.version > a))
+                .cloned();
+            if let Some(view) = newer {
+                after = Some(view.version);
+                let body = serde_json::to_vec(&view).expect("a view serializes");
+                let (namespace, name) = &self.target;
+                self.hub.metrics.served(namespace, name, "view", body.len());
+                let signature = control::topology_signature(&self.key, &self.path, &body);
+                let frame = view_stream::frame(&signature, &body);
+                if !matches!(
+                    tokio::time::timeout(hold, io.write_all(&frame)).await,
+                    Ok(Ok(()))
+                ) {
+                    return;
+                }
+            }
+            let woken = tokio::select! {
+                changed = self.views.changed() => match changed {
+                    Ok(()) => Woken::Changed,
+                    Err(_) => Woken::Ended,
+                },
+                _ = io.read(&mut heard) => Woken::Ended,
+                () = tokio::time::sleep(hold) => Woken::Quiet,
+            };
+            match woken {
+                Woken::Changed => {}
+                Woken::Ended => return,
+                Woken::Quiet => {
+                    let alive = tokio::time::timeout(hold, io.write_all(view_stream::ALIVE));
+                    if !matches!(alive.await, Ok(Ok(()))) {
+                        return;
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Version-numbered values of a job's topology (`form`: the document, or a member's view),

@@ -6,7 +6,7 @@ use std::time::Duration;
 use k8s_openapi::jiff::Timestamp;
 use murmur_core::api::parse_manifest;
 use murmur_core::contract::control::Envelope;
-use murmur_core::contract::{JoinReport, MemberView, TopologyDocument, control};
+use murmur_core::contract::{JoinReport, MemberView, TopologyDocument, control, view_stream};
 use murmur_core::topology::MemberProfile;
 
 use super::*;
@@ -101,15 +101,30 @@ fn envelope(sequence: u64) -> Envelope {
     }
 }
 
-fn doc(version: u64) -> TopologyDocument {
-    let profiles: Vec<MemberProfile> = (0..3).map(MemberProfile::bare).collect();
-    let mut t = murmur_core::topology::build(
+/// A ring of `n` members.
+fn ring(n: u32) -> murmur_core::topology::Topology {
+    let profiles: Vec<MemberProfile> = (0..n).map(MemberProfile::bare).collect();
+    murmur_core::topology::build(
         &murmur_core::topology::BuildSpec::new(murmur_core::api::TopologyKind::Ring),
         &profiles,
     )
-    .unwrap();
-    t.version = version;
+    .unwrap()
+}
+
+/// `t`'s document, member `id` at `127.0.0.1:7000 + id`.
+fn document(t: &murmur_core::topology::Topology) -> TopologyDocument {
     t.to_document(|id| Some(format!("127.0.0.1:{}", 7000 + id)))
+}
+
+/// Whether `metrics` count the bytes of views served for job `ml/j`.
+fn counts_view_bytes(metrics: &str) -> bool {
+    metrics.contains(r#"murmur_topology_served_bytes_total{namespace="ml",job="j",form="view"}"#)
+}
+
+fn doc(version: u64) -> TopologyDocument {
+    let mut t = ring(3);
+    t.version = version;
+    document(&t)
 }
 
 fn view() -> JobView {
@@ -310,15 +325,7 @@ async fn the_topology_long_poll_answers_with_a_newer_document_or_no_content() {
 async fn a_members_view_wakes_only_for_changes_that_touch_it() {
     let (hub, base) = serve().await;
     let (job, _inbox) = hub.register("ml", "j", KEY.to_vec());
-    let profiles: Vec<MemberProfile> = (0..6).map(MemberProfile::bare).collect();
-    let mut ring = murmur_core::topology::build(
-        &murmur_core::topology::BuildSpec::new(murmur_core::api::TopologyKind::Ring),
-        &profiles,
-    )
-    .unwrap();
-    let document = |t: &murmur_core::topology::Topology| {
-        t.to_document(|id| Some(format!("127.0.0.1:{}", 7000 + id)))
-    };
+    let mut ring = ring(6);
     let url = |id: u32| format!("{base}{}", control::view_path("ml", "j", id));
     assert_eq!(reqwest::get(url(0)).await.unwrap().status().as_u16(), 204);
     job.set_topology(document(&ring));
@@ -361,11 +368,7 @@ async fn a_members_view_wakes_only_for_changes_that_touch_it() {
         .text()
         .await
         .unwrap();
-    assert!(
-        metrics
-            .contains(r#"murmur_topology_served_bytes_total{namespace="ml",job="j",form="view"}"#),
-        "{metrics}"
-    );
+    assert!(counts_view_bytes(&metrics), "{metrics}");
 }
 
 #[tokio::test]
@@ -1065,4 +1068,155 @@ async fn series_pages_say_where_to_read_next() {
     assert_eq!(page.headers()[super::router::NEXT_HEADER], "3");
     let points: Vec<serde_json::Value> = page.json().await.unwrap();
     assert_eq!(points.len(), 2);
+}
+
+/// Frames from `trainer` until one whole frame is in, `None` once the stream is closed.
+async fn next_frame(
+    trainer: &mut (impl tokio::io::AsyncRead + Unpin),
+    frames: &mut view_stream::Frames,
+) -> Option<view_stream::Frame> {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 4096];
+    loop {
+        if let Some(frame) = frames.next_frame().unwrap() {
+            return Some(frame);
+        }
+        let n = tokio::time::timeout(Duration::from_secs(5), trainer.read(&mut buf))
+            .await
+            .expect("the stream neither sent a frame nor closed")
+            .unwrap_or(0);
+        if n == 0 {
+            return None;
+        }
+        frames.push(&buf[..n]);
+    }
+}
+
+/// A view frame's view, its signature checked under the job key over `path`.
+fn verified_view(frame: Option<view_stream::Frame>, path: &str) -> MemberView {
+    match frame {
+        Some(view_stream::Frame::View { signature, body }) => {
+            assert!(control::verify_topology(KEY, path, &body, &signature));
+            serde_json::from_slice(&body).unwrap()
+        }
+        other => panic!("expected a view, got {other:?}"),
+    }
+}
+
+/// A view stream writes each view newer than the one the trainer has, says it is alive when
+/// nothing changes, and ends when the member's views end or the trainer says anything.
+#[tokio::test]
+async fn a_view_stream_sends_each_newer_view_says_it_is_alive_and_ends_with_its_views() {
+    use tokio::io::AsyncWriteExt;
+    let hub = Arc::new(Hub::default());
+    let path = control::view_path("ml", "j", 0);
+    let stream = |views| router::ViewStream {
+        hub: hub.clone(),
+        key: KEY.to_vec(),
+        target: ("ml".into(), "j".into()),
+        path: path.clone(),
+        views,
+        quiet: Duration::from_millis(100),
+    };
+    let (tx, views) = tokio::sync::watch::channel(Some(MemberView::of(&doc(1), 0)));
+    let (mut trainer, server) = tokio::io::duplex(64 * 1024);
+    let running = tokio::spawn(stream(views).run(server, Some(1)));
+    let mut frames = view_stream::Frames::default();
+    // The trainer has version 1 already: nothing but the stream being alive.
+    assert_eq!(
+        next_frame(&mut trainer, &mut frames).await,
+        Some(view_stream::Frame::Alive)
+    );
+    tx.send_replace(Some(MemberView::of(&doc(2), 0)));
+    let view = verified_view(next_frame(&mut trainer, &mut frames).await, &path);
+    assert_eq!(view.version, 2);
+    assert_eq!(view, MemberView::of(&doc(2), 0));
+    // An older view is never sent.
+    tx.send_replace(Some(MemberView::of(&doc(1), 0)));
+    tx.send_replace(Some(MemberView::of(&doc(3), 0)));
+    let view = verified_view(next_frame(&mut trainer, &mut frames).await, &path);
+    assert_eq!(view.version, 3);
+    drop(tx);
+    assert_eq!(next_frame(&mut trainer, &mut frames).await, None);
+    running.await.unwrap();
+
+    // Without `after`, the current view comes first; a trainer that speaks ends the stream.
+    let (_tx, views) = tokio::sync::watch::channel(Some(MemberView::of(&doc(4), 0)));
+    let (mut trainer, server) = tokio::io::duplex(64 * 1024);
+    let running = tokio::spawn(stream(views).run(server, None));
+    let mut frames = view_stream::Frames::default();
+    let view = verified_view(next_frame(&mut trainer, &mut frames).await, &path);
+    assert_eq!(view.version, 4);
+    trainer.write_all(b"hello").await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), running)
+        .await
+        .expect("the stream ends when the trainer speaks")
+        .unwrap();
+    let mut metrics = String::new();
+    prometheus_client::encoding::text::encode(&mut metrics, &hub.metrics.registry).unwrap();
+    assert!(counts_view_bytes(&metrics), "{metrics}");
+}
+
+/// A member's view request with `Upgrade: murmur-view/1` is answered 101 and becomes its view
+/// stream, which carries the changes that touch it and closes when the job is gone.
+#[tokio::test]
+async fn a_view_request_upgraded_to_a_stream_carries_the_members_changes_until_the_job_goes() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (hub, base) = serve().await;
+    let (job, _inbox) = hub.register("ml", "j", KEY.to_vec());
+    let mut ring = ring(6);
+    job.set_topology(document(&ring));
+    let open = |job: &str| {
+        let address = base.trim_start_matches("http://").to_string();
+        let path = control::view_path("ml", job, 0);
+        async move {
+            let mut socket = tokio::net::TcpStream::connect(address).await.unwrap();
+            let request = format!(
+                "GET {path}?after=0 HTTP/1.1\r\nhost: murmur\r\nconnection: upgrade\r\n\
+                 upgrade: {}\r\n\r\n",
+                view_stream::PROTOCOL
+            );
+            socket.write_all(request.as_bytes()).await.unwrap();
+            // The answer's head, and what came after it.
+            let mut got = Vec::new();
+            let mut buf = [0u8; 4096];
+            let end = loop {
+                if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                    break end + 4;
+                }
+                let n = socket.read(&mut buf).await.unwrap();
+                assert!(n > 0, "closed before answering");
+                got.extend_from_slice(&buf[..n]);
+            };
+            let head = String::from_utf8_lossy(&got[..end]).to_string();
+            let mut frames = view_stream::Frames::default();
+            frames.push(&got[end..]);
+            (socket, head, frames)
+        }
+    };
+    let (mut socket, head, mut frames) = open("j").await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    assert!(
+        head.to_ascii_lowercase().contains("upgrade: murmur-view/1"),
+        "{head}"
+    );
+    let path = control::view_path("ml", "j", 0);
+    let first = verified_view(next_frame(&mut socket, &mut frames).await, &path);
+    let ids: Vec<u32> = first.neighbours.iter().map(|n| n.id).collect();
+    assert_eq!(ids, vec![1, 5]);
+    // A change that does not touch member 0 sends nothing; one that does sends its view.
+    ring.remove_member(3).unwrap();
+    job.set_topology(document(&ring));
+    ring.remove_member(1).unwrap();
+    job.set_topology(document(&ring));
+    let next = verified_view(next_frame(&mut socket, &mut frames).await, &path);
+    assert_eq!(next.version, ring.version);
+    let ids: Vec<u32> = next.neighbours.iter().map(|n| n.id).collect();
+    assert_eq!(ids, vec![2, 5]);
+    hub.forget("ml", "j");
+    drop(job);
+    assert_eq!(next_frame(&mut socket, &mut frames).await, None);
+    // A job that is not here is answered as any request for it, not upgraded.
+    let (_, head, _) = open("other").await;
+    assert!(head.starts_with("HTTP/1.1 404"), "{head}");
 }

@@ -76,7 +76,7 @@ fn hostname(member: MemberId, attempt: u32) -> String {
 pub struct Settings {
     /// Server-side apply field manager.
     pub field_manager: String,
-    /// Base URL trainers post to and long-poll (the operator's Service).
+    /// Base URL trainers post to and follow their views from (the operator's Service).
     pub control_endpoint: String,
     pub cluster_domain: String,
     /// A node NotReady this long counts as lost: its members are preempted and replaced.
