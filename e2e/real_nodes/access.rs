@@ -330,7 +330,9 @@ pub fn scenario(cp: &ControlPlane, mitm: &Mitm) -> Value {
         "--clusterrole=murmur-operator-metrics-reader",
         "--serviceaccount=murmur-system:prometheus",
     ]);
-    cp.apply(&manifest("team-a", "a", 2, 20000));
+    // Long enough that both trainers still train when the topology is forged below: 20 000
+    // steps took 24 s here, and the job was done before the check.
+    cp.apply(&manifest("team-a", "a", 2, 60000));
     cp.apply(&manifest("team-b", "b", 1, 200));
     let token = |ns: &str, sa: &str| {
         cp.kubectl_ok(&["-n", ns, "create", "token", sa])
@@ -497,29 +499,42 @@ pub fn scenario(cp: &ControlPlane, mitm: &Mitm) -> Value {
     println!("access: review latency {figures}");
 
     // Every trainer of team-a/a refused the forged topology.
-    until(
-        "both members refusing the forged topology",
-        Duration::from_secs(90),
-        || {
-            let pods = cp.kubectl_ok(&[
-                "-n",
-                "team-a",
-                "get",
-                "pods",
-                "-l",
-                "murmur.dev/job=a",
-                "-o",
-                "name",
-            ]);
-            let pods: Vec<&str> = pods.lines().collect();
-            (pods.len() == 2
-                && pods.iter().all(|pod| {
-                    pod_logs(cp, "team-a", pod)
-                        .contains("refused a topology without the job key's signature")
-                }))
-            .then_some(())
-        },
-    );
+    let trainer_logs = || {
+        let pods = cp.kubectl_ok(&["-n", "team-a", "get", "pods", "-o", "name"]);
+        pods.lines()
+            .map(|pod| format!("{pod}:\n{}", pod_logs(cp, "team-a", pod)))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let refusing = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        until(
+            "both members refusing the forged topology",
+            Duration::from_secs(90),
+            || {
+                let pods = cp.kubectl_ok(&[
+                    "-n",
+                    "team-a",
+                    "get",
+                    "pods",
+                    "-l",
+                    "murmur.dev/job=a",
+                    "-o",
+                    "name",
+                ]);
+                let pods: Vec<&str> = pods.lines().collect();
+                (pods.len() == 2
+                    && pods.iter().all(|pod| {
+                        pod_logs(cp, "team-a", pod)
+                            .contains("refused a topology without the job key's signature")
+                    }))
+                .then_some(())
+            },
+        )
+    }));
+    if let Err(e) = refusing {
+        eprintln!("the trainers' logs:\n{}", trainer_logs());
+        std::panic::resume_unwind(e);
+    }
     let refused_after = forged_at.elapsed().as_secs_f64();
     mitm.state.forge.store(false, Ordering::Relaxed);
 
