@@ -280,9 +280,14 @@ BACKGROUND+=($!)
 phase() { job | jq -r '.status.phase // ""'; }
 ended() { local p; p=$(phase); [[ $p == Succeeded || $p == Failed ]]; }
 # A random running member pod: "pod member node".
+# A running member's pod, its member and its node, on none of the nodes this run killed: a pod
+# there may still read Running, but the operator deletes it at once.
+KILLED_NODES=''
 running_member() {
     "$K" get pods -n "$NS" -l "murmur.dev/job=$JOB" --field-selector=status.phase=Running -o json |
-        jq -r '.items[] | select(.metadata.deletionTimestamp == null) | "\(.metadata.name) \(.metadata.labels["murmur.dev/member"]) \(.spec.nodeName)"' |
+        jq -r --arg killed "$KILLED_NODES" '.items[] | select(.metadata.deletionTimestamp == null)
+            | select(.spec.nodeName as $n | $killed | split(" ") | any(. == $n) | not)
+            | "\(.metadata.name) \(.metadata.labels["murmur.dev/member"]) \(.spec.nodeName)"' |
         shuf -n1 --random-source=<(yes "$RANDOM")
 }
 record() { # KIND TARGET MEMBER POD AT [SKIPPED] [JSON]: what was done, to whom, when (epoch seconds)
@@ -439,6 +444,7 @@ EOF
         say "step $(step): node $node dies (member $member), its Node is deleted, a new spot node joins"
         record delete-node "$node" "$member" "$pod" "$(now)"
         "$HERE/nodes.sh" kill "$node"
+        KILLED_NODES+=" $node"
         "$K" delete node "$node" --wait=false >/dev/null
         replacements=$((replacements + 1))
         zone=$(jq -r --arg n "$node" 'select(.name == $n) | .labels["topology.kubernetes.io/zone"]' "$WORK/nodes.jsonl" | tail -1)
