@@ -170,16 +170,14 @@ fn steady(settings: &Settings) -> Steady {
     driver.commit(&built.plan, now);
     // The cluster carries out the relabelling (clique labels follow the topology): every pod,
     // as after the reconciles that label a burst each.
-    let cliques = driver
-        .state()
-        .topology
-        .as_ref()
-        .unwrap()
-        .cliques_by_member();
+    let topology = driver.state().topology.clone().unwrap();
     for pod in &mut pods {
         let (member, _) = observe::member_of(pod).unwrap();
         let labels = pod.metadata.labels.get_or_insert_with(Default::default);
-        labels.insert("murmur.dev/clique".into(), cliques[&member].to_string());
+        labels.insert(
+            "murmur.dev/clique".into(),
+            topology.clique_of(member).unwrap().to_string(),
+        );
     }
     assert_eq!(
         driver

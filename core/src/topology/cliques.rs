@@ -2,7 +2,7 @@
 //! clique are fully connected; cliques are linked by single member-to-member bridges, placed on the
 //! least-connected members so no member carries much more traffic than its peers.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::api::InterClique;
 
@@ -58,6 +58,10 @@ pub struct CliqueLayout {
     ends: BTreeMap<MemberId, usize>,
     #[serde(skip_serializing)]
     pairs: BTreeSet<(MemberId, MemberId)>,
+    /// Derived index over `cliques`: each member's clique. Finding a bridge end's clique was a
+    /// scan of every member, and a join wave at 10 000 members spent most of its plan in it.
+    #[serde(skip_serializing)]
+    owner: HashMap<MemberId, u32>,
 }
 
 /// A [`CliqueLayout`] as stored (indexes stored by earlier versions are ignored).
@@ -85,7 +89,9 @@ impl From<StoredLayout> for CliqueLayout {
             next_clique: s.next_clique,
             ends: BTreeMap::new(),
             pairs: BTreeSet::new(),
+            owner: HashMap::new(),
         };
+        layout.index_owners();
         for bridge in s.bridges {
             layout.push_bridge(bridge);
         }
@@ -111,10 +117,12 @@ impl CliqueLayout {
             next_clique: groups.len() as u32,
             ends: BTreeMap::new(),
             pairs: BTreeSet::new(),
+            owner: HashMap::new(),
         };
         for (c, members) in groups.into_iter().enumerate() {
             layout.cliques.insert(c as u32, members);
         }
+        layout.index_owners();
         let ids: Vec<u32> = layout.cliques.keys().copied().collect();
         for (x, y) in clique_pairs(inter, ids.len()) {
             layout.bridge(ids[x], ids[y]);
@@ -122,18 +130,21 @@ impl CliqueLayout {
         layout
     }
 
-    /// Every member's clique, for callers that ask for many ([`Self::clique_of`] scans).
-    pub fn owners(&self) -> std::collections::HashMap<MemberId, u32> {
-        self.cliques
+    fn index_owners(&mut self) {
+        self.owner = self
+            .cliques
             .iter()
             .flat_map(|(&c, members)| members.iter().map(move |&m| (m, c)))
-            .collect()
+            .collect();
+    }
+
+    /// Every member's clique.
+    pub fn owners(&self) -> &HashMap<MemberId, u32> {
+        &self.owner
     }
 
     pub fn clique_of(&self, id: MemberId) -> Option<u32> {
-        self.cliques
-            .iter()
-            .find_map(|(&c, members)| members.contains(&id).then_some(c))
+        self.owner.get(&id).copied()
     }
 
     pub fn clump_of(&self, id: MemberId) -> Option<u32> {
@@ -225,16 +236,7 @@ impl CliqueLayout {
 
     /// Clique-level adjacency (which cliques are bridged).
     fn clique_links(&self) -> BTreeMap<u32, BTreeSet<u32>> {
-        // Only bridge ends need their clique: a few members a clique, not all of them.
-        let owner: std::collections::HashMap<MemberId, u32> = self
-            .cliques
-            .iter()
-            .flat_map(|(&c, ms)| {
-                ms.iter()
-                    .filter(|m| self.ends.contains_key(m))
-                    .map(move |&m| (m, c))
-            })
-            .collect();
+        let owner = &self.owner;
         let mut links: BTreeMap<u32, BTreeSet<u32>> =
             self.cliques.keys().map(|&c| (c, BTreeSet::new())).collect();
         for b in &self.bridges {
@@ -264,6 +266,7 @@ impl CliqueLayout {
             .get_mut(&clique)
             .expect("found")
             .retain(|&m| m != id);
+        self.owner.remove(&id);
         let moved = self.drop_bridges(|b| b.a == id || b.b == id);
         if self.cliques[&clique].is_empty() {
             self.cliques.remove(&clique);
@@ -289,6 +292,7 @@ impl CliqueLayout {
         match clique {
             Some(c) => {
                 self.cliques.get_mut(&c).expect("existing clique").push(id);
+                self.owner.insert(id, c);
                 c
             }
             None => {
@@ -296,6 +300,7 @@ impl CliqueLayout {
                 self.next_clique += 1;
                 let others: Vec<u32> = self.cliques.keys().copied().collect();
                 self.cliques.insert(c, vec![id]);
+                self.owner.insert(id, c);
                 self.link_new_clique(c, &others);
                 c
             }
@@ -335,14 +340,25 @@ impl CliqueLayout {
     /// Trade two members of different cliques. Every bridge end follows the trade, so each
     /// clique keeps its links to the same cliques and only the two cliques' members rewire.
     pub(super) fn swap_members(&mut self, a: MemberId, b: MemberId) {
-        for members in self.cliques.values_mut() {
-            for m in members.iter_mut() {
+        let (ca, cb) = (self.clique_of(a), self.clique_of(b));
+        let mut touched: Vec<u32> = ca.into_iter().chain(cb).collect();
+        touched.dedup();
+        for c in touched {
+            for m in self.cliques.get_mut(&c).expect("owned").iter_mut() {
                 if *m == a {
                     *m = b;
                 } else if *m == b {
                     *m = a;
                 }
             }
+        }
+        self.owner.remove(&a);
+        self.owner.remove(&b);
+        if let Some(c) = ca {
+            self.owner.insert(b, c);
+        }
+        if let Some(c) = cb {
+            self.owner.insert(a, c);
         }
         let traded = |m: MemberId| match m {
             _ if m == a => b,

@@ -368,11 +368,10 @@ impl Topology {
         }
     }
 
-    /// Every member's clique (none outside clique topologies), built once for callers that
-    /// ask about every member: [`Self::clique_of`] scans the cliques.
+    /// Every member's clique (none outside clique topologies).
     pub fn cliques_by_member(&self) -> std::collections::HashMap<MemberId, u32> {
         match &self.shape {
-            Shape::Cliques(c) => c.owners(),
+            Shape::Cliques(c) => c.owners().clone(),
             _ => std::collections::HashMap::new(),
         }
     }
@@ -387,7 +386,6 @@ impl Topology {
     /// The document trainers follow; `address` supplies each member's peer address when known.
     pub fn to_document(&self, address: impl Fn(MemberId) -> Option<String>) -> TopologyDocument {
         let weights = self.weights();
-        let cliques = self.cliques_by_member();
         TopologyDocument {
             version: self.version,
             kind: self.kind_name().to_string(),
@@ -397,7 +395,7 @@ impl Topology {
                 .map(|(id, row)| DocumentMember {
                     id,
                     address: address(id),
-                    clique: cliques.get(&id).copied(),
+                    clique: self.clique_of(id),
                     clump: self.clump_of(id),
                     self_weight: row.self_weight,
                 })

@@ -223,7 +223,6 @@ pub fn job_view(
     now: Timestamp,
 ) -> JobView {
     let topology = state.topology.as_ref();
-    let cliques = topology.map(|t| t.cliques_by_member()).unwrap_or_default();
     let mut members = Vec::new();
     for (&id, record) in &state.members {
         let Some(m) = observed
@@ -245,7 +244,7 @@ pub fn job_view(
             in_topology,
             address: m.address.clone(),
             progress: status.map(|s| s.progress.clone()).unwrap_or_default(),
-            clique: cliques.get(&id).copied(),
+            clique: topology.and_then(|t| t.clique_of(id)),
             clump: topology.and_then(|t| t.clump_of(id)),
             neighbours_seen: status
                 .map(|s| s.neighbours_seen.clone())
