@@ -41,8 +41,9 @@ pub struct Plan {
     pub document: Option<Arc<TopologyDocument>>,
     /// How far the job has come, published with a new document for joiners.
     pub step: u64,
-    /// The status view (a runtime may add what only it knows before committing).
-    pub view: JobView,
+    /// The status view (a runtime may add what only it knows before committing, through
+    /// `Arc::make_mut`): shared with the status API once published, not copied.
+    pub view: Arc<JobView>,
 }
 
 pub struct JobDriver {
@@ -343,7 +344,7 @@ impl JobDriver {
             document,
             // How far the job has come, for joiners: published once per version, with it.
             step: self.furthest_step,
-            view,
+            view: Arc::new(view),
         }
     }
 

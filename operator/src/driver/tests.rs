@@ -449,7 +449,7 @@ fn members_with_no_zone_send_unplaced_bytes_that_cost_nothing() {
     assert_eq!(d.traffic().total_bytes(), d.bytes_exchanged());
     let plan = step(&mut d, at(3));
     assert_eq!(
-        plan.view.status.traffic.map(|t| t.unplaced_bytes),
+        plan.view.status.traffic.as_ref().map(|t| t.unplaced_bytes),
         Some(1_000_000)
     );
 }

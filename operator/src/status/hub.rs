@@ -106,16 +106,17 @@ impl ViewBoard {
 /// A member attempt's (step, quality), as last sampled.
 type Sample = (u64, Option<f64>);
 
-/// A published view and its JSON, serialized once when published.
+/// A published view and its JSON, serialized once when first read: a reconcile publishes a
+/// view each time, and serializing a 10 000-member view nobody reads was a part of each.
 struct Published {
-    view: JobView,
-    json: Bytes,
+    view: Arc<JobView>,
+    json: std::sync::OnceLock<Option<Bytes>>,
 }
 
 /// One job's published state.
 pub struct JobHandle {
     key: Vec<u8>,
-    view: watch::Sender<Option<Published>>,
+    view: watch::Sender<Option<Arc<Published>>>,
     topology: watch::Sender<Option<TopologyDocument>>,
     views: Mutex<ViewBoard>,
     events: Mutex<Bounded<JobEvent>>,
@@ -132,13 +133,23 @@ impl JobHandle {
         &self.key
     }
 
-    pub fn view(&self) -> Option<JobView> {
+    pub fn view(&self) -> Option<Arc<JobView>> {
         self.view.borrow().as_ref().map(|p| p.view.clone())
     }
 
-    /// The view as JSON.
+    /// The view as JSON (`None` before the first view, or if it cannot be serialized).
     pub fn view_json(&self) -> Option<Bytes> {
-        self.view.borrow().as_ref().map(|p| p.json.clone())
+        let published = self.view.borrow().clone()?;
+        published
+            .json
+            .get_or_init(|| match serde_json::to_vec(&*published.view) {
+                Ok(json) => Some(json.into()),
+                Err(e) => {
+                    tracing::error!(job = %published.view.name, error = %e, "cannot serialize the job's view");
+                    None
+                }
+            })
+            .clone()
     }
 
     pub fn topology(&self) -> watch::Receiver<Option<TopologyDocument>> {
@@ -478,18 +489,12 @@ impl Hub {
 
     /// Publish a job's view (and its metrics). A view that cannot be written as JSON (it never
     /// should) is logged and the previous one stays.
-    pub fn publish(&self, job: &JobHandle, view: JobView) {
+    pub fn publish(&self, job: &JobHandle, view: impl Into<Arc<JobView>>) {
+        let view = view.into();
         self.metrics.observe(&view);
-        match serde_json::to_vec(&view) {
-            Ok(json) => {
-                job.view.send_replace(Some(Published {
-                    view,
-                    json: json.into(),
-                }));
-            }
-            Err(e) => {
-                tracing::error!(job = %view.name, error = %e, "cannot serialize the job's view")
-            }
-        }
+        job.view.send_replace(Some(Arc::new(Published {
+            view,
+            json: std::sync::OnceLock::new(),
+        })));
     }
 }

@@ -319,7 +319,7 @@ pub fn decide(i: &Inputs) -> Decision {
             .driver
             .plan(&job.spec, Some(problems), BTreeMap::new(), &address, i.now);
         let mut d = Decision::new(plan, i.settings);
-        d.plan.view.status.observed_generation = job.metadata.generation;
+        Arc::make_mut(&mut d.plan.view).status.observed_generation = job.metadata.generation;
         d.persist = false;
         return d;
     }
@@ -406,7 +406,8 @@ pub fn answer(
 ) -> Option<Vec<planner::Event>> {
     let (state, events) = answer_state(&plan.memory.state, accepted, refused, now)?;
     plan.memory.state = state;
-    plan.view.status.conditions = crate::status::view::status_conditions(&plan.memory.state);
+    Arc::make_mut(&mut plan.view).status.conditions =
+        crate::status::view::status_conditions(&plan.memory.state);
     Some(events)
 }
 
@@ -501,11 +502,6 @@ pub const RELABELS_PER_RECONCILE: usize = 500;
 /// labelled over several, each short, so the job's next news is not kept waiting.
 fn relabel(i: &Inputs, d: &mut Decision) {
     let state = &d.plan.memory.state;
-    let cliques = state
-        .topology
-        .as_ref()
-        .map(|t| t.cliques_by_member())
-        .unwrap_or_default();
     for &observe::JobPod {
         pod,
         member,
@@ -527,7 +523,7 @@ fn relabel(i: &Inputs, d: &mut Decision) {
         }
         // Outside the topology (a replacement not joined yet) the label is the clique it was
         // created for: left as it is.
-        let Some(want) = cliques.get(&member).copied() else {
+        let Some(want) = state.topology.as_ref().and_then(|t| t.clique_of(member)) else {
             continue;
         };
         let have = pod
@@ -554,18 +550,19 @@ fn relabel(i: &Inputs, d: &mut Decision) {
 fn status(i: &Inputs, d: &mut Decision) {
     let name = resources::name(i.job);
     let state = &d.plan.memory.state;
-    for m in &mut d.plan.view.status.members {
+    let view = Arc::make_mut(&mut d.plan.view);
+    for m in &mut view.status.members {
         let attempt = state.members.get(&m.id).map_or(0, |r| r.attempt);
         m.pod = Some(resources::pod_name(&name, m.id, attempt));
     }
-    d.plan.view.status.observed_generation = i.job.metadata.generation;
-    d.plan.view.status.trainer_image = Some(resources::trainer_image(i.job, i.settings));
+    view.status.observed_generation = i.job.metadata.generation;
+    view.status.trainer_image = Some(resources::trainer_image(i.job, i.settings));
     // An operator that just started has heard from no trainer yet: the progress it knows is
     // nothing, not step 0. Keep what the status said until a trainer reports.
     if !i.driver.heard_from_trainers()
         && let Some(previous) = i.job.status.as_ref().and_then(|s| s.progress.clone())
     {
-        d.plan.view.status.progress = Some(previous);
+        view.status.progress = Some(previous);
     }
 }
 
