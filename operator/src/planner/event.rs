@@ -121,6 +121,11 @@ pub struct Event {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempt: Option<u32>,
     pub message: String,
+    /// The Kubernetes Event's `action` where it is not the reason. The event recorder counts an
+    /// event with the reason, action and pod of a recent one as a repeat of it (a series) and
+    /// keeps the first note, so news of another kind about the same pod needs its own action.
+    #[serde(skip)]
+    pub action: Option<String>,
 }
 
 impl Event {
@@ -132,6 +137,7 @@ impl Event {
             member: member.map(|(id, _)| id),
             attempt: member.map(|(_, attempt)| attempt),
             message,
+            action: None,
         }
     }
 }

@@ -8,7 +8,7 @@ use murmur_core::api::{Capacity, DecentralizedTrainingJobSpec, JobPhase};
 use murmur_core::topology::MemberId;
 
 use super::{
-    Action, CREATES_PER_PLAN, EventKind, JobState, Observation, Reason, event, seconds_since,
+    Action, CREATES_PER_PLAN, Event, EventKind, JobState, Observation, Reason, event, seconds_since,
 };
 use crate::member::{End, Lifecycle, NotStarting};
 
@@ -59,12 +59,7 @@ pub(super) fn note_lifecycle(
         let said = r.not_starting.as_ref().filter(|(a, _)| *a == r.attempt);
         if problem.map(NotStarting::kind) != said.map(|(_, kind)| kind.as_str()) {
             if let Some(p) = problem {
-                actions.push(event(
-                    EventKind::Warning,
-                    Reason::MemberNotStarting,
-                    Some((id, r.attempt)),
-                    format!("member {id} (attempt {}) cannot start: {p}", r.attempt),
-                ));
+                actions.push(Action::Event(not_starting(id, r.attempt, p)));
             }
             r.not_starting = problem.map(|p| (r.attempt, p.kind().to_string()));
         }
@@ -84,6 +79,20 @@ pub(super) fn note_lifecycle(
                 ),
             ));
         }
+    }
+}
+
+/// What is said of a member's attempt that cannot start. Each problem is its own Kubernetes
+/// Event (its kind is the action): a volume not mounted and then the image not pulled are two
+/// pieces of news, not one twice.
+pub fn not_starting(id: MemberId, attempt: u32, problem: &NotStarting) -> Event {
+    Event {
+        action: Some(problem.kind().to_string()),
+        ..Event::warning(
+            Reason::MemberNotStarting,
+            Some((id, attempt)),
+            format!("member {id} (attempt {attempt}) cannot start: {problem}"),
+        )
     }
 }
 

@@ -44,6 +44,7 @@ mod tests;
 pub use conditions::live_in_topology;
 pub use ended::{REFUSAL_BACKOFF_MAX_SECONDS, REFUSAL_BACKOFF_SECONDS, creates_answered};
 pub use event::{Event, EventKind, Reason};
+pub use members::not_starting;
 
 use conditions::{phase, update_conditions};
 use ended::settle_ended_members;
@@ -190,6 +191,7 @@ fn event(
         member: member.map(|(id, _)| id),
         attempt: member.map(|(_, attempt)| attempt),
         message,
+        action: None,
     })
 }
 

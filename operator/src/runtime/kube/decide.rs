@@ -295,6 +295,7 @@ impl Decision {
                 reason,
                 member: None,
                 attempt: None,
+                action: None,
                 message: format!(
                     "{} more {} events (the status API lists each); members {}",
                     more.len(),
@@ -767,6 +768,7 @@ mod tests {
                 member: None,
                 attempt: None,
                 message: String::new(),
+                action: None,
             })
             .collect();
         let mut d = Decision::new(plan, &Settings::default());

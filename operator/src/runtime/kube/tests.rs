@@ -3396,3 +3396,51 @@ async fn a_large_job_is_created_and_labelled_a_burst_per_reconcile() {
     let (_, calls) = c.reconcile().await;
     assert_eq!(labelled(&calls), 0);
 }
+
+/// A member whose pod cannot start for one reason and then another (a volume not mounted yet,
+/// then its image not pulled) gets an Event for each: the event recorder makes a repeat of an
+/// Event with the same reason, action and pod a series that keeps the first note, which would
+/// hide the second problem. The same problem again is a repeat.
+#[tokio::test]
+async fn each_problem_a_member_cannot_start_for_is_an_event_of_its_own() {
+    let c = Cluster::new(MANIFEST);
+    let problem = |reason: &str, message: &str| crate::member::NotStarting {
+        reason: reason.into(),
+        message: message.into(),
+    };
+    let said = |p| planner::not_starting(0, 0, &p);
+    let pod = || Some("mnist-0-0".to_string());
+    for p in [
+        problem("FailedMount", "failed to sync secret cache"),
+        problem("ErrImagePull", "pull access denied"),
+        problem("ImagePullBackOff", "Back-off pulling image"),
+    ] {
+        writes::record_event(&c.ctx, &c.job, &said(p), pod()).await;
+    }
+    let calls: Vec<Call> = c.log.lock().to_vec();
+    let written: Vec<(String, String)> = calls
+        .iter()
+        .filter(|c| c.is("POST", "/events") || c.is("PATCH", "/events/"))
+        .map(|c| {
+            (
+                c.method.clone(),
+                c.body["action"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        written,
+        [
+            ("POST".to_string(), "FailedMount".to_string()),
+            ("POST".to_string(), "ErrImagePull".to_string()),
+            // ImagePullBackOff is ErrImagePull again: a series of it.
+            ("PATCH".to_string(), "ErrImagePull".to_string()),
+        ]
+    );
+    let notes: Vec<&str> = calls
+        .iter()
+        .filter(|c| c.is("POST", "/events"))
+        .filter_map(|c| c.body["note"].as_str())
+        .collect();
+    assert!(notes[1].contains("pull access denied"), "{notes:?}");
+}

@@ -263,7 +263,7 @@ pub(super) async fn record_event(
             planner::EventKind::Normal => EventType::Normal,
             planner::EventKind::Warning => EventType::Warning,
         },
-        action: reason.clone(),
+        action: event.action.clone().unwrap_or_else(|| reason.clone()),
         reason,
         note: Some(note),
         secondary: pod.map(|pod| ObjectReference {
