@@ -405,21 +405,22 @@ pub struct Hub {
     pub metrics: Metrics,
     /// What model traffic costs, by locality: every job's `status.traffic` is priced at it.
     pub(crate) prices: murmur_core::api::traffic::Prices,
-    /// What this process serves, as `/readyz` says.
-    role: std::sync::atomic::AtomicU8,
+    /// What this process serves, as `/readyz` says; view streams end when it stops leading.
+    role: watch::Sender<Role>,
 }
 
 /// What an operator replica (or `murmur run`, which always leads) serves.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Role {
     /// Runs the jobs, its caches complete: the operator's Service selects it.
-    Leading = 0,
-    /// Up, waiting to lead: Ready (so a rolling update can replace the leader), but the
-    /// Service does not select it.
-    Standby = 1,
+    #[default]
+    Leading,
+    /// Up, not leading: waiting to lead, or done leading (told to stop, or its lease lost).
+    /// Ready (so a rolling update can replace the leader), but the Service does not select it,
+    /// and trainers that still reach it are refused, to go to the leader.
+    Standby,
     /// Still starting: not Ready.
-    Starting = 2,
+    Starting,
 }
 
 impl Hub {
@@ -432,16 +433,16 @@ impl Hub {
     }
 
     pub fn set_role(&self, role: Role) {
-        self.role
-            .store(role as u8, std::sync::atomic::Ordering::Relaxed);
+        self.role.send_replace(role);
     }
 
     pub fn role(&self) -> Role {
-        match self.role.load(std::sync::atomic::Ordering::Relaxed) {
-            0 => Role::Leading,
-            1 => Role::Standby,
-            _ => Role::Starting,
-        }
+        *self.role.borrow()
+    }
+
+    /// The role as it changes.
+    pub(super) fn roles(&self) -> watch::Receiver<Role> {
+        self.role.subscribe()
     }
 
     /// Serve a job; its trainers' posts (signed with `key`) arrive on the returned inbox.

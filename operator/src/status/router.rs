@@ -332,6 +332,19 @@ pub(super) struct ViewStream {
     pub(super) quiet: Duration,
 }
 
+/// Refuse a trainer's request to a replica that does not lead: its views no longer change and
+/// no reconcile reads its posts. The trainer tries again, and reaches the leader.
+fn leading(hub: &Hub, endpoint: &'static str) -> Result<(), ApiError> {
+    if hub.role() == Role::Leading {
+        return Ok(());
+    }
+    hub.metrics.request(endpoint, "notLeading");
+    Err(error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "this operator replica does not lead: try again (the Service sends you to the leader)",
+    ))
+}
+
 /// What woke a view stream.
 enum Woken {
     Changed,
@@ -351,6 +364,7 @@ impl ViewStream {
     ) {
         let hold = self.quiet;
         let mut heard = [0u8; 16];
+        let mut roles = self.hub.roles();
         loop {
             let newer = self
                 .views
@@ -378,6 +392,8 @@ impl ViewStream {
                     Err(_) => Woken::Ended,
                 },
                 _ = io.read(&mut heard) => Woken::Ended,
+                // A replica that stops leading: the trainer opens its stream again, at the leader.
+                _ = roles.wait_for(|r| *r != Role::Leading) => Woken::Ended,
                 () = tokio::time::sleep(hold) => Woken::Quiet,
             };
             match woken {
@@ -430,6 +446,7 @@ async fn topology_reader(
     headers: &HeaderMap,
 ) -> Result<Arc<JobHandle>, Response> {
     if headers.contains_key(control::SIGNATURE_HEADER) {
+        leading(&served.hub, "topology").map_err(IntoResponse::into_response)?;
         let job = find(&served.hub, namespace, name).map_err(IntoResponse::into_response)?;
         return match trainer_read(&job, uri.path(), headers) {
             Ok(()) => Ok(job),
@@ -596,6 +613,7 @@ fn accept<T: TrainerPost>(
     body: &Bytes,
 ) -> Result<(Arc<JobHandle>, T), ApiError> {
     let endpoint = T::ENDPOINT;
+    leading(hub, endpoint)?;
     let job = find(hub, &namespace, &name)
         .inspect_err(|_| hub.metrics.request(endpoint, "unknownJob"))?;
     let envelope = signed_by_trainer(&job, &Method::POST, path, headers, body).map_err(|r| {

@@ -1220,3 +1220,59 @@ async fn a_view_request_upgraded_to_a_stream_carries_the_members_changes_until_t
     let (_, head, _) = open("other").await;
     assert!(head.starts_with("HTTP/1.1 404"), "{head}");
 }
+
+/// A replica that stops leading (told to stop, or its lease lost) ends its view streams and
+/// refuses trainers' posts and topology reads with 503: its views no longer change and no
+/// reconcile reads its posts, so its trainers must try again and reach the next leader. A join
+/// it took with 204 would be lost.
+#[tokio::test]
+async fn a_replica_that_stops_leading_ends_its_view_streams_and_refuses_trainers() {
+    let (hub, base) = serve().await;
+    let (job, mut inbox) = hub.register("ml", "j", KEY.to_vec());
+    job.set_topology(doc(1));
+    let path = control::view_path("ml", "j", 0);
+    let (mut trainer, server) = tokio::io::duplex(64 * 1024);
+    let running = tokio::spawn(
+        router::ViewStream {
+            hub: hub.clone(),
+            key: KEY.to_vec(),
+            target: ("ml".into(), "j".into()),
+            path: path.clone(),
+            views: job.member_view(0),
+            quiet: Duration::from_secs(5),
+        }
+        .run(server, None),
+    );
+    let mut frames = view_stream::Frames::default();
+    let view = verified_view(next_frame(&mut trainer, &mut frames).await, &path);
+    assert_eq!(view.version, 1);
+
+    hub.set_role(Role::Standby);
+    assert_eq!(next_frame(&mut trainer, &mut frames).await, None);
+    tokio::time::timeout(Duration::from_secs(5), running)
+        .await
+        .expect("the stream ends when the replica stops leading")
+        .unwrap();
+    let report = JoinReport {
+        member_id: 0,
+        label_histogram: vec![5; 10],
+        proxy_vector: None,
+    };
+    let body = serde_json::to_vec(&report).unwrap();
+    let join = control::join_path("ml", "j", 0);
+    assert_eq!(
+        post(&base, &join, &body, Some((KEY, envelope(1)))).await,
+        503
+    );
+    let read = signed_request(("GET", &base, &path), KEY, envelope(2), b"");
+    assert_eq!(read.send().await.unwrap().status().as_u16(), 503);
+    assert!(inbox.try_recv().is_err(), "nothing reached the runtime");
+
+    // The same join, posted to a replica that leads, is taken.
+    hub.set_role(Role::Leading);
+    assert_eq!(
+        post(&base, &join, &body, Some((KEY, envelope(3)))).await,
+        204
+    );
+    assert_eq!(inbox.recv().await.unwrap(), Inbound::Join(report));
+}

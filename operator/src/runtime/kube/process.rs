@@ -170,6 +170,8 @@ pub async fn run_with(
     // Leading; the Service selects this replica once every cache has listed.
     let caches = ctx.stores.clone();
     let leader_label = label.clone();
+    let (role, after_leading) = (hub.clone(), hub.clone());
+    let stopping = shutdown.clone();
     tokio::spawn(async move {
         caches.ready().await;
         if let Some(label) = &leader_label {
@@ -179,8 +181,11 @@ pub async fn run_with(
                 .notify(|e, _| tracing::warn!(error = %e, "cannot label this pod as the leader"))
                 .await;
         }
-        hub.set_role(Role::Leading);
-        tracing::info!("caches synced: leading");
+        // Told to stop meanwhile: it steps down rather than up.
+        if stopping.peek().is_none() {
+            hub.set_role(Role::Leading);
+            tracing::info!("caches synced: leading");
+        }
     });
     tokio::spawn(sweep_deleted_jobs(
         Arc::downgrade(&ctx),
@@ -192,7 +197,10 @@ pub async fn run_with(
         .reconcile_on(futures::stream::unfold(triggered, |mut rx| async move {
             rx.recv().await.map(|r| (r, rx))
         }))
-        .graceful_shutdown_on(shutdown.map(|()| {
+        .graceful_shutdown_on(shutdown.map(move |()| {
+            // No reconcile will read what trainers post from now on: they are refused, and
+            // their view streams end, so that they go to the next leader.
+            role.set_role(Role::Standby);
             tracing::info!("shutting down: finishing reconciles in flight");
         }))
         .run(reconcile, error_policy, ctx)
@@ -213,6 +221,8 @@ pub async fn run_with(
             false
         }
     };
+    // Stopped or lost the Lease: trainers are refused from here on, to go to the next leader.
+    after_leading.set_role(Role::Standby);
     // What the last reconciles decided is written while this replica still leads: its
     // successor would decide it again, but a burst of creates half made would wait for that.
     if !lost {
