@@ -5,7 +5,7 @@
 
 mod support;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -53,6 +53,13 @@ struct Stub {
     down: AtomicBool,
     /// Serve a newer document signed with another key.
     forged: AtomicBool,
+    /// Joins answered 204 and then forgotten, as by a leader that stopped leading before it
+    /// kept them.
+    lost_joins: AtomicU32,
+    /// Every join posted, kept or lost.
+    joins_posted: AtomicU32,
+    /// The document served once a join is kept.
+    on_join: Mutex<Option<TopologyDocument>>,
 }
 
 #[derive(serde::Deserialize)]
@@ -157,6 +164,17 @@ async fn join(
     }
     let report: JoinReport = serde_json::from_slice(&body).unwrap();
     assert_eq!(report.member_id, id);
+    stub.joins_posted.fetch_add(1, Ordering::SeqCst);
+    let lost = stub
+        .lost_joins
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+    if lost.is_ok() {
+        return StatusCode::NO_CONTENT;
+    }
+    if let Some(next) = stub.on_join.lock().unwrap().take() {
+        *stub.doc.lock().unwrap() = Some(next);
+        stub.changed.notify_waiters();
+    }
     let mut joins = stub.joins.lock().unwrap();
     joins.retain(|j| j.member_id != id);
     joins.push(report);
@@ -410,4 +428,42 @@ fn a_member_joining_a_job_under_way_says_so_before_it_hears_from_anyone() {
                 && s.bytes_in == 0
         })
     });
+}
+
+/// A member that the topology leaves out posts its join again while it waits, until the control
+/// plane keeps one. Here the first two are lost (a leader took them and stopped leading before
+/// it kept them), and the successor serves the same version: no newer view comes to answer.
+#[test]
+fn a_member_left_out_posts_its_join_again_until_the_control_plane_keeps_it() {
+    let job = LocalJob::new(2, TopologyKind::Ring, MANIFEST);
+    let mut both = job.topology();
+    let (stub, env) = serve_job_topology(&job, |doc| {
+        doc.members.retain(|m| m.id != 1);
+        doc.edges.clear();
+        doc.members[0].self_weight = 1.0;
+    });
+    both.version += 1;
+    let version = both.version;
+    *stub.on_join.lock().unwrap() = Some(both);
+    stub.lost_joins.store(2, Ordering::SeqCst);
+    let mut procs = Reaper::default();
+    procs.0.push(job.spawn(1, 1, &env));
+    wait_for_or_explain(
+        Duration::from_secs(40),
+        "member 1 in the topology that keeping its join brings",
+        || {
+            job.log(1, 1).iter().any(|l| {
+                l["fields"]["message"] == "following topology" && l["fields"]["version"] == version
+            })
+        },
+        || {
+            format!(
+                "joins posted: {}, lost: {}\n{}",
+                stub.joins_posted.load(Ordering::SeqCst),
+                2 - stub.lost_joins.load(Ordering::SeqCst),
+                job.log_text(1, 1)
+            )
+        },
+    );
+    assert!(stub.joins_posted.load(Ordering::SeqCst) >= 3);
 }

@@ -16,6 +16,11 @@ use crate::algorithms::{Neighbourhood, mixing};
 use crate::task::Task;
 use crate::transport::{Agreements, StateReply, StateRequest};
 
+/// How often a member that the topology leaves out posts its join again while it waits. A
+/// leader that took the last one may have stopped leading before it kept it; its successor then
+/// serves the same version, and no newer view would come to answer with a join.
+const JOIN_AGAIN: Duration = Duration::from_secs(5);
+
 /// How many members beyond its neighbourhood a joiner asks for state at a time.
 const STATE_ASK_BATCH: usize = 8;
 
@@ -134,15 +139,22 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
                     version = view.version,
                     "this member is not in the topology; pausing"
                 );
-                if let (Some(c), Some(report)) = (self.control.clone(), self.join.clone()) {
-                    tokio::spawn(async move { c.post_retrying(&c.join_path(), &report, 3).await });
-                }
+                self.join_again();
             }
         }
         let version = view.version;
         self.observed.update(|s| s.topology_version = version);
         self.followed = Some(followed);
         self.hood.is_some()
+    }
+
+    /// Post this member's join report again (the operator that took the last one may not have
+    /// kept it), without waiting for the answer.
+    fn join_again(&mut self) {
+        if let (Some(c), Some(report)) = (self.control.clone(), self.join.clone()) {
+            self.joined_at = Instant::now();
+            tokio::spawn(async move { c.post_retrying(&c.join_path(), &report, 3).await });
+        }
     }
 
     /// The neighbours of the topology followed, with the addresses it gives them.
@@ -209,6 +221,10 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
             }
             if self.apply_topology() {
                 return true;
+            }
+            // Left out of a topology the control plane serves: it may not have kept our join.
+            if self.followed.is_some() && self.joined_at.elapsed() >= JOIN_AGAIN {
+                self.join_again();
             }
             self.serve_state_requests();
             let stopped = self.stop.bell.notified();

@@ -152,6 +152,8 @@ struct Trainer<B: AutodiffBackend, T: Task> {
     /// What this member reported on start; sent again whenever a topology leaves it out (the
     /// operator that took the first report may have restarted before it kept it).
     join: Option<JoinReport>,
+    /// When the join report was last posted.
+    joined_at: Instant,
     /// How long [`Trainer::fetch_state`] waits for neighbours.
     startup_timeout: Duration,
 }
@@ -569,6 +571,7 @@ pub async fn run<B: AutodiffBackend, T: Task>(
         trained_alone: false,
         waited: Duration::ZERO,
         join: None,
+        joined_at: Instant::now(),
         startup_timeout: options.startup_timeout,
     };
     // The join goes first: the control plane places a replacement in the topology while it
