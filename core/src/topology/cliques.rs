@@ -58,8 +58,8 @@ pub struct CliqueLayout {
     ends: BTreeMap<MemberId, usize>,
     #[serde(skip_serializing)]
     pairs: BTreeSet<(MemberId, MemberId)>,
-    /// Derived index over `cliques`: each member's clique. Finding a bridge end's clique was a
-    /// scan of every member, and a join wave at 10 000 members spent most of its plan in it.
+    /// Derived index over `cliques`: each member's clique, so finding a bridge end's clique (for
+    /// every new clique of a join wave) is not a scan of every member.
     #[serde(skip_serializing)]
     owner: HashMap<MemberId, u32>,
 }

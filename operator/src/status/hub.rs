@@ -107,7 +107,7 @@ impl ViewBoard {
 type Sample = (u64, Option<f64>);
 
 /// A published view and its JSON, serialized once when first read: a reconcile publishes a
-/// view each time, and serializing a 10 000-member view nobody reads was a part of each.
+/// view each time, and nobody may read it before the next.
 struct Published {
     view: Arc<JobView>,
     json: std::sync::OnceLock<Option<Bytes>>,
