@@ -197,16 +197,14 @@ impl CliqueLayout {
 
     fn push_bridge(&mut self, bridge: Bridge) {
         let (x, y) = self.bridged_cliques(&bridge);
-        let count = self.clique_bridges.entry((x, y)).or_default();
-        *count += 1;
-        if *count == 1 {
-            *self.linked_cliques.entry(x).or_default() += 1;
+        if count_up(&mut self.clique_bridges, (x, y)) {
+            count_up(&mut self.linked_cliques, x);
             if x != y {
-                *self.linked_cliques.entry(y).or_default() += 1;
+                count_up(&mut self.linked_cliques, y);
             }
         }
-        *self.ends.entry(bridge.a).or_default() += 1;
-        *self.ends.entry(bridge.b).or_default() += 1;
+        count_up(&mut self.ends, bridge.a);
+        count_up(&mut self.ends, bridge.b);
         self.pairs
             .insert((bridge.a.min(bridge.b), bridge.a.max(bridge.b)));
         self.bridges.push(bridge);
@@ -217,28 +215,14 @@ impl CliqueLayout {
         let (dropped, kept): (Vec<Bridge>, Vec<Bridge>) =
             self.bridges.iter().partition(|b| which(b));
         for b in &dropped {
-            for end in [b.a, b.b] {
-                if let Some(n) = self.ends.get_mut(&end) {
-                    *n -= 1;
-                    if *n == 0 {
-                        self.ends.remove(&end);
-                    }
-                }
-            }
+            count_down(&mut self.ends, b.a);
+            count_down(&mut self.ends, b.b);
             self.pairs.remove(&(b.a.min(b.b), b.a.max(b.b)));
             let (x, y) = self.bridged_cliques(b);
-            if let Some(n) = self.clique_bridges.get_mut(&(x, y)) {
-                *n -= 1;
-                if *n == 0 {
-                    self.clique_bridges.remove(&(x, y));
-                    for c in if x == y { vec![x] } else { vec![x, y] } {
-                        if let Some(n) = self.linked_cliques.get_mut(&c) {
-                            *n -= 1;
-                            if *n == 0 {
-                                self.linked_cliques.remove(&c);
-                            }
-                        }
-                    }
+            if count_down(&mut self.clique_bridges, (x, y)) {
+                count_down(&mut self.linked_cliques, x);
+                if x != y {
+                    count_down(&mut self.linked_cliques, y);
                 }
             }
         }
@@ -539,18 +523,40 @@ fn fractal_pairs(mut units: Vec<Vec<usize>>, add: &mut impl FnMut(usize, usize))
     }
 }
 
+/// One more of `key`; true when it is the first.
+fn count_up<K: std::hash::Hash + Eq>(counts: &mut HashMap<K, usize>, key: K) -> bool {
+    let n = counts.entry(key).or_default();
+    *n += 1;
+    *n == 1
+}
+
+/// One fewer of `key`, forgotten at none; true when that was the last.
+fn count_down<K: std::hash::Hash + Eq>(counts: &mut HashMap<K, usize>, key: K) -> bool {
+    let Some(n) = counts.get_mut(&key) else {
+        return false;
+    };
+    *n -= 1;
+    let last = *n == 0;
+    if last {
+        counts.remove(&key);
+    }
+    last
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    const EVERY_INTER: [InterClique; 4] = [
+        InterClique::Ring,
+        InterClique::SmallWorld,
+        InterClique::Fractal,
+        InterClique::FullyConnected,
+    ];
+
     #[test]
     fn a_swap_relabels_two_members_and_a_move_keeps_the_cliques_linked() {
-        for inter in [
-            InterClique::Ring,
-            InterClique::SmallWorld,
-            InterClique::Fractal,
-            InterClique::FullyConnected,
-        ] {
+        for inter in EVERY_INTER {
             let groups: Vec<Vec<MemberId>> = (0..6).map(|c| (5 * c..5 * c + 5).collect()).collect();
             let before = CliqueLayout::new(CliqueFlavour::DCliques, inter, 5, groups);
             // Members of cliques 0, 3 and 5, some of them bridge ends.
@@ -582,12 +588,7 @@ mod tests {
 
     #[test]
     fn link_counts_are_the_sizes_of_the_clique_links_as_cliques_come_and_go() {
-        for inter in [
-            InterClique::Ring,
-            InterClique::SmallWorld,
-            InterClique::Fractal,
-            InterClique::FullyConnected,
-        ] {
+        for inter in EVERY_INTER {
             let groups: Vec<Vec<MemberId>> = (0..8).map(|c| (4 * c..4 * c + 4).collect()).collect();
             let mut layout = CliqueLayout::new(CliqueFlavour::DCliques, inter, 4, groups);
             let same = |l: &CliqueLayout| {
