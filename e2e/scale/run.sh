@@ -19,6 +19,9 @@
 #                          member deleted and replaced (its leave and its join)
 #   reconcileP99Ms         99th percentile of a reconcile's work (deciding and handing its writes
 #                          to the job's writer), from the operator's histogram
+#   reconcileCpuP99Ms      99th percentile of the CPU time a reconcile's work takes on its thread:
+#                          reconcileP99Ms less the time it waited for a core (the API server, etcd,
+#                          kwok and the load generator share this machine's)
 #   writeRoundP99Ms        99th percentile of a round of the job's writes behind its reconciles
 #                          (the API server's answers included), from the operator's histogram
 #   apiWriteP50Ms, apiWriteP99Ms  the API server's own time answering the operator's writes
@@ -274,6 +277,8 @@ quantile() { metrics | awk -v name="$1" -v q="$2" '
             lo = bound[i]; below = count[i] } }'; }
 P99=$(quantile murmur_operator_reconcile_duration_seconds 0.99)
 P50=$(quantile murmur_operator_reconcile_duration_seconds 0.5)
+CPU_P99=$(quantile murmur_operator_reconcile_cpu_seconds 0.99)
+CPU_P50=$(quantile murmur_operator_reconcile_cpu_seconds 0.5)
 RECONCILES=$(sum_metric murmur_operator_reconciles_total)
 ROUND_P99=$(quantile murmur_operator_write_round_duration_seconds 0.99)
 ROUND_P50=$(quantile murmur_operator_write_round_duration_seconds 0.5)
@@ -287,7 +292,8 @@ jq -cn --argjson members "$MEMBERS" \
     --argjson writes "$WRITES_UP" --argjson steady "$WRITES_STEADY" --argjson window "$((STEADY_TO - STEADY_FROM))" \
     --argjson rss "$RSS" --argjson bytes "$((BYTES_AFTER - BYTES_BEFORE))" \
     --argjson versions "$((VERSION_AFTER - VERSION_BEFORE))" --argjson p99 "${P99:-null}" \
-    --argjson p50 "${P50:-null}" --argjson reconciles "$RECONCILES" --argjson answers "$ANSWERS" \
+    --argjson p50 "${P50:-null}" --argjson cpuP99 "${CPU_P99:-null}" --argjson cpuP50 "${CPU_P50:-null}" \
+    --argjson reconciles "$RECONCILES" --argjson answers "$ANSWERS" \
     --argjson roundP99 "${ROUND_P99:-null}" --argjson roundP50 "${ROUND_P50:-null}" --argjson rounds "${ROUNDS:-0}" \
     --argjson statusEvery "$STATUS_EVERY" --arg follow "$FOLLOW" --slurpfile last "$WORK/end.json" \
     --argjson extra "$EXTRA_PODS" '{
@@ -301,6 +307,8 @@ jq -cn --argjson members "$MEMBERS" \
         topologyBytesPerChange: (if $versions > 0 then ($bytes / $versions | round) else null end),
         reconcileP99Ms: $p99,
         reconcileP50Ms: $p50,
+        reconcileCpuP99Ms: $cpuP99,
+        reconcileCpuP50Ms: $cpuP50,
         reconciles: $reconciles,
         writeRoundP99Ms: $roundP99,
         writeRoundP50Ms: $roundP50,

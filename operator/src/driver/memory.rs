@@ -5,6 +5,7 @@
 //! same names for people and tools to read, and never restarts a job from them.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use k8s_openapi::jiff::Timestamp;
 use murmur_core::contract::{JoinReport, TopologyDocument};
@@ -26,9 +27,11 @@ pub struct StoredJoin {
     pub report: JoinReport,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug)]
 pub struct Memory {
-    pub state: JobState,
+    /// Shared, not copied, between the driver and the plans its runtime is still writing: at
+    /// 10 000 members a copy and its drop were a twelfth of a reconcile.
+    pub state: Arc<JobState>,
     pub joins: BTreeMap<MemberId, StoredJoin>,
 }
 
@@ -41,11 +44,19 @@ pub struct MemoryError {
     pub message: String,
 }
 
+impl PartialEq for Memory {
+    /// A state shared with the other memory is the same without comparing its members.
+    fn eq(&self, other: &Self) -> bool {
+        (Arc::ptr_eq(&self.state, &other.state) || self.state == other.state)
+            && self.joins == other.joins
+    }
+}
+
 impl Memory {
     /// A job seen for the first time, created at `created`.
     pub fn new(created: Timestamp) -> Self {
         Self {
-            state: JobState::new(created),
+            state: Arc::new(JobState::new(created)),
             joins: BTreeMap::new(),
         }
     }
@@ -64,11 +75,14 @@ impl Memory {
             key,
             message: format!("not what murmur wrote: {text}"),
         };
-        let state =
-            serde_json::from_str(field(STATE_KEY)?).map_err(|e| parse(STATE_KEY, e.to_string()))?;
+        let state = serde_json::from_str::<JobState>(field(STATE_KEY)?)
+            .map_err(|e| parse(STATE_KEY, e.to_string()))?;
         let joins =
             serde_json::from_str(field(JOINS_KEY)?).map_err(|e| parse(JOINS_KEY, e.to_string()))?;
-        Ok(Self { state, joins })
+        Ok(Self {
+            state: Arc::new(state),
+            joins,
+        })
     }
 
     /// The memory as text under its keys, with the document trainers follow when there is one
@@ -80,7 +94,7 @@ impl Memory {
         let mut data = BTreeMap::from([
             (
                 STATE_KEY.to_string(),
-                serde_json::to_string(&self.state).expect("state serializes"),
+                serde_json::to_string(&*self.state).expect("state serializes"),
             ),
             (
                 JOINS_KEY.to_string(),

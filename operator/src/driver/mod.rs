@@ -335,7 +335,7 @@ impl JobDriver {
         let view = self.job_view(spec, &state, &observed, now);
         Plan {
             memory: Memory {
-                state,
+                state: Arc::new(state),
                 joins: self.memory.joins.clone(),
             },
             actions: work,
@@ -416,7 +416,7 @@ impl JobDriver {
     /// Amend the job's memory outside a plan: what the runtime learnt carrying one out (the
     /// API server refused some of its pods). Its events are recorded for the status API.
     pub fn amend(&mut self, state: JobState, events: &[Event], now: Timestamp) {
-        self.memory.state = state;
+        self.memory.state = Arc::new(state);
         for event in events {
             self.record(event.clone(), now);
         }

@@ -92,7 +92,7 @@ fn a_plan_changes_nothing_until_it_is_committed() {
     assert_eq!(d.memory(), &before);
     assert!(hub.job("ns", "drive").unwrap().view().is_none());
     d.commit(&plan, at(1));
-    assert_eq!(d.state(), &plan.memory.state);
+    assert_eq!(d.state(), &*plan.memory.state);
     assert!(hub.job("ns", "drive").unwrap().view().is_some());
 }
 

@@ -14,12 +14,9 @@ use crate::member::NotStarting;
 /// Members live in the topology.
 pub fn live_in_topology(s: &JobState, observed: &Observation) -> usize {
     let Some(t) = &s.topology else { return 0 };
-    t.graph
-        .members()
-        .filter(|id| {
-            let attempt = s.members.get(id).map_or(0, |r| r.attempt);
-            observed.live(*id, attempt).is_some()
-        })
+    observed
+        .current(t.graph.members(), &s.members)
+        .filter(|c| c.live.is_some())
         .count()
 }
 
@@ -31,10 +28,7 @@ pub(super) fn phase(
     if s.phase.is_finished() {
         return s.phase;
     }
-    let any_live = s
-        .members
-        .iter()
-        .any(|(&id, r)| observed.live(id, r.attempt).is_some());
+    let any_live = observed.recorded(&s.members).any(|c| c.live.is_some());
     if s.finishing() {
         return if any_live {
             JobPhase::Running
@@ -74,14 +68,18 @@ pub(super) fn update_conditions(
     };
     // Members whose containers cannot start: the first by id in the kubelet's words, and how
     // many more.
-    let stuck: Vec<(MemberId, u32, &NotStarting)> = s
-        .members
-        .iter()
-        .filter_map(|(&id, r)| {
-            let m = observed.live(id, r.attempt)?;
-            Some((id, r.attempt, m.not_starting.as_ref()?))
-        })
-        .collect();
+    // Members held back by scheduling gates: the job waits in a queue for admission.
+    let mut stuck: Vec<(MemberId, u32, &NotStarting)> = Vec::new();
+    let mut gated: Vec<&str> = Vec::new();
+    for c in observed.recorded(&s.members) {
+        let Some(m) = c.live else { continue };
+        if let Some(problem) = &m.not_starting {
+            stuck.push((c.id, c.attempt(), problem));
+        }
+        if let Some(gate) = &m.gated_by {
+            gated.push(gate);
+        }
+    }
     let not_starting = stuck.first().map(|(id, attempt, first)| {
         let more = match stuck.len() - 1 {
             0 => String::new(),
@@ -92,12 +90,6 @@ pub(super) fn update_conditions(
             format!("member {id} (attempt {attempt}): {first}{more}"),
         )
     });
-    // Members held back by scheduling gates: the job waits in a queue for admission.
-    let gated: Vec<&str> = s
-        .members
-        .iter()
-        .filter_map(|(&id, r)| observed.live(id, r.attempt)?.gated_by.as_deref())
-        .collect();
     let t = Time(now);
     let c = &mut s.conditions;
     if let Some(gates) = gated.first() {

@@ -76,6 +76,51 @@ impl Observation {
             .get(&id)
             .filter(|m| m.attempt == attempt && m.is_live())
     }
+
+    /// Each of `ids`, which must ascend, with its record and its current attempt as observed
+    /// when it is live (what [`Observation::live`] gives for the record's attempt, 0 without a
+    /// record). One pass along the three sorted maps: at 10 000 members a lookup per member in
+    /// each of a plan's passes was a tenth of it.
+    fn current<'o, 'r, I: Iterator<Item = MemberId> + 'r>(
+        &'o self,
+        ids: I,
+        records: &'r BTreeMap<MemberId, MemberRecord>,
+    ) -> impl Iterator<Item = Current<'r, 'o>> + use<'r, 'o, I> {
+        let mut records = records.iter().peekable();
+        let mut observed = self.members.iter().peekable();
+        ids.map(move |id| {
+            while records.next_if(|(r, _)| **r < id).is_some() {}
+            while observed.next_if(|(o, _)| **o < id).is_some() {}
+            let record = records.peek().filter(|(r, _)| **r == id).map(|(_, r)| *r);
+            let attempt = record.map_or(0, |r| r.attempt);
+            let live = observed
+                .peek()
+                .filter(|(o, m)| **o == id && m.attempt == attempt && m.is_live())
+                .map(|(_, m)| *m);
+            Current { id, record, live }
+        })
+    }
+
+    /// [`Observation::current`] for every member with a record.
+    fn recorded<'o, 'r>(
+        &'o self,
+        records: &'r BTreeMap<MemberId, MemberRecord>,
+    ) -> impl Iterator<Item = Current<'r, 'o>> + use<'r, 'o> {
+        self.current(records.keys().copied(), records)
+    }
+}
+
+/// A member, its record and its current attempt as observed when live.
+struct Current<'r, 'o> {
+    id: MemberId,
+    record: Option<&'r MemberRecord>,
+    live: Option<&'o ObservedMember>,
+}
+
+impl Current<'_, '_> {
+    fn attempt(&self) -> u32 {
+        self.record.map_or(0, |r| r.attempt)
+    }
 }
 
 /// One member lost to preemption.

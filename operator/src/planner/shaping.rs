@@ -28,12 +28,10 @@ pub(super) fn shape_topology(
     // stopped: a mover's pod runs on until its deletion is written, and must not rejoin
     // meanwhile (it would join a clique of the zone it is leaving, and its next attempt would
     // ask for that zone).
-    let joined: Vec<&JoinReport> = s
-        .members
-        .iter()
-        .filter(|(_, r)| r.lifecycle.is_active())
-        .filter_map(|(&id, r)| observed.live(id, r.attempt))
-        .filter_map(|m| m.join.as_ref())
+    let joined: Vec<&JoinReport> = observed
+        .recorded(&s.members)
+        .filter(|c| c.record.is_some_and(|r| r.lifecycle.is_active()))
+        .filter_map(|c| c.live?.join.as_ref())
         .collect();
     let zone = |id: MemberId| observed.members.get(&id).and_then(|m| m.zone.clone());
     let before = s.topology.as_ref().map(|t| t.version);
@@ -70,16 +68,10 @@ pub(super) fn shape_topology(
             }
         }
         Some(t) => {
-            let gone: Vec<(MemberId, u32)> = t
-                .graph
-                .members()
-                .filter_map(|id| {
-                    let record = s.members.get(&id);
-                    let attempt = record.map_or(0, |r| r.attempt);
-                    let gone = observed.live(id, attempt).is_none()
-                        || record.is_some_and(|r| r.lifecycle.is_retired());
-                    gone.then_some((id, attempt))
-                })
+            let gone: Vec<(MemberId, u32)> = observed
+                .current(t.graph.members(), &s.members)
+                .filter(|c| c.live.is_none() || c.record.is_some_and(|r| r.lifecycle.is_retired()))
+                .map(|c| (c.id, c.attempt()))
                 .collect();
             // One repair for this plan's leaves and joins: the graph is rebuilt once, not after
             // each member (a thousand joins at 10 000 members took seconds).
@@ -134,13 +126,13 @@ pub(super) fn shape_topology(
             drop(repair);
             // Not across zones: a member moved to its clique's zone comes back to a place its
             // clique keeps for it, which a trade could fill.
-            let zones: std::collections::BTreeSet<&String> = t
-                .profiles
-                .values()
-                .filter_map(|p| p.zone.as_ref())
-                .collect();
+            let one_zone = || {
+                let mut zones = t.profiles.values().filter_map(|p| p.zone.as_ref());
+                let first = zones.next();
+                zones.all(|z| Some(z) == first)
+            };
             if before != Some(t.version)
-                && zones.len() <= 1
+                && one_zone()
                 && let Some(done) = Recipe::for_job(spec).rebalance(&mut *t)
             {
                 let moved: std::collections::BTreeSet<MemberId> = done

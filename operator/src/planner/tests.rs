@@ -1770,3 +1770,44 @@ fn suspend_is_honoured_in_every_phase_before_the_end_and_resuming_starts_every_m
         assert_eq!((w.state.restarts, w.state.preemption_count()), counted);
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+    /// Walking the sorted maps side by side finds what a lookup per member finds: the record,
+    /// and the current attempt when it is observed live, for ids with and without either.
+    #[test]
+    fn current_members_walked_in_order_are_those_looked_up(
+        records in proptest::collection::btree_map(0u32..40, 0u32..3, 0..30),
+        observed in proptest::collection::btree_map(0u32..40, (0u32..3, any::<bool>()), 0..30),
+        ids in proptest::collection::btree_set(0u32..45, 0..40),
+    ) {
+        let records: BTreeMap<MemberId, MemberRecord> = records
+            .into_iter()
+            .map(|(id, attempt)| (id, MemberRecord { attempt, ..Default::default() }))
+            .collect();
+        let observed = Observation {
+            members: observed
+                .into_iter()
+                .map(|(id, (attempt, live))| {
+                    let exit = (!live).then(|| Exit::Preempted { reason: "spot".into() });
+                    (id, ObservedMember { attempt, exit, ..Default::default() })
+                })
+                .collect(),
+        };
+        let walked: Vec<_> = observed
+            .current(ids.iter().copied(), &records)
+            .map(|c| (c.id, c.record.map(|r| r.attempt), c.live.map(|m| m.attempt)))
+            .collect();
+        let looked_up: Vec<_> = ids
+            .iter()
+            .map(|&id| {
+                let record = records.get(&id);
+                let attempt = record.map_or(0, |r| r.attempt);
+                (id, record.map(|r| r.attempt), observed.live(id, attempt).map(|m| m.attempt))
+            })
+            .collect();
+        prop_assert_eq!(walked, looked_up);
+        let recorded: Vec<_> = observed.recorded(&records).map(|c| c.id).collect();
+        prop_assert_eq!(recorded, records.keys().copied().collect::<Vec<_>>());
+    }
+}

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::member::{self, Health, ObservedMember};
 use crate::planner::{Event, JobState, Observation, live_in_topology, seconds_since};
+use murmur_core::topology::MemberId;
 
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -176,19 +177,27 @@ fn mean(values: impl Iterator<Item = f64>) -> Option<f64> {
 /// The members `status.members` lists: all of them up to [`STATUS_MEMBERS_MAX`]; past it,
 /// those that need a person's attention first (pending, joining, lost, failed, paused,
 /// leaving), then the rest by id — in id order, with the count left out.
-pub fn listed_members(mut members: Vec<MemberStatus>) -> (Vec<MemberStatus>, u32) {
+pub fn listed_members(members: Vec<MemberStatus>) -> (Vec<MemberStatus>, u32) {
+    listed(members, |m| (m.id, m.phase))
+}
+
+/// [`listed_members`] of anything with an id and a phase (`of`).
+fn listed<T>(mut members: Vec<T>, of: impl Fn(&T) -> (MemberId, MemberPhase)) -> (Vec<T>, u32) {
     if members.len() <= STATUS_MEMBERS_MAX {
         return (members, 0);
     }
-    let routine = |m: &MemberStatus| {
+    let routine = |phase| {
         matches!(
-            m.phase,
+            phase,
             MemberPhase::Training | MemberPhase::Done | MemberPhase::Retired
         )
     };
-    members.sort_by_key(|m| (routine(m), m.id));
+    members.sort_by_key(|m| {
+        let (id, phase) = of(m);
+        (routine(phase), id)
+    });
     let omitted = members.split_off(STATUS_MEMBERS_MAX);
-    members.sort_by_key(|m| m.id);
+    members.sort_by_key(|m| of(m).0);
     (members, omitted.len() as u32)
 }
 
@@ -278,8 +287,10 @@ pub fn job_view(
     // The API server keeps whole seconds: a status carrying fractions would differ from what it
     // stored on every read, and be written again on every reconcile.
     let conditions = status_conditions(state);
-    let every_member: Vec<MemberStatus> = members
-        .iter()
+    // Only the members the status lists are made into its entries.
+    let (listed, members_omitted) = listed(members.iter().collect(), |m| (m.id, m.phase));
+    let listed: Vec<MemberStatus> = listed
+        .into_iter()
         .map(|m| {
             let on_demand = state.members.get(&m.id).is_some_and(|r| r.on_demand);
             let observed = observed.members.get(&m.id);
@@ -312,7 +323,6 @@ pub fn job_view(
             }
         })
         .collect();
-    let (listed, members_omitted) = listed_members(every_member);
     let status = DecentralizedTrainingJobStatus {
         phase: Some(state.phase),
         conditions,

@@ -105,6 +105,8 @@ pub(super) struct Live {
     /// Clique labels sent (pod -> clique, when) that the pod cache has not shown yet: not sent
     /// again meanwhile.
     pub(super) labels_sent: HashMap<String, (u32, Timestamp)>,
+    /// The job's pods among the cache's, read once for each version of each pod.
+    pub(super) pods: observe::JobPodIndex,
 }
 
 pub(super) type JobKey = (String, String);
@@ -250,6 +252,7 @@ impl Context {
             label_failures: 0,
             labels_waiting: false,
             labels_sent: HashMap::new(),
+            pods: Default::default(),
         }));
         self.jobs.lock().insert(key.clone(), live.clone());
         tokio::spawn(listen(

@@ -17,7 +17,6 @@ use murmur_core::api::{DecentralizedTrainingJob, DecentralizedTrainingJobStatus,
 use murmur_core::contract::TopologyDocument;
 use murmur_core::topology::MemberId;
 
-use super::labels::LABEL_CLIQUE;
 use super::observe::{self, NodeState};
 use super::resources::{self, Settings};
 use crate::driver::{JobDriver, Memory, MemoryError, Plan};
@@ -53,15 +52,16 @@ pub fn memory_of(
         .as_ref()
         .map_or_else(Timestamp::now, |t| t.0);
     let mut memory = Memory::new(created);
+    let state = Arc::make_mut(&mut memory.state);
     for pod in leftovers {
         if let Some((member, attempt)) = observe::member_of(pod) {
-            let record = memory.state.members.entry(member).or_default();
+            let record = state.members.entry(member).or_default();
             record.attempt = record.attempt.max(attempt + 1);
         }
     }
     for pod in pods {
         if let Some((member, attempt)) = observe::member_of(pod) {
-            let record = memory.state.members.entry(member).or_default();
+            let record = state.members.entry(member).or_default();
             if record.lifecycle == Lifecycle::New || attempt >= record.attempt {
                 record.attempt = attempt;
                 record.lifecycle = Lifecycle::PENDING;
@@ -406,7 +406,7 @@ pub fn answer(
     now: Timestamp,
 ) -> Option<Vec<planner::Event>> {
     let (state, events) = answer_state(&plan.memory.state, accepted, refused, now)?;
-    plan.memory.state = state;
+    plan.memory.state = Arc::new(state);
     Arc::make_mut(&mut plan.view).status.conditions =
         crate::status::view::status_conditions(&plan.memory.state);
     Some(events)
@@ -507,6 +507,7 @@ fn relabel(i: &Inputs, d: &mut Decision) {
         pod,
         member,
         attempt,
+        clique: have,
     } in i.pods
     {
         let current = state
@@ -527,12 +528,6 @@ fn relabel(i: &Inputs, d: &mut Decision) {
         let Some(want) = state.topology.as_ref().and_then(|t| t.clique_of(member)) else {
             continue;
         };
-        let have = pod
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(LABEL_CLIQUE))
-            .and_then(|c| c.parse().ok());
         if Some(want) != have
             && let Some(name) = &pod.metadata.name
             && !d.delete.iter().any(|(n, _)| n == name)
@@ -640,6 +635,7 @@ fn observe(
         pod,
         member,
         attempt,
+        ..
     } in i.pods
     {
         if newest.get(&member).is_none_or(|(a, _)| attempt > *a) {

@@ -548,3 +548,70 @@ fn node_readiness_comes_from_its_ready_condition() {
     );
     assert_eq!(node_state(None), NodeState::Gone);
 }
+
+/// A pod of member `member`'s `attempt`, in clique `clique` when it has one.
+fn member_pod(name: &str, member: u32, attempt: u32, clique: Option<u32>) -> Arc<Pod> {
+    let mut labels: std::collections::BTreeMap<String, String> = [
+        (LABEL_MEMBER.to_string(), member.to_string()),
+        (LABEL_ATTEMPT.to_string(), attempt.to_string()),
+    ]
+    .into();
+    if let Some(c) = clique {
+        labels.insert(LABEL_CLIQUE.to_string(), c.to_string());
+    }
+    let mut pod = Pod::default();
+    pod.metadata.name = Some(name.into());
+    pod.metadata.labels = Some(labels);
+    Arc::new(pod)
+}
+
+#[test]
+fn a_jobs_pods_are_read_once_for_each_version_of_each_pod() {
+    let ours = |p: &Pod| {
+        p.metadata
+            .name
+            .as_deref()
+            .is_some_and(|n| n.starts_with("j-"))
+    };
+    let read = std::cell::Cell::new(0);
+    let counted = |p: &Pod| {
+        read.set(read.get() + 1);
+        ours(p)
+    };
+    let named = |pods: &[NamedPod]| -> Vec<(String, u32, u32, Option<u32>)> {
+        JobPodIndex::job_pods(pods)
+            .iter()
+            .map(|p| {
+                let name = p.pod.metadata.name.clone().unwrap_or_default();
+                (name, p.member, p.attempt, p.clique)
+            })
+            .collect()
+    };
+    let a = member_pod("j-0-0", 0, 0, None);
+    let b = member_pod("j-1-2", 1, 2, Some(4));
+    let other = member_pod("k-0-0", 0, 0, None);
+    let mut unlabelled = Pod::default();
+    unlabelled.metadata.name = Some("j-x".into());
+    let unlabelled = Arc::new(unlabelled);
+    let mut index = JobPodIndex::default();
+    let cache = vec![a.clone(), other.clone(), b.clone(), unlabelled.clone()];
+    let first = index.read(cache.clone(), counted);
+    assert_eq!(
+        named(&first),
+        [
+            ("j-0-0".to_string(), 0, 0, None),
+            ("j-1-2".to_string(), 1, 2, Some(4))
+        ],
+        "the job's pods that name a member attempt, in the cache's order"
+    );
+    assert_eq!(read.get(), 4, "every pod read the first time");
+    let again = index.read(cache, counted);
+    assert_eq!(named(&again), named(&first));
+    assert_eq!(read.get(), 4, "the same pods are not read again");
+    // The cache shows a newer version of one pod (labelled with its clique) and drops another.
+    let a_labelled = member_pod("j-0-0", 0, 0, Some(3));
+    let next = index.read(vec![a_labelled, other, unlabelled], counted);
+    assert_eq!(named(&next), [("j-0-0".to_string(), 0, 0, Some(3))]);
+    assert_eq!(read.get(), 5, "only the newer version is read");
+    assert_eq!(index.seen.len(), 3, "a pod the cache dropped is forgotten");
+}
