@@ -4,6 +4,7 @@
 //! their clique's zone.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use k8s_openapi::jiff::Timestamp;
 use murmur_core::api::{DecentralizedTrainingJobSpec, JobPhase};
@@ -51,7 +52,7 @@ pub(super) fn shape_topology(
                 Ok(mut t) => {
                     t.version = s.last_version + 1;
                     relocate(&mut t, &mut s.members, &mut s.relocations, actions);
-                    s.topology = Some(t);
+                    s.topology = Some(Arc::new(t));
                 }
                 Err(e) => {
                     s.phase = JobPhase::Failed;
@@ -73,6 +74,14 @@ pub(super) fn shape_topology(
                 .filter(|c| c.live.is_none() || c.record.is_some_and(|r| r.lifecycle.is_retired()))
                 .map(|c| (c.id, c.attempt()))
                 .collect();
+            // A plan that changes nothing shares the topology it had.
+            let joining = joined
+                .iter()
+                .any(|r| !t.profiles.contains_key(&r.member_id));
+            if gone.is_empty() && !joining {
+                return;
+            }
+            let t = Arc::make_mut(t);
             // One repair for this plan's leaves and joins: the graph is rebuilt once, not after
             // each member (a thousand joins at 10 000 members took seconds).
             let mut repair = t.repair();

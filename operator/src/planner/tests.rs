@@ -303,7 +303,7 @@ fn zone_by_kind(id: u32) -> &'static str {
 fn after_the_moves() -> (World, Topology, Vec<u32>) {
     let mut w = World::zoned(None, zone_by_kind);
     let actions = w.plan();
-    let first = w.state.topology.clone().unwrap();
+    let first = w.state.topology.as_deref().cloned().unwrap();
     let movers: Vec<u32> = World::stops(&actions).iter().map(|&(m, _)| m).collect();
     assert_eq!(movers.len(), 2);
     (w, first, movers)
@@ -1810,4 +1810,28 @@ proptest! {
         let recorded: Vec<_> = observed.recorded(&records).map(|c| c.id).collect();
         prop_assert_eq!(recorded, records.keys().copied().collect::<Vec<_>>());
     }
+}
+
+#[test]
+fn a_plan_shares_the_topology_it_leaves_as_it_was_and_copies_the_one_it_changes() {
+    let mut w = World::running();
+    let built = w.state.topology.clone().expect("built from the joins");
+    w.now += 1.0;
+    w.plan();
+    let kept = w.state.topology.clone().unwrap();
+    assert!(
+        Arc::ptr_eq(&built, &kept),
+        "nothing changed: the same topology"
+    );
+    w.end(1, preempted());
+    w.now += 1.0;
+    w.plan();
+    let repaired = w.state.topology.clone().unwrap();
+    assert!(!Arc::ptr_eq(&kept, &repaired));
+    assert!(!repaired.graph.contains(1), "the lost member left");
+    assert!(repaired.version > kept.version);
+    assert!(
+        kept.graph.contains(1),
+        "the earlier state's topology is as it was: a plan changes a copy"
+    );
 }
