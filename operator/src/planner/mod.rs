@@ -149,7 +149,7 @@ pub struct JobState {
     pub completed_at: Option<Timestamp>,
     /// Shared by the states of successive plans until a plan changes it: most change nothing,
     /// and a copy of a 10 000-member topology in each was a fifth of a plan.
-    #[serde(with = "shared")]
+    #[serde(default, with = "shared")]
     pub topology: Option<Arc<Topology>>,
     /// The newest topology version ever published: versions only grow, even across a rebuild.
     pub last_version: u64,
