@@ -24,7 +24,9 @@ pub const JOINS_KEY: &str = "joins.json";
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StoredJoin {
     pub attempt: u32,
-    pub report: JoinReport,
+    /// Shared with the observations of every plan.
+    #[serde(with = "crate::planner::shared_value")]
+    pub report: Arc<JoinReport>,
 }
 
 #[derive(Clone, Debug)]
@@ -148,11 +150,11 @@ mod tests {
             2,
             StoredJoin {
                 attempt: 1,
-                report: JoinReport {
+                report: Arc::new(JoinReport {
                     member_id: 2,
                     label_histogram: vec![1, 2],
                     proxy_vector: None,
-                },
+                }),
             },
         );
         let data = m.data(None);

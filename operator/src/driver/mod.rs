@@ -51,7 +51,7 @@ pub struct JobDriver {
     name: String,
     memory: Memory,
     /// The newest status of each member, with the attempt that posted it.
-    statuses: BTreeMap<MemberId, (u32, TrainerStatus)>,
+    statuses: BTreeMap<MemberId, (u32, Arc<TrainerStatus>)>,
     /// Bytes each attempt sent to its peers, from its newest status.
     bytes_out: BTreeMap<(MemberId, u32), u64>,
     /// Model bytes sent to date by locality, each status's new bytes counted where sender and
@@ -180,7 +180,13 @@ impl JobDriver {
                 // member out of the first topology and unbalance its clique.
                 let attempt = self.attempt_of(id).unwrap_or(0);
                 let report = report.kept();
-                self.memory.joins.insert(id, StoredJoin { attempt, report });
+                self.memory.joins.insert(
+                    id,
+                    StoredJoin {
+                        attempt,
+                        report: Arc::new(report),
+                    },
+                );
                 true
             }
             Inbound::Status(status) => {
@@ -224,7 +230,7 @@ impl JobDriver {
             .get(&member)
             .is_none_or(|(a, _)| *a <= attempt)
         {
-            self.statuses.insert(member, (attempt, status));
+            self.statuses.insert(member, (attempt, Arc::new(status)));
         }
         changed
     }

@@ -1,6 +1,8 @@
 //! What is seen of a member's newest attempt now: the runtime's part (its process or pod) and
 //! the driver's (what its trainer posted).
 
+use std::sync::Arc;
+
 use k8s_openapi::jiff::Timestamp;
 use murmur_core::contract::{JoinReport, TrainerStatus};
 
@@ -44,10 +46,11 @@ pub struct ObservedMember {
     pub attempt: u32,
     /// `host:port` of its peer listener, once known.
     pub address: Option<String>,
-    /// Its join report (the driver's).
-    pub join: Option<JoinReport>,
-    /// The newest status it reported, posted or read from its `/status` (the driver's).
-    pub status: Option<TrainerStatus>,
+    /// Its join report (the driver's, shared: every plan observes every member).
+    pub join: Option<Arc<JoinReport>>,
+    /// The newest status it reported, posted or read from its `/status` (the driver's,
+    /// shared).
+    pub status: Option<Arc<TrainerStatus>>,
     /// Set once it ended.
     pub exit: Option<Exit>,
     /// The node it runs on, once scheduled (the operator; local processes leave it unset).

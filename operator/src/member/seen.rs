@@ -78,6 +78,8 @@ fn live(m: &ObservedMember, in_topology: bool, alone: bool) -> (MemberPhase, Hea
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use murmur_core::contract::{JoinReport, TrainerStatus};
 
     use super::*;
@@ -114,14 +116,18 @@ mod tests {
         exit: Option<Exit>,
     ) -> ObservedMember {
         ObservedMember {
-            join: joined.then(|| JoinReport {
-                member_id: 0,
-                label_histogram: vec![1; 10],
-                proxy_vector: None,
+            join: joined.then(|| {
+                Arc::new(JoinReport {
+                    member_id: 0,
+                    label_histogram: vec![1; 10],
+                    proxy_vector: None,
+                })
             }),
-            status: state.map(|s| TrainerStatus {
-                neighbours_seen: neighbours,
-                ..TrainerStatus::new(0, s)
+            status: state.map(|s| {
+                Arc::new(TrainerStatus {
+                    neighbours_seen: neighbours,
+                    ..TrainerStatus::new(0, s)
+                })
             }),
             exit,
             ..Default::default()

@@ -404,6 +404,26 @@ pub fn next_deadline(
 }
 
 /// (De)serializes a shared value as the value itself.
+pub(crate) mod shared_value {
+    use std::sync::Arc;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<T: Serialize, S: Serializer>(
+        value: &Arc<T>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        value.as_ref().serialize(serializer)
+    }
+
+    pub fn deserialize<'de, T: Deserialize<'de>, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Arc<T>, D::Error> {
+        T::deserialize(deserializer).map(Arc::new)
+    }
+}
+
+/// (De)serializes a shared value, when there is one, as the value itself.
 mod shared {
     use std::sync::Arc;
 

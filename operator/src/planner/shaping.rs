@@ -32,7 +32,7 @@ pub(super) fn shape_topology(
     let joined: Vec<&JoinReport> = observed
         .recorded(&s.members)
         .filter(|c| c.record.is_some_and(|r| r.lifecycle.is_active()))
-        .filter_map(|c| c.live?.join.as_ref())
+        .filter_map(|c| c.live?.join.as_deref())
         .collect();
     let zone = |id: MemberId| observed.members.get(&id).and_then(|m| m.zone.clone());
     let before = s.topology.as_ref().map(|t| t.version);

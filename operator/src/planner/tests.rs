@@ -97,11 +97,11 @@ impl World {
     }
 
     fn join_with(&mut self, id: u32, label_histogram: Vec<u64>) {
-        self.observed.members.get_mut(&id).unwrap().join = Some(JoinReport {
+        self.observed.members.get_mut(&id).unwrap().join = Some(Arc::new(JoinReport {
             member_id: id,
             label_histogram,
             proxy_vector: None,
-        });
+        }));
     }
 
     fn schedule(&mut self, id: u32, node: &str) {
@@ -756,7 +756,7 @@ fn a_replacement_whose_neighbours_all_finished_before_it_heard_from_them_is_reti
     w.plan();
     assert!(w.state.topology.as_ref().unwrap().graph.contains(1));
     // Its neighbours complete before sending it anything (no bytes in).
-    w.observed.members.get_mut(&1).unwrap().status = Some(status(1, 0));
+    w.observed.members.get_mut(&1).unwrap().status = Some(Arc::new(status(1, 0)));
     let neighbours = w.neighbours(1);
     for &n in &neighbours {
         w.end(n, Exit::Completed);
@@ -781,7 +781,7 @@ fn a_replacement_whose_neighbours_all_finished_before_it_heard_from_them_is_reti
 #[test]
 fn a_member_that_averaged_with_its_neighbours_is_left_to_finish_alone() {
     let mut w = World::running();
-    w.observed.members.get_mut(&1).unwrap().status = Some(status(1, 4096));
+    w.observed.members.get_mut(&1).unwrap().status = Some(Arc::new(status(1, 4096)));
     let neighbours = w.neighbours(1);
     for &n in &neighbours {
         w.end(n, Exit::Completed);
@@ -1620,13 +1620,13 @@ fn cliques_a_burst_of_losses_left_skewed_are_rebalanced() {
     let mut w = World::new(spec);
     let join = |w: &mut World, id: u32| {
         let classes = [(2 * id) % 10, (2 * id + 1) % 10];
-        w.observed.members.get_mut(&id).unwrap().join = Some(JoinReport {
+        w.observed.members.get_mut(&id).unwrap().join = Some(Arc::new(JoinReport {
             member_id: id,
             label_histogram: (0..10)
                 .map(|c| u64::from(classes.contains(&c)) * 40)
                 .collect(),
             proxy_vector: None,
-        });
+        }));
     };
     w.plan();
     for id in 0..10 {

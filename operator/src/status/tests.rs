@@ -163,7 +163,7 @@ fn a_jobs_progress_names_the_metric_its_task_is_judged_by() {
             higher_is_better: false,
         });
         ObservedMember {
-            status: Some(status),
+            status: Some(Arc::new(status)),
             ..ObservedMember::default()
         }
     });
@@ -998,7 +998,7 @@ fn cross_zone_bytes_count_what_a_member_sent_to_peers_in_other_zones() {
     use crate::planner::Observation;
     let member = |zone: Option<&str>, sent_to: &[(u32, u64)]| ObservedMember {
         zone: zone.map(str::to_string),
-        status: Some(murmur_core::contract::TrainerStatus {
+        status: Some(Arc::new(murmur_core::contract::TrainerStatus {
             topology_version: 1,
             bytes_out: sent_to.iter().map(|(_, b)| b).sum(),
             bytes_sent_to: sent_to.iter().copied().collect(),
@@ -1006,7 +1006,7 @@ fn cross_zone_bytes_count_what_a_member_sent_to_peers_in_other_zones() {
                 0,
                 murmur_core::contract::TrainerState::Training,
             )
-        }),
+        })),
         ..Default::default()
     };
     let observed = Observation {
