@@ -66,9 +66,9 @@ pub(super) fn update_conditions(
         JobPhase::Failed => (ConditionReason::Failed, "failed"),
         _ => (ConditionReason::Training, members.as_str()),
     };
-    // Members whose containers cannot start: the first by id in the kubelet's words, and how
-    // many more.
-    // Members held back by scheduling gates: the job waits in a queue for admission.
+    // Members whose containers cannot start (the first by id in the kubelet's words, and how
+    // many more), and members held back by scheduling gates (the job waits in a queue for
+    // admission).
     let mut stuck: Vec<(MemberId, u32, &NotStarting)> = Vec::new();
     let mut gated: Vec<&str> = Vec::new();
     for c in observed.recorded(&s.members) {
