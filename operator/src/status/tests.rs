@@ -967,7 +967,8 @@ fn a_large_job_lists_the_members_that_need_attention_first_and_counts_the_rest()
     let few: Vec<MemberStatus> = (0..10)
         .map(|id| member(id, MemberPhase::Training))
         .collect();
-    assert_eq!(view::listed_members(few.clone()), (few, 0));
+    let of = |m: &MemberStatus| (m.id, m.phase);
+    assert_eq!(view::listed_members(few.clone(), of), (few, 0));
 
     // Those needing attention sit past the cap, where id order alone would leave them out.
     let max = STATUS_MEMBERS_MAX as u32;
@@ -981,7 +982,7 @@ fn a_large_job_lists_the_members_that_need_attention_first_and_counts_the_rest()
             _ => member(id, MemberPhase::Training),
         })
         .collect();
-    let (listed, omitted) = view::listed_members(many);
+    let (listed, omitted) = view::listed_members(many, of);
     assert_eq!(listed.len(), STATUS_MEMBERS_MAX);
     assert_eq!(omitted, 500);
     let ids: Vec<u32> = listed.iter().map(|m| m.id).collect();

@@ -8,12 +8,12 @@ use murmur_core::api::{
     JobPhase, MemberCapacity, MemberPhase, MemberStatus, NamedMetric, Progress, Replicas,
     STATUS_MEMBERS_MAX, TopologyKind,
 };
+use murmur_core::topology::MemberId;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::member::{self, Health, ObservedMember};
 use crate::planner::{Event, JobState, Observation, live_in_topology, seconds_since};
-use murmur_core::topology::MemberId;
 
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -176,13 +176,12 @@ fn mean(values: impl Iterator<Item = f64>) -> Option<f64> {
 
 /// The members `status.members` lists: all of them up to [`STATUS_MEMBERS_MAX`]; past it,
 /// those that need a person's attention first (pending, joining, lost, failed, paused,
-/// leaving), then the rest by id — in id order, with the count left out.
-pub fn listed_members(members: Vec<MemberStatus>) -> (Vec<MemberStatus>, u32) {
-    listed(members, |m| (m.id, m.phase))
-}
-
-/// [`listed_members`] of anything with an id and a phase (`of`).
-fn listed<T>(mut members: Vec<T>, of: impl Fn(&T) -> (MemberId, MemberPhase)) -> (Vec<T>, u32) {
+/// leaving), then the rest by id — in id order, with the count left out. `of`: a member's id
+/// and phase (the status lists views of members, made into entries once chosen).
+pub fn listed_members<T>(
+    mut members: Vec<T>,
+    of: impl Fn(&T) -> (MemberId, MemberPhase),
+) -> (Vec<T>, u32) {
     if members.len() <= STATUS_MEMBERS_MAX {
         return (members, 0);
     }
@@ -288,7 +287,7 @@ pub fn job_view(
     // stored on every read, and be written again on every reconcile.
     let conditions = status_conditions(state);
     // Only the members the status lists are made into its entries.
-    let (listed, members_omitted) = listed(members.iter().collect(), |m| (m.id, m.phase));
+    let (listed, members_omitted) = listed_members(members.iter().collect(), |m| (m.id, m.phase));
     let listed: Vec<MemberStatus> = listed
         .into_iter()
         .map(|m| {
