@@ -47,10 +47,10 @@ pub async fn listen(address: &str) -> std::io::Result<tokio::net::TcpListener> {
 }
 
 /// How long a connection may wait for a request's head (idle between requests, or sending one
-/// slowly) before it is closed. hyper holds 16 to 24 KiB for each connection, and a trainer's
-/// client kept its post connection open between posts: 10 000 members' idle post connections
-/// were 170 MB of the operator's memory. A post after an idle spell opens a new connection; a
-/// trainer's view stream is no HTTP connection once upgraded, and is not closed.
+/// slowly) before it is closed: hyper holds 16 to 24 KiB for each connection. A trainer's post
+/// is answered with `Connection: close` (a trainer posts once in seconds; 10 000 members' idle
+/// post connections were 170 MB of the operator's memory), and its view stream is no HTTP
+/// connection once upgraded, and is not closed: this bounds what other clients hold open.
 pub const IDLE_TIMEOUT: std::time::Duration =
     std::time::Duration::from_secs(murmur_core::contract::control::CONNECTION_IDLE_SECONDS);
 

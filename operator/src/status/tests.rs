@@ -85,6 +85,35 @@ async fn a_connection_idle_past_the_timeout_is_closed_and_a_long_poll_is_not() {
     assert_eq!(read(&mut silent, "never").await, "");
 }
 
+#[tokio::test]
+async fn a_trainers_post_is_answered_and_its_connection_closed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let app = router(Arc::new(Hub::default()), Arc::new(access::LocalUser), 0);
+    // Idle connections would be held a minute: only the answer's close ends this one.
+    tokio::spawn(serve_closing_idle(listener, app, Duration::from_secs(60)));
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    let body = "{}";
+    let request = format!(
+        "POST /api/v1/namespaces/ns/jobs/j/members/0/status HTTP/1.1\r\nhost: murmur\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer))
+        .await
+        .expect("the connection stayed open after the post was answered")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 4"), "{answer}");
+    assert!(
+        answer.to_ascii_lowercase().contains("connection: close"),
+        "{answer}"
+    );
+}
+
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
