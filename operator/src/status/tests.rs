@@ -1075,6 +1075,16 @@ fn a_bounded_log_keeps_its_newest_entries_and_its_indexes() {
     assert_eq!(log.since(5), (vec![5], 6), "nothing twice, nothing missed");
 }
 
+#[test]
+fn a_bounded_log_never_holds_room_for_more_than_it_keeps() {
+    let mut log = super::hub::Bounded::new(1_000);
+    for i in 0..2_500 {
+        log.push(i);
+        assert!(log.room() <= 1_000, "room for {} after {i}", log.room());
+    }
+    assert_eq!(log.since(0).0, (1_500..2_500).collect::<Vec<_>>());
+}
+
 #[tokio::test]
 async fn series_pages_say_where_to_read_next() {
     let (hub, base) = serve().await;
