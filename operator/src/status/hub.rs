@@ -88,7 +88,7 @@ impl<T: Clone> Bounded<T> {
 #[derive(Default)]
 struct ViewBoard {
     book: ViewBook,
-    channels: HashMap<u32, watch::Sender<Option<MemberView>>>,
+    channels: HashMap<u32, watch::Sender<Option<Arc<MemberView>>>>,
 }
 
 impl ViewBoard {
@@ -109,7 +109,7 @@ impl ViewBoard {
         // Followers the topology leaves out hear so, to pause and report their join again.
         for (&id, channel) in &self.channels {
             if self.book.view(id).is_none() {
-                channel.send_replace(Some(MemberView::outside(doc, id)));
+                channel.send_replace(Some(Arc::new(MemberView::outside(doc, id))));
             }
         }
     }
@@ -170,10 +170,10 @@ impl JobHandle {
 
     /// Member `id`'s view of the topology, as it changes: `None` before the first document, an
     /// `outside` view while the topology leaves the member out.
-    pub fn member_view(&self, id: u32) -> watch::Receiver<Option<MemberView>> {
+    pub fn member_view(&self, id: u32) -> watch::Receiver<Option<Arc<MemberView>>> {
         let mut board = self.views.lock();
         let outside = match (&*self.topology.borrow(), board.book.view(id)) {
-            (Some(doc), None) => Some(MemberView::outside(doc, id)),
+            (Some(doc), None) => Some(Arc::new(MemberView::outside(doc, id))),
             _ => None,
         };
         board

@@ -23,7 +23,7 @@ use axum::{Extension, Router, middleware};
 use hyper_util::rt::TokioIo;
 use murmur_core::contract::control::Envelope;
 use murmur_core::contract::{
-    JoinReport, MemberView, PeerEvent, TrainerStatus, control, view_stream,
+    JoinReport, MemberView, PeerEvent, TopologyDocument, TrainerStatus, control, view_stream,
 };
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -234,7 +234,7 @@ async fn get_topology(
     headers: HeaderMap,
 ) -> Response {
     let target = (namespace.as_str(), name.as_str(), "document");
-    serve_topology(&served, target, (uri, headers), q.after, |job| {
+    serve_topology::<_, TopologyDocument, _>(&served, target, (uri, headers), q.after, |job| {
         (job.topology(), |doc| doc.version)
     })
     .await
@@ -260,7 +260,7 @@ async fn get_view(
         };
         return open_view_stream(&served, target, parts, (id, q.after), upgrade).await;
     }
-    serve_topology(
+    serve_topology::<_, MemberView, _>(
         &served,
         target,
         (parts.uri, parts.headers),
@@ -327,7 +327,7 @@ pub(super) struct ViewStream {
     pub(super) target: (String, String),
     /// The view's path, which its frames' signatures cover.
     pub(super) path: String,
-    pub(super) views: watch::Receiver<Option<MemberView>>,
+    pub(super) views: watch::Receiver<Option<Arc<MemberView>>>,
     /// How long the stream stays silent before it says it is alive.
     pub(super) quiet: Duration,
 }
@@ -374,7 +374,7 @@ impl ViewStream {
                 .cloned();
             if let Some(view) = newer {
                 after = Some(view.version);
-                let body = serde_json::to_vec(&view).expect("a view serializes");
+                let body = serde_json::to_vec(&*view).expect("a view serializes");
                 let (namespace, name) = &self.target;
                 self.hub.metrics.served(namespace, name, "view", body.len());
                 let signature = control::topology_signature(&self.key, &self.path, &body);
@@ -414,15 +414,20 @@ impl ViewStream {
 /// and how to tell their versions.
 type Followed<T> = (watch::Receiver<Option<T>>, fn(&T) -> u64);
 
-/// A topology read: the job for a trainer or observer, then what `follow` picks from it,
-/// long-polled past `after`, signed; its bytes counted by form.
-async fn serve_topology<T: Clone + serde::Serialize>(
+/// A topology read: the job for a trainer or observer, then what `follow` picks from it (an
+/// `S`, or a shared `S`), long-polled past `after`, signed; its bytes counted by form.
+async fn serve_topology<T, S, F>(
     served: &Served,
     (namespace, name, form): (&str, &str, &str),
     (uri, headers): (Uri, HeaderMap),
     after: Option<u64>,
-    follow: impl FnOnce(&JobHandle) -> Followed<T>,
-) -> Response {
+    follow: F,
+) -> Response
+where
+    T: Clone + std::borrow::Borrow<S>,
+    S: serde::Serialize,
+    F: FnOnce(&JobHandle) -> Followed<T>,
+{
     let job = match topology_reader(served, namespace, name, &uri, &headers).await {
         Ok(job) => job,
         Err(r) => return r,
@@ -433,6 +438,7 @@ async fn serve_topology<T: Clone + serde::Serialize>(
     drop((uri, headers));
     let (rx, version) = follow(&job);
     let answer = long_poll(rx, after, version).await;
+    let answer = answer.as_ref().map(std::borrow::Borrow::<S>::borrow);
     signed_answer(served, &job, (namespace, name, form), &path, answer)
 }
 

@@ -1158,7 +1158,7 @@ async fn a_view_stream_sends_each_newer_view_says_it_is_alive_and_ends_with_its_
         views,
         quiet: Duration::from_millis(100),
     };
-    let (tx, views) = tokio::sync::watch::channel(Some(MemberView::of(&doc(1), 0)));
+    let (tx, views) = tokio::sync::watch::channel(Some(Arc::new(MemberView::of(&doc(1), 0))));
     let (mut trainer, server) = tokio::io::duplex(64 * 1024);
     let running = tokio::spawn(stream(views).run(server, Some(1)));
     let mut frames = view_stream::Frames::default();
@@ -1167,13 +1167,13 @@ async fn a_view_stream_sends_each_newer_view_says_it_is_alive_and_ends_with_its_
         next_frame(&mut trainer, &mut frames).await,
         Some(view_stream::Frame::Alive)
     );
-    tx.send_replace(Some(MemberView::of(&doc(2), 0)));
+    tx.send_replace(Some(Arc::new(MemberView::of(&doc(2), 0))));
     let view = verified_view(next_frame(&mut trainer, &mut frames).await, &path);
     assert_eq!(view.version, 2);
     assert_eq!(view, MemberView::of(&doc(2), 0));
     // An older view is never sent.
-    tx.send_replace(Some(MemberView::of(&doc(1), 0)));
-    tx.send_replace(Some(MemberView::of(&doc(3), 0)));
+    tx.send_replace(Some(Arc::new(MemberView::of(&doc(1), 0))));
+    tx.send_replace(Some(Arc::new(MemberView::of(&doc(3), 0))));
     let view = verified_view(next_frame(&mut trainer, &mut frames).await, &path);
     assert_eq!(view.version, 3);
     drop(tx);
@@ -1181,7 +1181,7 @@ async fn a_view_stream_sends_each_newer_view_says_it_is_alive_and_ends_with_its_
     running.await.unwrap();
 
     // Without `after`, the current view comes first; a trainer that speaks ends the stream.
-    let (_tx, views) = tokio::sync::watch::channel(Some(MemberView::of(&doc(4), 0)));
+    let (_tx, views) = tokio::sync::watch::channel(Some(Arc::new(MemberView::of(&doc(4), 0))));
     let (mut trainer, server) = tokio::io::duplex(64 * 1024);
     let running = tokio::spawn(stream(views).run(server, None));
     let mut frames = view_stream::Frames::default();
