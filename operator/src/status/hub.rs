@@ -60,8 +60,8 @@ impl<T: Clone> Bounded<T> {
             self.items.pop_front();
             self.first += 1;
         } else if self.items.len() == self.items.capacity() {
-            // Doubling, but never past `cap`: a full series at 20 000 samples held 32 768
-            // slots, 1.5 MB more than it keeps.
+            // Doubling, but never past `cap`: a full series of 20 000 samples held 32 768
+            // slots.
             let len = self.items.len();
             self.items
                 .reserve_exact((len * 2).max(8).min(self.cap) - len);
