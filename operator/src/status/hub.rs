@@ -129,7 +129,7 @@ struct Published {
 pub struct JobHandle {
     key: Vec<u8>,
     view: watch::Sender<Option<Arc<Published>>>,
-    topology: watch::Sender<Option<TopologyDocument>>,
+    topology: watch::Sender<Option<Arc<TopologyDocument>>>,
     views: Mutex<ViewBoard>,
     events: Mutex<Bounded<JobEvent>>,
     series: Mutex<Bounded<SeriesPoint>>,
@@ -164,7 +164,7 @@ impl JobHandle {
             .clone()
     }
 
-    pub fn topology(&self) -> watch::Receiver<Option<TopologyDocument>> {
+    pub fn topology(&self) -> watch::Receiver<Option<Arc<TopologyDocument>>> {
         self.topology.subscribe()
     }
 
@@ -187,6 +187,7 @@ impl JobHandle {
     /// whose view changed are woken.
     pub fn set_topology(&self, doc: TopologyDocument) {
         let mut board = self.views.lock();
+        let doc = Arc::new(doc);
         let newer = self.topology.send_if_modified(|current| {
             if current.as_ref().is_some_and(|c| c.version >= doc.version) {
                 return false;

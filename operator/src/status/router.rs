@@ -23,7 +23,7 @@ use axum::{Extension, Router, middleware};
 use hyper_util::rt::TokioIo;
 use murmur_core::contract::control::Envelope;
 use murmur_core::contract::{
-    JoinReport, MemberView, PeerEvent, TopologyDocument, TrainerStatus, control, view_stream,
+    JoinReport, MemberView, PeerEvent, TrainerStatus, control, view_stream,
 };
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -234,7 +234,7 @@ async fn get_topology(
     headers: HeaderMap,
 ) -> Response {
     let target = (namespace.as_str(), name.as_str(), "document");
-    serve_topology::<_, TopologyDocument, _>(&served, target, (uri, headers), q.after, |job| {
+    serve_topology(&served, target, (uri, headers), q.after, |job| {
         (job.topology(), |doc| doc.version)
     })
     .await
@@ -260,7 +260,7 @@ async fn get_view(
         };
         return open_view_stream(&served, target, parts, (id, q.after), upgrade).await;
     }
-    serve_topology::<_, MemberView, _>(
+    serve_topology(
         &served,
         target,
         (parts.uri, parts.headers),
@@ -411,23 +411,18 @@ impl ViewStream {
 }
 
 /// Version-numbered values of a job's topology (`form`: the document, or a member's view),
-/// and how to tell their versions.
-type Followed<T> = (watch::Receiver<Option<T>>, fn(&T) -> u64);
+/// shared by every reader, and how to tell their versions.
+type Followed<T> = (watch::Receiver<Option<Arc<T>>>, fn(&T) -> u64);
 
-/// A topology read: the job for a trainer or observer, then what `follow` picks from it (an
-/// `S`, or a shared `S`), long-polled past `after`, signed; its bytes counted by form.
-async fn serve_topology<T, S, F>(
+/// A topology read: the job for a trainer or observer, then what `follow` picks from it,
+/// long-polled past `after`, signed; its bytes counted by form.
+async fn serve_topology<T: serde::Serialize>(
     served: &Served,
     (namespace, name, form): (&str, &str, &str),
     (uri, headers): (Uri, HeaderMap),
     after: Option<u64>,
-    follow: F,
-) -> Response
-where
-    T: Clone + std::borrow::Borrow<S>,
-    S: serde::Serialize,
-    F: FnOnce(&JobHandle) -> Followed<T>,
-{
+    follow: impl FnOnce(&JobHandle) -> Followed<T>,
+) -> Response {
     let job = match topology_reader(served, namespace, name, &uri, &headers).await {
         Ok(job) => job,
         Err(r) => return r,
@@ -438,8 +433,13 @@ where
     drop((uri, headers));
     let (rx, version) = follow(&job);
     let answer = long_poll(rx, after, version).await;
-    let answer = answer.as_ref().map(std::borrow::Borrow::<S>::borrow);
-    signed_answer(served, &job, (namespace, name, form), &path, answer)
+    signed_answer(
+        served,
+        &job,
+        (namespace, name, form),
+        &path,
+        answer.as_deref(),
+    )
 }
 
 /// The job, if the request is a trainer's (signed with the job key, and fresh) or comes from
@@ -472,18 +472,18 @@ async fn topology_reader(
 
 /// The current value (`after` absent), or the first whose version is above `after`, waiting at
 /// most [`control::LONG_POLL_HOLD_SECONDS`]; `None` when there is nothing to send.
-async fn long_poll<T: Clone>(
-    mut rx: watch::Receiver<Option<T>>,
+async fn long_poll<T>(
+    mut rx: watch::Receiver<Option<Arc<T>>>,
     after: Option<u64>,
     version: impl Fn(&T) -> u64,
-) -> Option<T> {
+) -> Option<Arc<T>> {
     let hold = Duration::from_secs(control::LONG_POLL_HOLD_SECONDS);
     let deadline = tokio::time::Instant::now() + hold;
     loop {
         let current = rx.borrow_and_update().clone();
         match (current, after) {
             (Some(value), None) => return Some(value),
-            (Some(value), Some(after)) if version(&value) > after => return Some(value),
+            (Some(value), Some(after)) if version(&*value) > after => return Some(value),
             (None, None) => return None,
             _ => {}
         }
