@@ -26,6 +26,7 @@ use kube::runtime::watcher::Event;
 use murmur::driver::{JobDriver, Memory};
 use murmur::member::Exit;
 use murmur::planner;
+use murmur::runtime::kube::cached_pod::CachedPod;
 use murmur::runtime::kube::decide::{Decision, MemoryWrite, memory_write, status_due};
 use murmur::runtime::kube::{
     Context, Inputs, OperatorMetrics, Settings, Stores, decide, lease, observe, reconcile,
@@ -108,7 +109,8 @@ fn steady(settings: &Settings) -> Steady {
     };
     let mut pods: Vec<Pod> = Vec::new();
     let first = loop {
-        let refs: Vec<&Pod> = pods.iter().collect();
+        let cached = cache_of(&pods);
+        let refs: Vec<&CachedPod> = cached.iter().collect();
         let refs = observe::job_pods(&refs);
         let d = decide(&Inputs {
             job: &job,
@@ -147,7 +149,8 @@ fn steady(settings: &Settings) -> Steady {
             now,
         );
     }
-    let refs: Vec<&Pod> = pods.iter().collect();
+    let cached = cache_of(&pods);
+    let refs: Vec<&CachedPod> = cached.iter().collect();
     let refs = observe::job_pods(&refs);
     let built = decide(&Inputs {
         job: &job,
@@ -276,7 +279,7 @@ fn mock(job: Value) -> Client {
 /// A fresh operator process whose caches hold the steady job.
 fn operator(s: &Steady, pods: &[Pod], settings: &Settings) -> Arc<Context> {
     let (pod_store, pod_writer) = reflector::store();
-    listed(pod_writer, pods.to_vec());
+    listed(pod_writer, cache_of(pods));
     let (services, w) = reflector::store();
     listed(w, vec![s.first.service.clone().unwrap()]);
     let (secrets, w) = reflector::store();
@@ -323,6 +326,11 @@ where
     }
     writer.apply_watcher_event(&Event::InitDone);
     writer
+}
+
+/// The pods as the operator's pod cache holds them.
+fn cache_of(pods: &[Pod]) -> Vec<CachedPod> {
+    pods.iter().map(CachedPod::of).collect()
 }
 
 fn preempt(pods: &[Pod], member: usize) -> Vec<Pod> {
@@ -396,7 +404,8 @@ fn benches(c: &mut Criterion) {
         b.iter(|| resources::config_map(&s.job, memory.data(document)))
     });
 
-    let refs: Vec<&Pod> = s.pods.iter().collect();
+    let cached = cache_of(&s.pods);
+    let refs: Vec<&CachedPod> = cached.iter().collect();
     let refs = observe::job_pods(&refs);
     let ready = |_: &str| observe::NodeState::Ready;
     let created = BTreeMap::new();
@@ -441,7 +450,8 @@ fn benches(c: &mut Criterion) {
     });
     // The same, one member's pod preempted: what a reconcile decides before it writes.
     let preempted = preempt(&s.pods, 7);
-    let preempted_refs: Vec<&Pod> = preempted.iter().collect();
+    let preempted_cached = cache_of(&preempted);
+    let preempted_refs: Vec<&CachedPod> = preempted_cached.iter().collect();
     let preempted_refs = observe::job_pods(&preempted_refs);
     let preempted_inputs = Inputs {
         pods: &preempted_refs,
@@ -488,8 +498,8 @@ fn benches(c: &mut Criterion) {
         let runtime = runtime();
         let ctx = runtime.block_on(async { operator(&s, &s.pods, &settings) });
         runtime.block_on(reconciled(&ctx));
-        let (pods, writer): (_, Writer<Pod>) = reflector::store();
-        let writer = listed(writer, preempted.clone());
+        let (pods, writer): (_, Writer<CachedPod>) = reflector::store();
+        let writer = listed(writer, preempted_cached.clone());
         // Same process, newer cache: swap in the preempted pods.
         let stores = Stores {
             pods,

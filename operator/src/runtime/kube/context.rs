@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -18,6 +18,7 @@ use murmur_core::topology::MemberId;
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
 
+use super::cached_pod::CachedPod;
 use super::error::Error;
 use super::labels::LABEL_JOB;
 use super::reconcile::listen;
@@ -29,7 +30,7 @@ use crate::status::Hub;
 /// The watch caches reconcile reads (it never lists: an unchanged job costs no request).
 #[derive(Clone)]
 pub struct Stores {
-    pub pods: Store<Pod>,
+    pub pods: Store<CachedPod>,
     pub services: Store<Service>,
     pub config_maps: Store<ConfigMap>,
     pub secrets: Store<Secret>,
@@ -197,7 +198,7 @@ impl Context {
     pub(super) fn live(
         self: &Arc<Self>,
         job: &DecentralizedTrainingJob,
-        cached_pods: impl FnOnce() -> (Vec<Arc<Pod>>, Vec<Arc<Pod>>),
+        cached_pods: impl FnOnce() -> (Vec<Arc<CachedPod>>, Vec<Arc<CachedPod>>),
     ) -> Result<Arc<Mutex<Live>>, Error> {
         let key = (resources::namespace(job), resources::name(job));
         let uid = job.uid().unwrap_or_default();
@@ -213,8 +214,8 @@ impl Context {
             .get(&ObjectRef::new(&resources::config_map_name(&key.1)).within(&key.0))
             .filter(|c| ours(&c.metadata));
         let (pods, leftovers) = cached_pods();
-        let pods: Vec<&Pod> = pods.iter().map(|p| p.as_ref()).collect();
-        let leftovers: Vec<&Pod> = leftovers.iter().map(|p| p.as_ref()).collect();
+        let pods: Vec<&CachedPod> = pods.iter().map(|p| p.as_ref()).collect();
+        let leftovers: Vec<&CachedPod> = leftovers.iter().map(|p| p.as_ref()).collect();
         let memory = decide::memory_of(job, config_map.as_deref(), &pods, &leftovers)?;
         let secret = self
             .stores
@@ -265,7 +266,7 @@ impl Context {
     }
 
     /// The pod watch showed `pod`: its creation is no longer awaited.
-    pub(super) fn pod_seen(&self, pod: &Pod) {
+    pub(super) fn pod_seen(&self, pod: &CachedPod) {
         let (Some(key), Some(job)) = (observe::member_of(pod), pod.labels().get(LABEL_JOB)) else {
             return;
         };

@@ -17,6 +17,7 @@ use murmur_core::api::{DecentralizedTrainingJob, DecentralizedTrainingJobStatus,
 use murmur_core::contract::TopologyDocument;
 use murmur_core::topology::MemberId;
 
+use super::cached_pod::CachedPod;
 use super::observe::{self, NodeState};
 use super::resources::{self, Settings};
 use crate::driver::{JobDriver, Memory, MemoryError, Plan};
@@ -30,8 +31,8 @@ use crate::planner::{self, Action};
 pub fn memory_of(
     job: &DecentralizedTrainingJob,
     config_map: Option<&ConfigMap>,
-    pods: &[&Pod],
-    leftovers: &[&Pod],
+    pods: &[&CachedPod],
+    leftovers: &[&CachedPod],
 ) -> Result<Memory, MemoryError> {
     if let Some(cm) = config_map {
         let source = format!(
@@ -54,13 +55,13 @@ pub fn memory_of(
     let mut memory = Memory::new(created);
     let state = Arc::make_mut(&mut memory.state);
     for pod in leftovers {
-        if let Some((member, attempt)) = observe::member_of(pod) {
+        if let Some((member, attempt)) = observe::member_of(*pod) {
             let record = state.members.entry(member).or_default();
             record.attempt = record.attempt.max(attempt + 1);
         }
     }
     for pod in pods {
-        if let Some((member, attempt)) = observe::member_of(pod) {
+        if let Some((member, attempt)) = observe::member_of(*pod) {
             let record = state.members.entry(member).or_default();
             if record.lifecycle == Lifecycle::New || attempt >= record.attempt {
                 record.attempt = attempt;
@@ -135,7 +136,7 @@ pub struct Inputs<'a> {
     pub node: &'a dyn Fn(&str) -> NodeState,
     /// The newest Warning event that keeps a pod's containers from starting (a volume that
     /// cannot be mounted, a sandbox that cannot be made), as [`NotStarting`].
-    pub start_event: &'a dyn Fn(&Pod) -> Option<NotStarting>,
+    pub start_event: &'a dyn Fn(&CachedPod) -> Option<NotStarting>,
     /// A node's zone and region labels, each when it has one.
     pub place: &'a dyn Fn(&str) -> observe::NodePlace,
     pub service: Option<&'a Service>,
@@ -630,7 +631,7 @@ fn observe(
     i: &Inputs,
     addresses: &resources::MemberAddresses,
 ) -> (BTreeMap<MemberId, ObservedMember>, Vec<String>) {
-    let mut newest: std::collections::HashMap<MemberId, (u32, &Pod)> =
+    let mut newest: std::collections::HashMap<MemberId, (u32, &CachedPod)> =
         std::collections::HashMap::with_capacity(i.pods.len());
     for &observe::JobPod {
         pod,

@@ -8,6 +8,7 @@
 //! Where each concern lives:
 //! - `error.rs`: the error a reconcile ends with (`Error`) and its kind.
 //! - `context.rs`: the watch caches (`Stores`) and the per-job registry (`Context`).
+//! - `cached_pod.rs`: a member's pod as the pod cache holds it (what the operator reads).
 //! - `reconcile.rs`: one reconcile of one job, and the trainers' posts that ask for one.
 //! - `writer.rs`: a job's writes behind its reconciles, in rounds, in the order that keeps its
 //!   memory true.
@@ -17,6 +18,7 @@
 //! - `labels.rs`: the label and annotation keys on the operator's objects and nodes.
 
 pub mod access;
+pub mod cached_pod;
 mod context;
 pub mod decide;
 mod error;

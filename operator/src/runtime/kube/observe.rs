@@ -5,11 +5,12 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
 use murmur_core::contract::TrainerState;
 use murmur_core::topology::MemberId;
 
+use super::cached_pod::{CachedContainerStatus, CachedPod};
 use super::labels::{LABEL_ATTEMPT, LABEL_CLIQUE, LABEL_MEMBER};
 pub use super::labels::{REGION_LABEL, ZONE_LABEL};
 use crate::member::{Ending, Exit, NotStarting, ObservedMember, Termination, classify, exit};
@@ -49,9 +50,9 @@ const NODE_REASONS: &[&str] = &[
     "NodeAffinity",
 ];
 
-/// The member id and attempt in a pod's labels.
-pub fn member_of(pod: &Pod) -> Option<(MemberId, u32)> {
-    let labels = pod.metadata.labels.as_ref()?;
+/// The member id and attempt in a pod's labels (a cached pod's, or a whole one's).
+pub fn member_of(pod: &impl kube::Resource) -> Option<(MemberId, u32)> {
+    let labels = pod.meta().labels.as_ref()?;
     Some((
         labels.get(LABEL_MEMBER)?.parse().ok()?,
         labels.get(LABEL_ATTEMPT)?.parse().ok()?,
@@ -61,7 +62,7 @@ pub fn member_of(pod: &Pod) -> Option<(MemberId, u32)> {
 /// A pod of the job's, with the member attempt and the clique its labels name.
 #[derive(Clone, Copy, Debug)]
 pub struct JobPod<'a> {
-    pub pod: &'a Pod,
+    pub pod: &'a CachedPod,
     pub member: MemberId,
     pub attempt: u32,
     /// Its clique label, when it has one that is a number.
@@ -70,7 +71,7 @@ pub struct JobPod<'a> {
 
 impl<'a> JobPod<'a> {
     /// The pod, when its labels name a member attempt.
-    pub fn of(pod: &'a Pod) -> Option<Self> {
+    pub fn of(pod: &'a CachedPod) -> Option<Self> {
         let (member, attempt) = member_of(pod)?;
         let clique = pod
             .metadata
@@ -89,7 +90,7 @@ impl<'a> JobPod<'a> {
 
 /// The pods that name a member attempt, their labels read once: a reconcile of a 10 000-member
 /// job looks at each pod several times, and reading its labels was a tenth of it.
-pub fn job_pods<'a>(pods: &[&'a Pod]) -> Vec<JobPod<'a>> {
+pub fn job_pods<'a>(pods: &[&'a CachedPod]) -> Vec<JobPod<'a>> {
     pods.iter().filter_map(|&pod| JobPod::of(pod)).collect()
 }
 
@@ -102,11 +103,11 @@ pub struct JobPodIndex {
     /// By the address of each pod the cache held at the last read. A weak reference keeps the
     /// address from being taken by another pod while it is here, and not the pod itself: a pod
     /// the cache let go of is freed there, not by the next reconcile.
-    seen: HashMap<usize, (Weak<Pod>, Option<Named>)>,
+    seen: HashMap<usize, (Weak<CachedPod>, Option<Named>)>,
 }
 
 /// A job's pod and what its labels name.
-pub struct NamedPod(Arc<Pod>, Named);
+pub struct NamedPod(Arc<CachedPod>, Named);
 
 /// What a job's pod's labels name: [`JobPod`] without the pod.
 #[derive(Clone, Copy, Debug)]
@@ -120,7 +121,11 @@ impl JobPodIndex {
     /// The job's pods among `cache` (every pod the cache holds), in its order, that name a
     /// member attempt, with what their labels name ([`JobPodIndex::job_pods`]). `ours`: whether
     /// a pod is the job's, asked of pods not seen before.
-    pub fn read(&mut self, cache: Vec<Arc<Pod>>, ours: impl Fn(&Pod) -> bool) -> Vec<NamedPod> {
+    pub fn read(
+        &mut self,
+        cache: Vec<Arc<CachedPod>>,
+        ours: impl Fn(&CachedPod) -> bool,
+    ) -> Vec<NamedPod> {
         let mut seen = HashMap::with_capacity(cache.len());
         let mut out = Vec::new();
         for pod in cache {
@@ -206,66 +211,13 @@ pub fn keep_what_is_read_of_node(node: &mut Node) {
     }
 }
 
-/// What the operator reads of a member's Pod, the rest dropped before it is cached: the trainer's
-/// environment, volumes, affinity and the kubelet's bookkeeping were 37 KiB a pod, most of the
-/// operator's memory at 1 000 members. Kept: identity, labels, annotations, owners, timestamps;
-/// the node; the phase, reason, message, conditions and each container's state and image (the
-/// spec's, where the kubelet has not said it yet).
-pub fn keep_what_is_read_of_pod(pod: &mut Pod) {
-    use k8s_openapi::api::core::v1::{ContainerStatus, PodCondition, PodSpec, PodStatus};
+/// What the operator drops of a member's pod before it is cached, beyond what [`CachedPod`]
+/// leaves undecoded: metadata nothing reads.
+pub fn keep_what_is_read_of_pod(pod: &mut CachedPod) {
     let m = &mut pod.metadata;
     m.managed_fields = None;
     m.generate_name = None;
     m.finalizers = None;
-    let spec = pod.spec.take().unwrap_or_default();
-    let image_of = |name: &str| {
-        spec.containers
-            .iter()
-            .find(|c| c.name == name)
-            .and_then(|c| c.image.clone())
-            .unwrap_or_default()
-    };
-    if let Some(status) = pod.status.take() {
-        pod.status = Some(PodStatus {
-            phase: status.phase,
-            reason: status.reason,
-            message: status.message,
-            conditions: status.conditions.map(|conditions| {
-                conditions
-                    .into_iter()
-                    .map(|c| PodCondition {
-                        type_: c.type_,
-                        status: c.status,
-                        reason: c.reason,
-                        message: c.message,
-                        ..Default::default()
-                    })
-                    .collect()
-            }),
-            container_statuses: status.container_statuses.map(|statuses| {
-                statuses
-                    .into_iter()
-                    .map(|c| ContainerStatus {
-                        image: if c.image.is_empty() {
-                            image_of(&c.name)
-                        } else {
-                            c.image
-                        },
-                        name: c.name,
-                        state: c.state,
-                        ..Default::default()
-                    })
-                    .collect()
-            }),
-            ..Default::default()
-        });
-    }
-    // Containers are 2 KiB each as types, even empty.
-    pod.spec = Some(PodSpec {
-        node_name: spec.node_name,
-        scheduling_gates: spec.scheduling_gates,
-        ..Default::default()
-    });
 }
 
 /// A hash of what, changed, can change a plan: readiness (and since when), labels (zone,
@@ -352,7 +304,7 @@ pub const START_EVENT_REASONS: &[&str] = &[
 ];
 
 /// The trainer container's status (or the first container's).
-fn trainer_status(pod: &Pod) -> Option<&k8s_openapi::api::core::v1::ContainerStatus> {
+fn trainer_status(pod: &CachedPod) -> Option<&CachedContainerStatus> {
     pod.status
         .as_ref()
         .and_then(|s| s.container_statuses.as_ref())
@@ -361,7 +313,7 @@ fn trainer_status(pod: &Pod) -> Option<&k8s_openapi::api::core::v1::ContainerSta
 
 /// Whether the pod is on a node with its container still being created: the moment a volume
 /// that cannot be mounted or a sandbox that cannot be made holds it (they say so in events).
-pub fn creating(pod: &Pod) -> bool {
+pub fn creating(pod: &CachedPod) -> bool {
     let on_node = pod.spec.as_ref().is_some_and(|s| s.node_name.is_some());
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
     on_node
@@ -380,7 +332,7 @@ pub fn creating(pod: &Pod) -> bool {
 }
 
 /// Why the pod's container waits other than to start normally, in the kubelet's words.
-fn waiting_problem(pod: &Pod) -> Option<NotStarting> {
+fn waiting_problem(pod: &CachedPod) -> Option<NotStarting> {
     let container = trainer_status(pod)?;
     let waiting = container.state.as_ref()?.waiting.as_ref()?;
     let reason = waiting.reason.clone()?;
@@ -403,7 +355,7 @@ fn waiting_problem(pod: &Pod) -> Option<NotStarting> {
 }
 
 /// The image the pod's spec names for container `name`.
-fn spec_image<'a>(pod: &'a Pod, name: &str) -> Option<&'a str> {
+fn spec_image<'a>(pod: &'a CachedPod, name: &str) -> Option<&'a str> {
     pod.spec
         .as_ref()?
         .containers
@@ -414,7 +366,7 @@ fn spec_image<'a>(pod: &'a Pod, name: &str) -> Option<&'a str> {
 }
 
 /// The names of the scheduling gates on the pod, comma-separated, if it has any.
-fn scheduling_gates(pod: &Pod) -> Option<String> {
+fn scheduling_gates(pod: &CachedPod) -> Option<String> {
     let gates = pod.spec.as_ref()?.scheduling_gates.as_ref()?;
     (!gates.is_empty()).then(|| {
         gates
@@ -428,7 +380,7 @@ fn scheduling_gates(pod: &Pod) -> Option<String> {
 /// Read a pod. `node` is what the cache says of the node it is bound to; `last` is the state
 /// the trainer last reported (used when no termination message was written).
 pub fn pod_facts(
-    pod: &Pod,
+    pod: &CachedPod,
     node: impl Fn(&str) -> NodeState,
     last: Option<TrainerState>,
     now: Timestamp,
@@ -460,7 +412,7 @@ pub fn pod_facts(
 }
 
 /// How a pod ended, from the pod alone (its node's state aside).
-fn exit(pod: &Pod, last: Option<TrainerState>) -> Option<Exit> {
+fn exit(pod: &CachedPod, last: Option<TrainerState>) -> Option<Exit> {
     let status = pod.status.as_ref();
     let preempted = |reason: String| Some(Exit::Preempted { reason });
     let disruption = status

@@ -4,7 +4,6 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -16,6 +15,7 @@ use parking_lot::Mutex;
 use tokio::sync::mpsc;
 use tracing::Instrument;
 
+use super::cached_pod::CachedPod;
 use super::context::{Context, JobKey, Live};
 use super::decide::{self, Inputs, decide};
 use super::error::Error;
@@ -112,12 +112,12 @@ fn reconcile_inner(
             && meta.owner_references.iter().flatten().any(|o| o.uid == uid)
     };
     // Of the job's name (this job's pods, or an earlier job's).
-    let named = |p: &Pod| {
+    let named = |p: &CachedPod| {
         p.metadata.namespace.as_deref() == Some(namespace.as_str())
             && p.labels().get(LABEL_JOB) == Some(&name)
     };
     // The job's pods in the cache, and others of its name.
-    let cached_pods = || -> (Vec<Arc<Pod>>, Vec<Arc<Pod>>) {
+    let cached_pods = || -> (Vec<Arc<CachedPod>>, Vec<Arc<CachedPod>>) {
         ctx.stores
             .pods
             .state()
@@ -150,7 +150,7 @@ fn reconcile_inner(
     let places = nodes.clone();
     let node = move |n: &str| observe::node_state(nodes.get(&ObjectRef::new(n)).as_deref());
     let place = move |n: &str| observe::place(places.get(&ObjectRef::new(n)).as_deref());
-    let start_event = |p: &Pod| ctx.stores.start_events.get(p);
+    let start_event = |p: &CachedPod| ctx.stores.start_events.get(p);
     let now = (ctx.clock)();
     if !ctx.leadership.may_write() {
         return Err(Error::NotLeading);

@@ -6,10 +6,11 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Event, Pod};
+use k8s_openapi::api::core::v1::Event;
 use kube::runtime::watcher;
 use parking_lot::Mutex;
 
+use super::cached_pod::CachedPod;
 use super::observe::START_EVENT_REASONS;
 use crate::member::NotStarting;
 
@@ -59,7 +60,7 @@ impl StartEvents {
     }
 
     /// The newest event of interest about `pod`.
-    pub fn get(&self, pod: &Pod) -> Option<NotStarting> {
+    pub fn get(&self, pod: &CachedPod) -> Option<NotStarting> {
         let uid = pod.metadata.uid.as_deref()?;
         self.0.lock().get(uid).map(|(_, p)| p.clone())
     }
@@ -91,8 +92,8 @@ mod tests {
         }
     }
 
-    fn pod(uid: &str) -> Pod {
-        Pod {
+    fn pod(uid: &str) -> CachedPod {
+        CachedPod {
             metadata: ObjectMeta {
                 uid: Some(uid.into()),
                 ..Default::default()

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{ConfigMap, Node, ObjectReference, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, ObjectReference, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::Api;
@@ -17,6 +17,7 @@ use kube::{Client, Resource, ResourceExt};
 use murmur_core::api::DecentralizedTrainingJob;
 use parking_lot::Mutex;
 
+use super::cached_pod::CachedPod;
 use super::context::{Context, Stores};
 use super::labels::{LABEL_JOB, MANAGED_SELECTOR};
 use super::{observe, start_events};
@@ -24,7 +25,7 @@ use crate::planner;
 
 /// The watch caches and the writers that fill them.
 pub(super) struct Writers {
-    pods: reflector::store::Writer<Pod>,
+    pods: reflector::store::Writer<CachedPod>,
     services: reflector::store::Writer<Service>,
     config_maps: reflector::store::Writer<ConfigMap>,
     secrets: reflector::store::Writer<Secret>,
@@ -340,7 +341,7 @@ fn owned_with<K: OwnedKind>(
 pub(super) fn settle_awaited_pods(
     ctx: &Context,
     listing_since: &mut Option<k8s_openapi::jiff::Timestamp>,
-    event: &watcher::Event<Pod>,
+    event: &watcher::Event<CachedPod>,
 ) {
     match event {
         watcher::Event::Init => *listing_since = Some((ctx.clock)()),
