@@ -14,6 +14,7 @@ use murmur_core::api::DecentralizedTrainingJob;
 use murmur_core::topology::MemberId;
 use parking_lot::Mutex;
 
+use super::cached_pod::CachedPod;
 use super::context::{Context, Live};
 use super::decide::NewPod;
 use super::error::{Error, kube_err};
@@ -37,7 +38,7 @@ pub(super) async fn create_pods(
     create: &[NewPod],
     now: Timestamp,
 ) -> Result<(Vec<(MemberId, u32)>, Vec<(MemberId, u32, String)>), Error> {
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
+    let pods: Api<CachedPod> = Api::namespaced(ctx.client.clone(), namespace);
     let m = &ctx.metrics;
     // Created, never applied: an attempt's pod is immutable, and an apply onto one that exists
     // (a round tried again after a failure) with a spec edited meanwhile is a 422 forever. One
@@ -62,7 +63,11 @@ pub(super) async fn create_pods(
         // for its request.
         let answers = futures::future::join_all(chunk.iter().map(|new| async {
             let pod = new.build(&ctx.settings);
-            (new.attempt(), new.name(), pods.create(&params, &pod).await)
+            (
+                new.attempt(),
+                new.name(),
+                create_pod(ctx, &pods, &params, &pod).await,
+            )
         }))
         .await;
         {
@@ -105,6 +110,22 @@ pub(super) async fn create_pods(
     Ok((accepted, refused))
 }
 
+/// Create `pod`, its answer decoded as the pod cache reads pods: the whole pod the API server
+/// answers with (containers, volumes, environment) was decoded for nothing, 64 creates at a time.
+async fn create_pod(
+    ctx: &Context,
+    pods: &Api<CachedPod>,
+    params: &PostParams,
+    pod: &Pod,
+) -> Result<CachedPod, kube::Error> {
+    let body = serde_json::to_vec(pod).map_err(kube::Error::SerdeError)?;
+    let mut request = kube::core::Request::new(pods.resource_url())
+        .create(params, body)
+        .map_err(kube::Error::BuildRequest)?;
+    request.extensions_mut().insert("create");
+    ctx.client.request::<CachedPod>(request).await
+}
+
 /// Delete pods by name, each at once (grace 0) when asked: its node is gone, and no kubelet
 /// will finish a graceful deletion. A pod already gone is fine.
 pub(super) async fn delete_pods(
@@ -112,7 +133,9 @@ pub(super) async fn delete_pods(
     namespace: &str,
     delete: &[(String, bool)],
 ) -> Result<(), Error> {
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
+    // Answered as the pod cache reads pods: the answer's containers, volumes and environment
+    // are never decoded.
+    let pods: Api<CachedPod> = Api::namespaced(ctx.client.clone(), namespace);
     let mut deletes = Vec::new();
     for (object, at_once) in delete {
         let params = DeleteParams {
@@ -143,7 +166,7 @@ pub(super) async fn write_labels(
     namespace: &str,
     relabel: &[(String, u32)],
 ) -> Result<(), Error> {
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
+    let pods: Api<CachedPod> = Api::namespaced(ctx.client.clone(), namespace);
     let mut relabels = Vec::new();
     for (object, clique) in relabel {
         let patch = serde_json::json!({
