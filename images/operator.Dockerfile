@@ -19,8 +19,8 @@ WORKDIR /src
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked -p murmur --bin murmur \
- && install -D target/release/murmur /out/murmur
+    cargo build --profile operator --locked -p murmur --bin murmur \
+ && install -D target/operator/murmur /out/murmur
 
 FROM scratch AS prebuilt
 COPY murmur /out/murmur

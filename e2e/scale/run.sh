@@ -35,7 +35,8 @@
 #                      for an operator that serves no views
 #
 # Needs root (file limits), Go (the control plane is built on first use), jq, curl. Builds the
-# operator and the load generator with cargo --release. Progress goes to stderr.
+# operator and the load generator with cargo's `operator` profile (the operator image's: release
+# with fat LTO, Cargo.toml). Progress goes to stderr.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -81,11 +82,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
-say "building the operator and the load generator (release)"
-(cd "$REPO" && cargo build --release --locked -q -p murmur --bin murmur --example scale-loadgen)
+say "building the operator and the load generator (the operator profile)"
+(cd "$REPO" && cargo build --profile operator --locked -q -p murmur --bin murmur --example scale-loadgen)
 TARGET=${CARGO_TARGET_DIR:-$REPO/target}
-MURMUR=${OPERATOR:-$TARGET/release/murmur}
-LOADGEN=$TARGET/release/examples/scale-loadgen
+MURMUR=${OPERATOR:-$TARGET/operator/murmur}
+LOADGEN=$TARGET/operator/examples/scale-loadgen
 
 # The API server's audit log: the operator's writes, at Metadata level, and nothing else.
 OPERATOR_USER=system:serviceaccount:murmur-system:murmur-operator
