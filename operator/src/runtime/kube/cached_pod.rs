@@ -93,7 +93,8 @@ impl Resource for CachedPod {
 }
 
 impl CachedPod {
-    /// What the cache holds of `pod`, a pod already decoded (one the operator built, or a test's).
+    /// What the pod cache would hold of `pod`, a pod already decoded (the tests' and the
+    /// benchmarks' pods).
     pub fn of(pod: &Pod) -> Self {
         let spec = pod.spec.as_ref().map(|s| CachedPodSpec {
             node_name: s.node_name.clone(),

@@ -1,10 +1,9 @@
 //! Tests of `observe.rs`, kept beside it.
 
 use super::*;
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::core::v1::{
-    ContainerState, ContainerStateTerminated, ContainerStateWaiting, ContainerStatus, PodCondition,
-    PodSpec, PodStatus,
+    ContainerState, ContainerStateTerminated, ContainerStateWaiting, ContainerStatus, Pod,
+    PodCondition, PodSpec, PodStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -175,7 +174,7 @@ fn disrupted(mut pod: Pod, reason: &str) -> Pod {
     pod
 }
 
-/// The facts of `pod`, read as the cache holds it: trimmed, with the same facts as whole.
+/// The facts of `pod` as the API server holds it, read as the pod cache holds it.
 fn facts(pod: &Pod, node: NodeState, last: Option<TrainerState>) -> PodFacts {
     pod_facts(&cached(pod), |_| node, last, at(1000), LOST_AFTER)
 }
