@@ -122,7 +122,22 @@ async fn heals(s: &Scene<'_>, what: &str, lost: &[String], before: &Value, versi
         s.topology_version(JOB).await.unwrap() > version,
         "{what}: the topology was not republished"
     );
-    s.join(JOB, members).await;
+    s.join(JOB, members.iter().copied()).await;
+    // The replacements are in the topology before the next disruption: one that takes a
+    // replacement whose join is not yet planned leaves the topology as it was, and that step
+    // would see no new version.
+    let deadline = std::time::Instant::now() + MINUTE;
+    while !s
+        .topology_members(JOB)
+        .await
+        .is_some_and(|ids| members.iter().all(|m| ids.contains(m)))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: the replacements' joins were not taken into the topology"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
 }
 
 async fn pods_on(s: &Scene<'_>, node: &str) -> Vec<String> {

@@ -301,6 +301,21 @@ impl<'a> Scene<'a> {
 
     /// The version of the topology document in the job's ConfigMap.
     pub async fn topology_version(&self, job: &str) -> Option<u64> {
+        self.topology(job).await?["version"].as_u64()
+    }
+
+    /// The ids of the members in the topology document in the job's ConfigMap.
+    pub async fn topology_members(&self, job: &str) -> Option<Vec<u32>> {
+        let doc = self.topology(job).await?;
+        doc["members"]
+            .as_array()?
+            .iter()
+            .map(|m| m["id"].as_u64().map(|id| id as u32))
+            .collect()
+    }
+
+    /// The topology document in the job's ConfigMap.
+    async fn topology(&self, job: &str) -> Option<Value> {
         let out = self.env.cp.kubectl(&[
             "get",
             "configmap",
@@ -310,9 +325,7 @@ impl<'a> Scene<'a> {
             "-o",
             "jsonpath={.data.topology\\.json}",
         ]);
-        let text = String::from_utf8_lossy(&out.stdout);
-        let doc: Value = serde_json::from_str(&text).ok()?;
-        doc["version"].as_u64()
+        serde_json::from_slice(&out.stdout).ok()
     }
 
     /// Delete the namespace and the nodes (the next scenario starts clean).
