@@ -240,6 +240,26 @@ pub fn node_news(node: &Node) -> Option<u64> {
     Some(h.finish())
 }
 
+/// A Node's delete event carries its last state, still Ready when the machine vanished at once
+/// and with no deletion timestamp (a Node has no finalizers): to [`node_news`] that is no change,
+/// and the jobs on it would learn of the loss only at their next reconcile (seen 11 and 19 s
+/// later, the survivors training on without the lost members' classes all the while). Marked as
+/// deleted `at`, it is news.
+pub fn mark_deleted_node(
+    event: kube::runtime::watcher::Event<Node>,
+    at: Timestamp,
+) -> kube::runtime::watcher::Event<Node> {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use kube::runtime::watcher::Event;
+    match event {
+        Event::Delete(mut node) => {
+            node.metadata.deletion_timestamp.get_or_insert(Time(at));
+            Event::Delete(node)
+        }
+        other => other,
+    }
+}
+
 pub fn node_state(node: Option<&Node>) -> NodeState {
     let Some(node) = node else {
         return NodeState::Gone;

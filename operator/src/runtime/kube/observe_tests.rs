@@ -614,3 +614,25 @@ fn a_jobs_pods_are_read_once_for_each_version_of_each_pod() {
     assert_eq!(read.get(), 5, "only the newer version is read");
     assert_eq!(index.seen.len(), 3, "a pod the cache dropped is forgotten");
 }
+
+#[test]
+fn a_deleted_node_is_marked_so_and_other_events_pass_unchanged() {
+    use kube::runtime::watcher::Event;
+    let at = Timestamp::from_second(300).unwrap();
+    let Event::Delete(deleted) = mark_deleted_node(Event::Delete(reported(100, 200)), at) else {
+        panic!("still a deletion");
+    };
+    assert_eq!(deleted.metadata.deletion_timestamp, Some(Time(at)));
+    assert_ne!(node_news(&deleted), node_news(&reported(100, 200)));
+    // One deleted gracefully keeps the time the API server gave it.
+    let mut going = reported(100, 200);
+    going.metadata.deletion_timestamp = Some(Time(Timestamp::from_second(250).unwrap()));
+    let Event::Delete(kept) = mark_deleted_node(Event::Delete(going.clone()), at) else {
+        panic!("still a deletion");
+    };
+    assert_eq!(kept, going);
+    let Event::Apply(applied) = mark_deleted_node(Event::Apply(reported(100, 200)), at) else {
+        panic!("still an apply");
+    };
+    assert_eq!(applied, reported(100, 200));
+}

@@ -117,14 +117,10 @@ pub(super) fn controller(
     if let Some(writer) = w.network_policies {
         controller = controller.owns_stream(owned(client, &managed, writer));
     }
-    // Nodes cached as what the operator reads of them, and only a change of that wakes the
-    // jobs on a node: a kubelet's heartbeat (every node, every few seconds) does not.
-    let node_stream = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
-        .default_backoff()
-        .modify(observe::keep_what_is_read_of_node)
-        .reflect(w.nodes)
-        .touched_objects()
-        .predicate_filter(observe::node_news, Default::default());
+    let node_stream = node_news(
+        watcher(Api::<Node>::all(client.clone()), watcher::Config::default()).default_backoff(),
+        w.nodes,
+    );
     let pods = ctx.stores.pods.clone();
     // A pod's event of interest wakes the pod's job.
     let job_of_event = move |event: k8s_openapi::api::core::v1::Event| {
@@ -162,6 +158,24 @@ pub(super) fn controller(
         jobs
     };
     controller.watches_stream(node_stream, jobs_on_node)
+}
+
+/// Nodes cached as what the operator reads of them, and the nodes whose change of that wakes
+/// the jobs on them: readiness, labels, taints, deletion. A kubelet's heartbeat (every node,
+/// every few seconds) wakes none.
+fn node_news<S>(
+    events: S,
+    nodes: reflector::store::Writer<Node>,
+) -> impl futures::Stream<Item = Result<Node, watcher::Error>> + Send + 'static
+where
+    S: futures::Stream<Item = Result<watcher::Event<Node>, watcher::Error>> + Send + 'static,
+{
+    events
+        .modify(observe::keep_what_is_read_of_node)
+        .reflect(nodes)
+        .map_ok(|event| observe::mark_deleted_node(event, k8s_openapi::jiff::Timestamp::now()))
+        .touched_objects()
+        .predicate_filter(observe::node_news, Default::default())
 }
 
 /// The jobs as watch events, each decoded on its own: the watch reads them untyped, so one job
@@ -367,5 +381,56 @@ pub(super) async fn sweep_deleted_jobs(
         tick.tick().await;
         let Some(ctx) = ctx.upgrade() else { return };
         ctx.forget_deleted(|ns, name| jobs.get(&ObjectRef::new(name).within(ns)).is_some());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{NodeCondition, NodeStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use k8s_openapi::jiff::Timestamp;
+
+    /// Node `spot-1`, Ready since 100 s, its heartbeat at `beat`.
+    fn ready(beat: i64) -> Node {
+        let mut node = Node::default();
+        node.metadata.name = Some("spot-1".into());
+        node.metadata.uid = Some("uid-1".into());
+        node.status = Some(NodeStatus {
+            conditions: Some(vec![NodeCondition {
+                type_: "Ready".into(),
+                status: "True".into(),
+                last_transition_time: Some(Time(Timestamp::from_second(100).unwrap())),
+                last_heartbeat_time: Some(Time(Timestamp::from_second(beat).unwrap())),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        node
+    }
+
+    #[tokio::test]
+    async fn a_node_deleted_while_ready_wakes_its_jobs_and_a_heartbeat_does_not() {
+        let (store, writer) = reflector::store();
+        let events = futures::stream::iter([
+            Ok(watcher::Event::Init),
+            Ok(watcher::Event::InitApply(ready(200))),
+            Ok(watcher::Event::InitDone),
+            Ok(watcher::Event::Apply(ready(210))),
+            // The machine vanished and its Node was deleted: the last state it reported.
+            Ok(watcher::Event::Delete(ready(210))),
+        ]);
+        let woken: Vec<Node> = node_news(events, writer).try_collect().await.unwrap();
+        assert_eq!(
+            woken.len(),
+            2,
+            "the node's first state and its deletion: {woken:#?}"
+        );
+        assert!(woken[1].metadata.deletion_timestamp.is_some());
+        assert!(store.state().is_empty(), "the cache no longer has it");
+        assert_eq!(
+            observe::node_state(store.get(&ObjectRef::new("spot-1")).as_deref()),
+            observe::NodeState::Gone
+        );
     }
 }
