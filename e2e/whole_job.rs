@@ -384,9 +384,10 @@ fn assert_succeeded_near(result: &Value, reference: f64, when: &str) {
     let accuracy = result["finalAccuracy"].as_f64().unwrap();
     assert!(
         (accuracy - reference).abs() <= 0.015,
-        "{:.2}% {when} against {:.2}% with murmur run",
+        "{:.2}% {when} against {:.2}% with murmur run\n{}",
         100.0 * accuracy,
-        100.0 * reference
+        100.0 * reference,
+        members_at_the_end(result)
     );
 }
 
@@ -397,10 +398,43 @@ fn assert_succeeded_no_worse(result: &Value, reference: f64, when: &str) {
     let accuracy = result["finalAccuracy"].as_f64().unwrap();
     assert!(
         accuracy >= reference - 0.015,
-        "{:.2}% {when} against {:.2}% with murmur run",
+        "{:.2}% {when} against {:.2}% with murmur run\n{}",
         100.0 * accuracy,
-        100.0 * reference
+        100.0 * reference,
+        members_at_the_end(result)
     );
+}
+
+/// Each member as the operator's status API showed it last, one line each: which of them an
+/// accuracy short of the reference comes from, and where they sat in the topology.
+fn members_at_the_end(result: &Value) -> String {
+    let path = kept(result).join("view.json");
+    let view: Value = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|text| serde_json::from_str(&text).ok())
+        .unwrap_or_default();
+    let members = view["members"].as_array().cloned().unwrap_or_default();
+    let lines: Vec<String> = members
+        .iter()
+        .map(|m| {
+            format!(
+                "  member {}-{} {} step {} accuracy {} clique {} neighbours seen {} zone {}",
+                m["id"],
+                m["attempt"],
+                m["phase"],
+                m["step"],
+                m["accuracy"],
+                m["clique"],
+                m["neighboursSeen"],
+                m["zone"]
+            )
+        })
+        .collect();
+    format!(
+        "members at the end ({}):\n{}",
+        path.display(),
+        lines.join("\n")
+    )
 }
 
 /// `murmur run` of `manifest`: its final accuracy.
