@@ -133,15 +133,17 @@ pub(super) fn shape_topology(
                 }
             }
             drop(repair);
-            // Not across zones: a member moved to its clique's zone comes back to a place its
-            // clique keeps for it, which a trade could fill.
-            let one_zone = || {
-                let mut zones = t.profiles.values().filter_map(|p| p.zone.as_ref());
-                let first = zones.next();
-                zones.all(|z| Some(z) == first)
-            };
+            // Not while a member moved to its clique's zone is away: it comes back to a place its
+            // clique keeps for it, which a trade could fill. Trades keep to zones, so a job over
+            // several zones is rebalanced too: a node lost with three of a clique's five left a
+            // clique of seven (the remnant dissolved into the other) and one of three (the
+            // replacements), missing four classes, until the job's end.
+            let awaited = s
+                .members
+                .iter()
+                .any(|(id, r)| r.relocated && !r.given_up && !t.profiles.contains_key(id));
             if before != Some(t.version)
-                && one_zone()
+                && !awaited
                 && let Some(done) = Recipe::for_job(spec).rebalance(&mut *t)
             {
                 let moved: std::collections::BTreeSet<MemberId> = done

@@ -1612,12 +1612,32 @@ fn a_failure_policy_ignores_some_crashes_and_fails_the_job_on_others() {
 
 #[test]
 fn cliques_a_burst_of_losses_left_skewed_are_rebalanced() {
-    // Ten members holding two classes each, in two cliques of five that each hold all ten.
+    burst_of_losses_is_rebalanced(None);
+}
+
+#[test]
+fn cliques_a_burst_of_losses_left_skewed_are_rebalanced_within_zones() {
+    // Even members in zone-1, odd in zone-2: each zone's five hold all ten classes, and make one
+    // clique. Losing three of one leaves a clique of seven and, once the replacements are in, one
+    // of three missing four classes, unless a member of the first zone moves back.
+    burst_of_losses_is_rebalanced(Some(|id| if id % 2 == 0 { "zone-1" } else { "zone-2" }));
+}
+
+/// Ten members holding two classes each, in two cliques of five that each hold all ten (in the
+/// zones `zone_of` puts them in, if any): a node lost with three of one clique and another
+/// member lost, the cliques end as balanced as they began, every clique in one zone.
+fn burst_of_losses_is_rebalanced(zone_of: Option<fn(u32) -> &'static str>) {
     let mut spec = spec();
     spec.replicas.target = 10;
     spec.replicas.max = 10;
     spec.topology.clique_size = Some(5);
     let mut w = World::new(spec);
+    let place = |w: &mut World, id: u32| {
+        if let Some(zone_of) = zone_of {
+            w.schedule(id, &format!("node-{id}"));
+            w.observed.members.get_mut(&id).unwrap().zone = Some(zone_of(id).into());
+        }
+    };
     let join = |w: &mut World, id: u32| {
         let classes = [(2 * id) % 10, (2 * id + 1) % 10];
         w.observed.members.get_mut(&id).unwrap().join = Some(Arc::new(JoinReport {
@@ -1630,10 +1650,18 @@ fn cliques_a_burst_of_losses_left_skewed_are_rebalanced() {
     };
     w.plan();
     for id in 0..10 {
+        place(&mut w, id);
         join(&mut w, id);
     }
     w.plan();
     let t = w.state.topology.clone().unwrap();
+    assert_eq!(
+        murmur_core::topology::measures::clique_skew(&t)
+            .unwrap()
+            .max,
+        0.0
+    );
+    assert_cliques_keep_to_one_zone(&t, "at the start");
     let clique = |id| t.clique_of(id).unwrap();
     // A node dies with three members of one clique, and one of the other is evicted: the
     // first clique's remnant of two is dissolved into the second.
@@ -1651,6 +1679,7 @@ fn cliques_a_burst_of_losses_left_skewed_are_rebalanced() {
     // The replacements join one at a time, and the cliques they fill lack classes.
     let mut rebalanced = Vec::new();
     for &id in hit.iter().chain([&other]) {
+        place(&mut w, id);
         join(&mut w, id);
         let actions = w.plan();
         if World::reasons(&actions).contains(&"CliquesRebalanced") {
@@ -1661,7 +1690,12 @@ fn cliques_a_burst_of_losses_left_skewed_are_rebalanced() {
     let t = w.state.topology.as_ref().unwrap();
     assert_eq!(t.graph.member_count(), 10);
     let skew = murmur_core::topology::measures::clique_skew(t).unwrap().max;
-    assert!(skew < 1e-9, "the worst clique's skew is {skew}");
+    assert!(
+        skew < 1e-9,
+        "the worst clique's skew is {skew}: {:?}",
+        cliques_and_zones(t)
+    );
+    assert_cliques_keep_to_one_zone(t, "after the losses");
 }
 
 #[test]
