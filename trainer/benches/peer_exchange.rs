@@ -215,7 +215,7 @@ fn ring_member(me: MemberId, ports: &[u16], params: usize, codec: Compression) {
         }
         times.sort_by(f64::total_cmp);
         println!("{}", times[times.len() / 2]);
-        t.leave(Duration::from_secs(2)).await;
+        t.leave(None, Duration::from_secs(2)).await;
     });
 }
 

@@ -499,3 +499,68 @@ fn members_starting_late_in_the_first_round_start_from_the_initial_model() {
     println!("members 1 and 2 started while member 0 was past step {early}: {accuracy:.4}");
     assert!(accuracy >= 0.80, "accuracy {accuracy}");
 }
+
+/// The end of a job whose members are not all at the same step: two neighbours fall behind
+/// (SIGSTOP, as replacements that joined late or a node starved of CPU do), and the others reach
+/// the stopping target and leave. The two must end as soon as they hear it, short of the target,
+/// with the models they hold: trained on together, each round's outer step would carry both
+/// towards their four classes alone (in a whole-job run, two replacements 100 steps behind fell
+/// from 93% to 72% that way).
+#[test]
+fn members_behind_when_a_neighbour_reaches_the_stopping_target_end_there_too() {
+    const STEPS: u64 = 300;
+    let manifest = MANIFEST
+        .replace(
+            "averageEvery: 1, roundTimeout: 2s",
+            "roundTimeout: 500ms, outer: {localSteps: 10}, compression: {kind: int4}",
+        )
+        .replace(
+            "partition: {kind: iid}",
+            "partition: {kind: classesPerMember, k: 2}",
+        )
+        .replace("steps: 600", &format!("steps: {STEPS}"));
+    let job = LocalJob::new(MEMBERS, TopologyKind::Ring, &manifest);
+    let mut procs = Reaper::default();
+    for id in 0..MEMBERS {
+        procs.0.push(job.spawn(id, 0, &[]));
+    }
+    wait_for(Duration::from_secs(120), "step 150", || {
+        job.step(1).is_some_and(|s| s >= 150)
+    });
+    // Members 1 and 2 are neighbours in the ring: behind together, they would hear each other.
+    signal(&procs.0[1], "STOP");
+    signal(&procs.0[2], "STOP");
+    wait_for(
+        Duration::from_secs(120),
+        "members 0 and 3 to finish",
+        || {
+            [0, 3]
+                .iter()
+                .all(|&id| logged(&job.log(id, 0), "done").is_some() || job.step(id) == Some(STEPS))
+        },
+    );
+    signal(&procs.0[1], "CONT");
+    signal(&procs.0[2], "CONT");
+    procs.all_succeed(Duration::from_secs(120));
+    for id in 0..MEMBERS {
+        let lines = job.log(id, 0);
+        let done = logged(&lines, "done").unwrap();
+        let step = done["step"].as_u64().unwrap();
+        println!(
+            "member {id}: ended at step {step} with {:.4}",
+            done["accuracy"].as_f64().unwrap()
+        );
+        if id == 0 || id == 3 {
+            assert_eq!(step, STEPS, "member {id}");
+            continue;
+        }
+        let ended = logged(
+            &lines,
+            "a peer ended the job at its stopping target; ending here",
+        )
+        .unwrap_or_else(|| panic!("member {id} trained on:\n{}", job.log_text(id, 0)));
+        assert_eq!(ended["ended"], STEPS, "{ended}");
+        assert_eq!(ended["step"], step, "{ended}");
+        assert!(step < STEPS, "member {id} ended at step {step}");
+    }
+}

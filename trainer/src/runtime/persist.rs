@@ -83,7 +83,7 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
         if !self.followed.as_ref().is_some_and(|f| f.view.writes_model) {
             return Ok(());
         }
-        let parameters = self.member.parameters();
+        let parameters = self.member.final_parameters();
         write_model(self.member.model(), self.member.layout(), &parameters, &dir)?;
         tracing::info!(dir = %dir.display(), "final model written (model.mpk, model.safetensors)");
         Ok(())

@@ -25,6 +25,7 @@ pub use murmur_wire::{Stats, frame, session};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 use std::time::Duration;
@@ -172,6 +173,8 @@ struct Shared {
     letters: Mutex<Vec<(MemberId, Letter)>>,
     /// Where to answer each peer's gossip requests: the connection they came in on.
     reply_to: Mutex<BTreeMap<MemberId, ReplyTx>>,
+    /// The furthest step a peer said, as it left, that the job ended at (0: none has).
+    job_ended: AtomicU64,
 }
 
 impl Shared {
@@ -222,6 +225,7 @@ impl Transport {
             sessions: Mutex::new(Vec::new()),
             letters: Mutex::new(Vec::new()),
             reply_to: Mutex::new(BTreeMap::new()),
+            job_ended: AtomicU64::new(0),
         });
         let weak = Arc::downgrade(&shared);
         let accept_task = tokio::spawn(async move {
@@ -341,6 +345,15 @@ impl Transport {
         true
     }
 
+    /// The step the job ended at, where a peer that left said it did: it reached the stopping
+    /// target, or ended because a peer of its own had.
+    pub fn job_ended(&self) -> Option<u64> {
+        match self.shared.job_ended.load(Ordering::Relaxed) {
+            0 => None,
+            step => Some(step),
+        }
+    }
+
     /// Whether `peer` said it left, or our last dial to it failed, and it has not been back
     /// since: it will not answer what we ask it now.
     pub fn out_of_reach(&self, peer: MemberId) -> bool {
@@ -432,8 +445,10 @@ impl Transport {
     /// everything queued, the leave included, is written — except to a peer that has left
     /// itself, or that our last dial could not reach: the first needs nothing more from us, and
     /// with either one's listener gone the queue would only wait out `within` (5 s at the end
-    /// of every run whose neighbours finished first).
-    pub async fn leave(&self, within: Duration) {
+    /// of every run whose neighbours finished first). `ended`: the step the job ended at, when
+    /// we leave because it did (the leave's round carries it; 0 is a leave mid-job), so that a
+    /// neighbour still short of it ends too: see [`job_ended`](Self::job_ended).
+    pub async fn leave(&self, ended: Option<u64>, within: Duration) {
         let queues: Vec<(MemberId, Arc<SendQueue>)> = self
             .shared
             .dialers
@@ -446,7 +461,7 @@ impl Transport {
             let (tx, rx) = oneshot::channel();
             q.push(Outgoing {
                 written: Some(tx),
-                ..Outgoing::new(Kind::Leave, 0, 0, Vec::new())
+                ..Outgoing::new(Kind::Leave, ended.unwrap_or(0), 0, Vec::new())
             });
             written.push((peer, rx));
         }

@@ -261,6 +261,10 @@ pub(super) async fn serve_incoming(shared: Arc<Shared>, stream: TcpStream) {
             }
             Kind::Leave => {
                 shared.book.lock().left(peer);
+                // Its round: the step the job ended at, when that is why it leaves.
+                shared
+                    .job_ended
+                    .fetch_max(message.round, std::sync::atomic::Ordering::Relaxed);
                 shared.changed.notify_waiters();
             }
             Kind::StateRequest => {

@@ -179,7 +179,7 @@ async fn leaving_peers_and_non_neighbours_do_not_cost_a_timeout() {
     a.connect(&[2]);
     c.connect(&[0]);
     tokio::time::sleep(Duration::from_millis(200)).await;
-    c.leave(Duration::from_secs(1)).await;
+    c.leave(None, Duration::from_secs(1)).await;
     let got = round(&mut a, 1, &[2]).await;
     assert!(got.is_empty());
     assert_eq!(a.take_drops()[0].reason, DropReason::Left);
@@ -195,13 +195,45 @@ async fn leaving_after_a_neighbour_left_and_exited_does_not_wait_out_the_window(
     let mut a = ts.pop().unwrap();
     let (ra, rb) = tokio::join!(round(&mut a, 0, &[1]), round(&mut b, 0, &[0]));
     assert_eq!((ra.len(), rb.len()), (1, 1));
-    b.leave(TIMEOUT).await;
+    b.leave(Some(40), TIMEOUT).await;
     b.close();
     drop(b);
     tokio::time::sleep(Duration::from_millis(200)).await;
     // A window far longer than the test's patience: leave must end on its own account.
-    let left = tokio::time::timeout(TIMEOUT, a.leave(Duration::from_secs(3600))).await;
+    let left = tokio::time::timeout(TIMEOUT, a.leave(None, Duration::from_secs(3600))).await;
     assert!(left.is_ok(), "leave waited on a neighbour that had left");
+}
+
+/// A leave says the step the job ended at when that is why the peer leaves, and nothing when it
+/// leaves mid-job (preempted, stopped): a member still short of the end ends on the first, and
+/// trains on after the second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leave_says_whether_the_job_ended() {
+    let mut ts = members(3).await;
+    let c = ts.pop().unwrap();
+    let b = ts.pop().unwrap();
+    let a = ts.pop().unwrap();
+    b.connect(&[0]);
+    c.connect(&[0]);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    b.leave(None, TIMEOUT).await;
+    wait_until(|| a.out_of_reach(1)).await;
+    assert_eq!(a.job_ended(), None, "a leave mid-job is not the job's end");
+    c.leave(Some(400), TIMEOUT).await;
+    wait_until(|| a.job_ended().is_some()).await;
+    assert_eq!(a.job_ended(), Some(400));
+    // It holds once said, whoever comes back or leaves mid-job after.
+    b.leave(None, TIMEOUT).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(a.job_ended(), Some(400));
+}
+
+async fn wait_until(done: impl Fn() -> bool) {
+    let began = Instant::now();
+    while !done() {
+        assert!(began.elapsed() < TIMEOUT, "waited {TIMEOUT:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// A neighbour that died without a word (never said it left; its listener is gone): once our
@@ -216,7 +248,7 @@ async fn leaving_when_a_neighbour_cannot_be_dialed_does_not_wait_out_the_window(
     tokio::time::sleep(Duration::from_millis(200)).await;
     // A joiner asks its neighbour for its state: that dial fails.
     assert!(a.request_state(1, 0));
-    let left = tokio::time::timeout(TIMEOUT, a.leave(Duration::from_secs(3600))).await;
+    let left = tokio::time::timeout(TIMEOUT, a.leave(None, Duration::from_secs(3600))).await;
     assert!(
         left.is_ok(),
         "leave waited on a neighbour it could not dial"

@@ -265,6 +265,16 @@ impl<B: AutodiffBackend, T: Task> Member<B, T> {
         values
     }
 
+    /// The model this member ends with, the one [`evaluate`](Self::evaluate) scores: with outer
+    /// steps the anchor (a member can end part way through its local steps, when a neighbour
+    /// reached the stopping target first), otherwise the parameters.
+    pub fn final_parameters(&mut self) -> Vec<f32> {
+        match &self.outer {
+            Some(outer) => outer.anchor.clone(),
+            None => self.parameters(),
+        }
+    }
+
     /// The optimizer state (momentum, Adam moments) as a burn record, keyed by parameter ids
     /// every member shares: what a joining member takes with a neighbour's parameters, so its
     /// first steps are not those of a fresh optimizer.
