@@ -386,8 +386,7 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
         {
             tracing::warn!(peer = best.from, error = %e, "its optimizer state does not fit ours; keeping our own");
         }
-        self.step = best.step;
-        self.trained_alone = false;
+        self.jump_to(best.step);
         Ok(Some((best.from, best.step)))
     }
 
@@ -437,8 +436,19 @@ impl<B: AutodiffBackend, T: Task> Trainer<B, T> {
             behind = step - self.step,
             "caught up with a neighbour far ahead"
         );
+        self.jump_to(step);
+        Ok(())
+    }
+
+    /// Go on from `step`, a state taken from a member further on: the transport judges rounds
+    /// from the one that step is in.
+    fn jump_to(&mut self, step: u64) {
         self.step = step;
         self.trained_alone = false;
-        Ok(())
+        let round = match self.plan.member.averaging {
+            Averaging::Every(n) => step / n.max(1),
+            Averaging::Auto(_) => step,
+        };
+        self.transport.skip_to(round);
     }
 }

@@ -409,7 +409,16 @@ impl Transport {
         self.shared.book.lock().far_ahead(gap)
     }
 
-    /// Ask `peer` for its parameters and step.
+    /// Our next parameter round is `round`: we took the state of a member further on. Payloads
+    /// up to the window past it have room, and a neighbour is far ahead only if it is past it.
+    /// Until then the last round we completed stood for ours, and with local steps between
+    /// rounds every one of them found the neighbour we had just caught up with far ahead again
+    /// (a catch-up a step, each waiting out a round timeout).
+    pub fn skip_to(&self, round: u64) {
+        self.shared.book.lock().begin(Purpose::Parameters, round);
+        self.shared.changed.notify_waiters();
+    }
+
     /// Ask `peer` for its state; `step` is ours, so that a peer no further on answers with
     /// its step alone.
     pub fn request_state(&self, peer: MemberId, step: u64) -> bool {
