@@ -411,9 +411,9 @@ impl Transport {
 
     /// Our next parameter round is `round`: we took the state of a member further on. Payloads
     /// up to the window past it have room, and a neighbour is far ahead only if it is past it.
-    /// Until then the last round we completed stood for ours, and with local steps between
-    /// rounds every one of them found the neighbour we had just caught up with far ahead again
-    /// (a catch-up a step, each waiting out a round timeout).
+    /// Without this, the round we last completed stands for ours until our next one begins, and
+    /// with local steps between rounds each of them finds the neighbour we just caught up with
+    /// far ahead again.
     pub fn skip_to(&self, round: u64) {
         self.shared.book.lock().begin(Purpose::Parameters, round);
         self.shared.changed.notify_waiters();
