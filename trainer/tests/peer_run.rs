@@ -51,12 +51,14 @@ fn final_accuracy(job: &LocalJob, attempts: &[(u32, u32)]) -> f64 {
     accs.iter().sum::<f64>() / accs.len() as f64
 }
 
+/// The first attempt of every member of `job`, started.
+fn start_every_member(job: &LocalJob) -> Reaper {
+    Reaper((0..MEMBERS).map(|id| job.spawn(id, 0, &[])).collect())
+}
+
 /// Start every member of `job`, and SIGKILL member 2 once member 0 is at step 100.
 fn start_then_kill_member_2(job: &LocalJob) -> Reaper {
-    let mut procs = Reaper::default();
-    for id in 0..MEMBERS {
-        procs.0.push(job.spawn(id, 0, &[]));
-    }
+    let mut procs = start_every_member(job);
     wait_for(Duration::from_secs(120), "step 100", || {
         job.step(0).is_some_and(|s| s >= 100)
     });
@@ -69,10 +71,7 @@ fn start_then_kill_member_2(job: &LocalJob) -> Reaper {
 fn a_ring_trains_through_a_sigkill_and_a_restart() {
     // Undisturbed run.
     let calm = LocalJob::new(MEMBERS, TopologyKind::Ring, MANIFEST);
-    let mut procs = Reaper::default();
-    for id in 0..MEMBERS {
-        procs.0.push(calm.spawn(id, 0, &[]));
-    }
+    let mut procs = start_every_member(&calm);
     procs.all_succeed(Duration::from_secs(240));
     let calm_accuracy = final_accuracy(&calm, &[(0, 0), (1, 0), (2, 0), (3, 0)]);
     println!("undisturbed: {calm_accuracy:.4}");
@@ -376,10 +375,7 @@ fn left_far_behind_catches_up(outer: bool) {
             .replace("steps: 300", "steps: 1200");
     }
     let job = LocalJob::new(MEMBERS, TopologyKind::Ring, &manifest);
-    let mut procs = Reaper::default();
-    for id in 0..MEMBERS {
-        procs.0.push(job.spawn(id, 0, &[]));
-    }
+    let mut procs = start_every_member(&job);
     wait_for(Duration::from_secs(120), "step 50", || {
         job.step(2).is_some_and(|s| s >= 50)
     });
@@ -549,10 +545,7 @@ fn members_behind_when_a_neighbour_reaches_the_stopping_target_end_there_too() {
         )
         .replace("steps: 600", &format!("steps: {STEPS}"));
     let job = LocalJob::new(MEMBERS, TopologyKind::Ring, &manifest);
-    let mut procs = Reaper::default();
-    for id in 0..MEMBERS {
-        procs.0.push(job.spawn(id, 0, &[]));
-    }
+    let mut procs = start_every_member(&job);
     wait_for(Duration::from_secs(120), "step 150", || {
         job.step(1).is_some_and(|s| s >= 150)
     });
