@@ -118,10 +118,23 @@ async fn heals(s: &Scene<'_>, what: &str, lost: &[String], before: &Value, versi
         status["restarts"], 0,
         "{what}: a preemption counted as a restart"
     );
+    let republished = s.topology_version(JOB).await.unwrap();
     assert!(
-        s.topology_version(JOB).await.unwrap() > version,
+        republished > version,
         "{what}: the topology was not republished"
     );
+    // Each version is news of its own: an Event saying that version, not a count on the first.
+    s.event(
+        JOB,
+        &format!("{what}: a TopologyChanged event saying version {republished}"),
+        |e| {
+            e.reason.as_deref() == Some("TopologyChanged")
+                && e.note
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with(&format!("topology version {republished}:")))
+        },
+    )
+    .await;
     s.join(JOB, members.iter().copied()).await;
     // The replacements are in the topology before the next disruption: one that takes a
     // replacement whose join is not yet planned leaves the topology as it was, and that step

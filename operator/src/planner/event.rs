@@ -121,9 +121,8 @@ pub struct Event {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempt: Option<u32>,
     pub message: String,
-    /// The Kubernetes Event's `action` where it is not the reason. The event recorder counts an
-    /// event with the reason, action and pod of a recent one as a repeat of it (a series) and
-    /// keeps the first note, so news of another kind about the same pod needs its own action.
+    /// The Kubernetes Event's `action` where it is not the reason: the kind of problem a
+    /// `MemberNotStarting` is (`FailedMount`, `ErrImagePull`), for `kubectl events` to filter on.
     #[serde(skip)]
     pub action: Option<String>,
 }

@@ -10,7 +10,6 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
-use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
 use murmur_core::api::{DecentralizedTrainingJob, DecentralizedTrainingJobStatus};
@@ -20,9 +19,10 @@ use tokio::sync::mpsc;
 
 use super::cached_pod::CachedPod;
 use super::error::Error;
+use super::events::EventWriter;
 use super::labels::LABEL_JOB;
 use super::reconcile::listen;
-use super::writes::{REPORTING_CONTROLLER, RETRY_MAX, retry_delays};
+use super::writes::{RETRY_MAX, retry_delays};
 use super::{OperatorMetrics, Settings, decide, lease, observe, resources, start_events, writer};
 use crate::driver::JobDriver;
 use crate::status::Hub;
@@ -124,8 +124,8 @@ pub struct Context {
     pub clock: Arc<dyn Fn() -> Timestamp + Send + Sync>,
     /// Checked before every write: a replica that may have lost its lease writes nothing.
     pub leadership: Arc<lease::Leadership>,
-    /// Writes the job's Kubernetes Events (series and deduplication included).
-    pub(super) recorder: Recorder,
+    /// Writes the job's Kubernetes Events (a repeated warning as a series).
+    pub(super) events: EventWriter,
     pub(super) jobs: Mutex<HashMap<JobKey, Arc<Mutex<Live>>>>,
     /// The delays before the next retries of jobs whose last reconcile failed.
     pub(super) retries: Mutex<HashMap<JobKey, backon::ExponentialBackoff>>,
@@ -147,13 +147,7 @@ impl Context {
         mpsc::UnboundedReceiver<ObjectRef<DecentralizedTrainingJob>>,
     ) {
         let (trigger, triggered) = mpsc::unbounded_channel();
-        let recorder = Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: REPORTING_CONTROLLER.into(),
-                instance: Some(instance.clone()),
-            },
-        );
+        let events = EventWriter::new(client.clone(), instance.clone());
         let ctx = Arc::new(Self {
             client,
             stores,
@@ -163,7 +157,7 @@ impl Context {
             instance,
             clock: Arc::new(Timestamp::now),
             leadership,
-            recorder,
+            events,
             jobs: Mutex::default(),
             retries: Mutex::default(),
             trigger,
@@ -182,7 +176,7 @@ impl Context {
             instance: self.instance.clone(),
             clock: self.clock.clone(),
             leadership: self.leadership.clone(),
-            recorder: self.recorder.clone(),
+            events: self.events.clone(),
             jobs: Mutex::new(self.jobs.lock().clone()),
             retries: Mutex::default(),
             trigger: self.trigger.clone(),

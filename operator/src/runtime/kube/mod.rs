@@ -22,6 +22,7 @@ pub mod cached_pod;
 mod context;
 pub mod decide;
 mod error;
+mod events;
 pub mod kueue;
 pub mod labels;
 pub mod lease;

@@ -47,7 +47,7 @@ pub const PERMISSIONS: &[(&str, &str, &str)] = &[
     ("list", "", "nodes"),
     ("watch", "", "nodes"),
     ("create", "events.k8s.io", "events"),
-    // kube-runtime's event recorder turns a repeat into a series: a patch of the first.
+    // A warning said again within minutes is a series of the first: a patch of it.
     ("patch", "events.k8s.io", "events"),
     // Pods' Warning events: a volume that cannot be mounted is said nowhere else.
     ("list", "", "events"),

@@ -177,8 +177,8 @@ fn answer(call: &Call, shared_job: &Mutex<Value>) -> Value {
     if method == "DELETE" {
         json!({"apiVersion": "v1", "kind": "Status", "status": "Success", "metadata": {}})
     } else if method == "PATCH" && path.contains("/events/") {
-        // The recorder's series update: a merge patch carrying the whole event.
-        body.clone()
+        // A repeated warning's series: the real server answers with the whole Event.
+        json!({"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": path.rsplit('/').next()}, "eventTime": "2023-11-14T22:13:20.000000Z", "series": body["series"]})
     } else if method == "PATCH" && !query.contains("force=true") {
         // A merge patch: the real server answers with the whole object.
         json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": path.rsplit('/').next()}})
@@ -351,7 +351,7 @@ impl Cluster {
             instance: ctx.instance.clone(),
             clock: Arc::new(move || *clock.lock()),
             leadership: ctx.leadership.clone(),
-            recorder: ctx.recorder.clone(),
+            events: ctx.events.clone(),
             jobs: Mutex::default(),
             retries: Mutex::default(),
             trigger: ctx.trigger.clone(),
@@ -387,7 +387,7 @@ impl Cluster {
             instance: "restarted".into(),
             clock: self.ctx.clock.clone(),
             leadership: self.ctx.leadership.clone(),
-            recorder: self.ctx.recorder.clone(),
+            events: self.ctx.events.clone(),
             jobs: Mutex::default(),
             retries: Mutex::default(),
             trigger: self.ctx.trigger.clone(),
@@ -408,7 +408,7 @@ impl Cluster {
             instance: self.ctx.instance.clone(),
             clock: self.ctx.clock.clone(),
             leadership: self.ctx.leadership.clone(),
-            recorder: self.ctx.recorder.clone(),
+            events: self.ctx.events.clone(),
             jobs: Mutex::default(),
             retries: Mutex::default(),
             trigger: self.ctx.trigger.clone(),
@@ -722,12 +722,12 @@ fn pods_created(calls: &[Call]) -> Vec<String> {
         .collect()
 }
 
-/// The reasons of the events a reconcile wrote: new ones, and repeats the event recorder
-/// turned into a series of an earlier one (a patch of it).
+/// The reasons of the Events a reconcile created (a repeated warning is a patch of an earlier
+/// one's series instead).
 fn events(calls: &[Call]) -> Vec<String> {
     calls
         .iter()
-        .filter(|c| c.is("POST", "/events") || c.is("PATCH", "/events/"))
+        .filter(|c| c.is("POST", "/events"))
         .map(|c| c.body["reason"].as_str().unwrap().to_string())
         .collect()
 }
@@ -3134,8 +3134,7 @@ async fn the_operator_uses_exactly_the_permissions_it_declares() {
     c.nodes
         .apply_watcher_event(&Event::Apply(node("node-a", "True", c.now())));
     c.schedule_all();
-    // The replacements join: a second TopologyChanged, which the event recorder turns into a
-    // series of the first (a patch).
+    // The replacements join: a second TopologyChanged.
     c.join(&[0, 1, 2, 3]).await;
     c.reconcile().await;
     let done = r#"{"outcome":"done","step":100}"#;
@@ -3149,6 +3148,12 @@ async fn the_operator_uses_exactly_the_permissions_it_declares() {
     c.reconcile().await;
     c.advance(61);
     c.reconcile().await;
+    // A warning said again within minutes (a quota that refuses pods again after it let some
+    // in): a series of its Event.
+    let again = planner::Event::warning(planner::Reason::PodsRejected, None, "quota".into());
+    for _ in 0..2 {
+        writes::record_event(&c.ctx, &c.job, &again, None).await;
+    }
     let calls = c.log.lock().clone();
     used.lock().extend(calls.iter().flat_map(Call::permissions));
 
@@ -3409,9 +3414,8 @@ async fn a_large_job_is_created_and_labelled_a_burst_per_reconcile() {
 }
 
 /// A member whose pod cannot start for one reason and then another (a volume not mounted yet,
-/// then its image not pulled) gets an Event for each: the event recorder makes a repeat of an
-/// Event with the same reason, action and pod a series that keeps the first note, which would
-/// hide the second problem. The same problem again is a repeat.
+/// then its image not pulled) gets an Event for each, each with its own note and its problem's
+/// kind as the action. The same problem said again is a repeat: a series of its first Event.
 #[tokio::test]
 async fn each_problem_a_member_cannot_start_for_is_an_event_of_its_own() {
     let c = Cluster::new(MANIFEST);
@@ -3424,30 +3428,30 @@ async fn each_problem_a_member_cannot_start_for_is_an_event_of_its_own() {
     for p in [
         problem("FailedMount", "failed to sync secret cache"),
         problem("ErrImagePull", "pull access denied"),
-        problem("ImagePullBackOff", "Back-off pulling image"),
+        problem("ErrImagePull", "pull access denied"),
     ] {
         writes::record_event(&c.ctx, &c.job, &said(p), pod()).await;
     }
     let calls: Vec<Call> = c.log.lock().to_vec();
+    // (method, the action of a new Event or the Event a series patches, and its count).
     let written: Vec<(String, String)> = calls
         .iter()
         .filter(|c| c.is("POST", "/events") || c.is("PATCH", "/events/"))
-        .map(|c| {
-            (
-                c.method.clone(),
-                c.body["action"].as_str().unwrap_or("").to_string(),
-            )
+        .map(|c| match c.method.as_str() {
+            "POST" => (
+                c.body["action"].as_str().unwrap().to_string(),
+                c.body["metadata"]["name"].as_str().unwrap().to_string(),
+            ),
+            _ => (
+                format!("series {}", c.body["series"]["count"]),
+                c.path.rsplit('/').next().unwrap().to_string(),
+            ),
         })
         .collect();
-    assert_eq!(
-        written,
-        [
-            ("POST".to_string(), "FailedMount".to_string()),
-            ("POST".to_string(), "ErrImagePull".to_string()),
-            // ImagePullBackOff is ErrImagePull again: a series of it.
-            ("PATCH".to_string(), "ErrImagePull".to_string()),
-        ]
-    );
+    let actions: Vec<&str> = written.iter().map(|(a, _)| a.as_str()).collect();
+    assert_eq!(actions, ["FailedMount", "ErrImagePull", "series 2"]);
+    // The same problem again: a series of the second Event.
+    assert_eq!(written[2].1, written[1].1);
     let notes: Vec<&str> = calls
         .iter()
         .filter(|c| c.is("POST", "/events"))

@@ -5,12 +5,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{ConfigMap, Node, ObjectReference, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
-use kube::runtime::events::{Event as KubeEventSpec, EventType, Recorder};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, predicates, watcher};
 use kube::{Client, Resource, ResourceExt};
@@ -19,6 +19,7 @@ use parking_lot::Mutex;
 
 use super::cached_pod::CachedPod;
 use super::context::{Context, Stores};
+use super::events::{EventType, EventWriter, NewEvent, Reference};
 use super::labels::{LABEL_JOB, MANAGED_SELECTOR};
 use super::{observe, start_events};
 use crate::planner;
@@ -193,14 +194,15 @@ fn decoded_jobs(
     let resource = ApiResource::erase::<DecentralizedTrainingJob>(&());
     let api = Api::<DynamicObject>::all_with(client.clone(), &resource);
     let known = jobs.clone();
-    let recorder = ctx.recorder.clone();
+    let writer = ctx.events.clone();
+    let clock = ctx.clock.clone();
     let reported = Arc::new(Mutex::new(std::collections::HashSet::<String>::new()));
     watcher(api, watcher::Config::default())
         .default_backoff()
         .filter_map(move |event| {
             let decoded = event.map(|event| {
                 decode_event(event, &known, &|object, error| {
-                    report_undecodable(&recorder, &reported, object, error)
+                    report_undecodable(&writer, clock(), &reported, object, error)
                 })
             });
             futures::future::ready(decoded.transpose())
@@ -247,7 +249,8 @@ fn decode_event(
 /// Say once per object version that it cannot be decoded: a log line and a Warning Event
 /// regarding it, naming the field.
 fn report_undecodable(
-    recorder: &Recorder,
+    writer: &EventWriter,
+    now: Timestamp,
     reported: &Mutex<std::collections::HashSet<String>>,
     object: &kube::core::DynamicObject,
     error: &murmur_core::api::ManifestError,
@@ -265,26 +268,19 @@ fn report_undecodable(
         return;
     }
     tracing::warn!(error = %error, "a DecentralizedTrainingJob cannot be decoded; leaving it alone");
-    let reference = ObjectReference {
-        api_version: Some(DecentralizedTrainingJob::api_version(&()).to_string()),
-        kind: Some(DecentralizedTrainingJob::kind(&()).to_string()),
-        name: object.metadata.name.clone(),
-        namespace: object.metadata.namespace.clone(),
-        uid: object.metadata.uid.clone(),
-        ..Default::default()
-    };
-    let event = KubeEventSpec {
+    let event = NewEvent {
         type_: EventType::Warning,
         reason: planner::Reason::Undecodable.as_str().into(),
         action: planner::Reason::Undecodable.as_str().into(),
-        note: Some(format!(
+        note: format!(
             "the operator cannot read this job, so it leaves it alone: {error}; fix the field or recreate the job"
-        )),
-        secondary: None,
+        ),
+        regarding: Reference::job(&object.metadata),
+        related: None,
     };
-    let recorder = recorder.clone();
+    let writer = writer.clone();
     tokio::spawn(async move {
-        if let Err(e) = recorder.publish(&event, &reference).await {
+        if let Err(e) = writer.publish(&event, now).await {
             tracing::warn!(error = %e, "cannot record the Undecodable event");
         }
     });

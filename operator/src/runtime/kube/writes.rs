@@ -4,11 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, PropagationPolicy};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event as KubeEventSpec, EventType};
 use kube::{Resource, ResourceExt};
 use murmur_core::api::DecentralizedTrainingJob;
 use murmur_core::topology::MemberId;
@@ -18,6 +17,7 @@ use super::cached_pod::CachedPod;
 use super::context::{Context, Live};
 use super::decide::NewPod;
 use super::error::{Error, kube_err};
+use super::events::{self, EventType, NewEvent};
 use super::labels::LABEL_CLIQUE;
 use super::resources;
 use crate::planner;
@@ -263,7 +263,7 @@ pub(super) async fn apply_status(
 pub const REPORTING_CONTROLLER: &str = "murmur.dev/operator";
 
 /// A job's event as a Kubernetes Event (events.k8s.io/v1) regarding the job and naming the
-/// member's pod, through kube-runtime's recorder (a repeat within minutes becomes a series).
+/// member's pod (a warning repeated within minutes is a series of the first).
 /// An event that cannot be written is logged, never fatal: the status API has it already.
 pub(super) async fn record_event(
     ctx: &Context,
@@ -283,28 +283,25 @@ pub(super) async fn record_event(
         note.push_str("...");
     }
     let reason = event.reason.as_str().to_string();
-    let kube_event = KubeEventSpec {
+    let new = NewEvent {
         type_: match event.kind {
             planner::EventKind::Normal => EventType::Normal,
             planner::EventKind::Warning => EventType::Warning,
         },
         action: event.action.clone().unwrap_or_else(|| reason.clone()),
         reason,
-        note: Some(note),
-        secondary: pod.map(|pod| ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Pod".into()),
-            name: Some(pod),
-            namespace: Some(namespace.clone()),
-            ..Default::default()
+        note,
+        regarding: events::Reference::job(&job.metadata),
+        related: pod.map(|pod| events::Reference {
+            api_version: "v1".into(),
+            kind: "Pod".into(),
+            namespace: namespace.clone(),
+            name: pod,
+            uid: None,
         }),
     };
-    match ctx
-        .recorder
-        .publish(&kube_event, &job.object_ref(&()))
-        .await
-    {
-        Ok(()) => ctx.metrics.wrote("event", 1),
+    match ctx.events.publish(&new, (ctx.clock)()).await {
+        Ok(_) => ctx.metrics.wrote("event", 1),
         Err(e) => {
             ctx.metrics.error("event");
             tracing::warn!(reason = event.reason.as_str(), error = %e, "cannot record event");
