@@ -58,7 +58,7 @@ pub struct NewEvent {
 }
 
 /// An object an Event regards or names.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Reference {
     pub api_version: String,
     pub kind: String,
@@ -150,9 +150,17 @@ impl EventWriter {
                 last_observed_time: MicroTime(now),
             };
             let patch = serde_json::json!({ "series": series });
-            api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await?;
-            return Ok(Published::Repeated(count));
+            match api
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => return Ok(Published::Repeated(count)),
+                // Deleted meanwhile (by hand, or by the API server's event TTL): said anew.
+                Err(kube::Error::Api(e)) if e.code == 404 => {
+                    self.memory.lock().warnings.remove(event);
+                }
+                Err(e) => return Err(e),
+            }
         }
         let name = self.new_name(&event.regarding.name, now);
         let written = api
@@ -168,14 +176,14 @@ impl EventWriter {
     /// The name and next count of the Event `event` repeats, if it is one (and counts it).
     fn repeat_of(&self, event: &NewEvent, now: Timestamp) -> Option<(String, i32)> {
         let mut memory = self.memory.lock();
-        let written = memory.warnings.get_mut(event)?;
-        if written.last + REPEAT_WINDOW <= now {
+        let said = memory.warnings.get_mut(event)?;
+        if said.last + REPEAT_WINDOW <= now {
             memory.warnings.remove(event);
             return None;
         }
-        written.count += 1;
-        written.last = now;
-        Some((written.name.clone(), written.count))
+        said.count += 1;
+        said.last = now;
+        Some((said.name.clone(), said.count))
     }
 
     fn remember(&self, event: &NewEvent, name: String, now: Timestamp) {
@@ -241,6 +249,11 @@ mod tests {
 
     /// An API server that takes every write and answers with what it was sent.
     fn server() -> (EventWriter, Calls) {
+        server_without(Arc::default())
+    }
+
+    /// [`server`], where the Events named in `gone` do not exist (a patch of one is 404).
+    fn server_without(gone: Arc<Mutex<Vec<String>>>) -> (EventWriter, Calls) {
         let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let calls: Calls = Arc::default();
         let log = calls.clone();
@@ -250,13 +263,22 @@ mod tests {
                 let path = request.uri().path().to_string();
                 let bytes = request.into_body().collect_bytes().await.unwrap();
                 let body: Value = serde_json::from_slice(&bytes).unwrap();
-                log.lock().push((method, path, body.clone()));
-                let mut answer = body;
-                answer["apiVersion"] = "events.k8s.io/v1".into();
-                answer["kind"] = "Event".into();
-                answer["metadata"]["name"] = "answered".into();
+                log.lock()
+                    .push((method.clone(), path.clone(), body.clone()));
+                let name = path.rsplit('/').next().unwrap_or_default().to_string();
+                let (code, answer) = if method == "PATCH" && gone.lock().contains(&name) {
+                    let status = serde_json::json!({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 404, "reason": "NotFound", "message": format!("events.events.k8s.io \"{name}\" not found"), "metadata": {}});
+                    (404, status)
+                } else {
+                    let mut answer = body;
+                    answer["apiVersion"] = "events.k8s.io/v1".into();
+                    answer["kind"] = "Event".into();
+                    answer["metadata"]["name"] = "answered".into();
+                    (200, answer)
+                };
                 send.send_response(
                     Response::builder()
+                        .status(code)
                         .body(Body::from(serde_json::to_vec(&answer).unwrap()))
                         .unwrap(),
                 );
@@ -441,5 +463,33 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(writer.memory.lock().warnings.len(), REMEMBERED);
+    }
+
+    #[tokio::test]
+    async fn a_repeat_of_an_event_deleted_meanwhile_is_a_new_event() {
+        let gone: Arc<Mutex<Vec<String>>> = Arc::default();
+        let (writer, calls) = server_without(gone.clone());
+        let warning = said(EventType::Warning, "PodsRejected", "quota exceeded");
+        writer.publish(&warning, at(0)).await.unwrap();
+        gone.lock().push("answered".into());
+        assert_eq!(
+            writer.publish(&warning, at(1)).await.unwrap(),
+            Published::Created
+        );
+        gone.lock().clear();
+        // The new Event is the one its repeats count on.
+        assert_eq!(
+            writer.publish(&warning, at(2)).await.unwrap(),
+            Published::Repeated(2)
+        );
+        assert_eq!(
+            written(&calls),
+            [
+                w("POST", "quota exceeded"),
+                w("PATCH", "2"),
+                w("POST", "quota exceeded"),
+                w("PATCH", "2"),
+            ]
+        );
     }
 }
