@@ -331,11 +331,15 @@ report() {
     # pod poll saw it on a node (its node deleted under it) is one too.
     pods_created=$(awk -v job="$JOB-" 'index($3, job) == 1 && $2 == "ADDED" && !($3 in a) {a[$3] = 1; n++}
         END {print n + 0}' "$WORK/pod-events.txt")
+    # The poll above still appends to these and may be mid-line: read their whole lines only.
+    for f in nodes placements operator-pods versions; do
+        jq -cR 'fromjson? // empty' "$WORK/$f.jsonl" >"$WORK/$f.whole.jsonl" 2>/dev/null || true
+    done
     jq -n --slurpfile job "$WORK/job.json" --slurpfile view "$WORK/view.json" \
-        --slurpfile nodes "$WORK/nodes.jsonl" --slurpfile placements "$WORK/placements.jsonl" \
-        --slurpfile operator "$WORK/operator-pods.jsonl" --slurpfile podstart "$WORK/pod-start.jsonl" \
+        --slurpfile nodes "$WORK/nodes.whole.jsonl" --slurpfile placements "$WORK/placements.whole.jsonl" \
+        --slurpfile operator "$WORK/operator-pods.whole.jsonl" --slurpfile podstart "$WORK/pod-start.jsonl" \
         --slurpfile disruptions "$WORK/disruptions.jsonl" --slurpfile trainer "$WORK/trainer-events.jsonl" \
-        --slurpfile versions "$WORK/versions.jsonl" --rawfile ready "$WORK/nodes-ready.txt" \
+        --slurpfile versions "$WORK/versions.whole.jsonl" --rawfile ready "$WORK/nodes-ready.txt" \
         --rawfile exec "$WORK/exec.txt" \
         --slurpfile images "$IMAGES/built.json" --arg error "$error" \
         --argjson applied "$applied" --argjson ended "$ended" --argjson total "$((SECONDS - started))" \
@@ -447,7 +451,8 @@ EOF
         KILLED_NODES+=" $node"
         "$K" delete node "$node" --wait=false >/dev/null
         replacements=$((replacements + 1))
-        zone=$(jq -r --arg n "$node" 'select(.name == $n) | .labels["topology.kubernetes.io/zone"]' "$WORK/nodes.jsonl" | tail -1)
+        zone=$(jq -cR 'fromjson? // empty' "$WORK/nodes.jsonl" |
+            jq -r --arg n "$node" 'select(.name == $n) | .labels["topology.kubernetes.io/zone"]' | tail -1)
         add_node "spot-${zone:-zone-1}-r$replacements" "${zone:-zone-1}" spot &
         BACKGROUND+=($!)
         ;;
