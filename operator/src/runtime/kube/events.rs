@@ -21,6 +21,7 @@ use murmur_core::api::DecentralizedTrainingJob;
 use parking_lot::Mutex;
 
 use super::writes::REPORTING_CONTROLLER;
+use crate::planner::EventKind;
 
 /// How long a warning's Event takes repeats into its series (client-go's and kube-runtime's
 /// six minutes).
@@ -30,26 +31,11 @@ pub const REPEAT_WINDOW: SignedDuration = SignedDuration::from_mins(6);
 /// a new Event).
 pub const REMEMBERED: usize = 512;
 
-/// `Normal` news or a `Warning` of a problem.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum EventType {
-    Normal,
-    Warning,
-}
-
-impl EventType {
-    fn as_str(self) -> &'static str {
-        match self {
-            EventType::Normal => "Normal",
-            EventType::Warning => "Warning",
-        }
-    }
-}
-
 /// One Event to write: what it says, regarding which object, and the pod it names.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct NewEvent {
-    pub type_: EventType,
+    /// `Normal` news or a `Warning` of a problem.
+    pub type_: EventKind,
     pub reason: String,
     pub action: String,
     pub note: String,
@@ -115,7 +101,7 @@ pub struct EventWriter {
     memory: Arc<Mutex<Memory>>,
 }
 
-/// What writing an Event did, for the caller's metrics and for tests.
+/// What writing an Event did: a new Event or a count on an earlier one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Published {
     /// A new Event.
@@ -141,8 +127,8 @@ impl EventWriter {
     ) -> Result<Published, kube::Error> {
         let api: Api<Event> = Api::namespaced(self.client.clone(), &event.regarding.namespace);
         let repeat = match event.type_ {
-            EventType::Warning => self.repeat_of(event, now),
-            EventType::Normal => None,
+            EventKind::Warning => self.repeat_of(event, now),
+            EventKind::Normal => None,
         };
         if let Some((name, count)) = repeat {
             let series = EventSeries {
@@ -166,7 +152,7 @@ impl EventWriter {
         let written = api
             .create(&PostParams::default(), &self.event(event, &name, now))
             .await?;
-        if event.type_ == EventType::Warning {
+        if event.type_ == EventKind::Warning {
             let name = written.metadata.name.unwrap_or(name);
             self.remember(event, name, now);
         }
@@ -298,7 +284,7 @@ mod tests {
         }
     }
 
-    fn said(type_: EventType, reason: &str, note: &str) -> NewEvent {
+    fn said(type_: EventKind, reason: &str, note: &str) -> NewEvent {
         NewEvent {
             type_,
             reason: reason.into(),
@@ -335,8 +321,8 @@ mod tests {
     #[tokio::test]
     async fn news_is_an_event_of_its_own_and_a_warning_said_again_is_a_series() {
         let (writer, calls) = server();
-        let normal = |note| said(EventType::Normal, "TopologyChanged", note);
-        let warning = |note| said(EventType::Warning, "PodsRejected", note);
+        let normal = |note| said(EventKind::Normal, "TopologyChanged", note);
+        let warning = |note| said(EventKind::Warning, "PodsRejected", note);
         let steps = [
             (normal("topology version 1"), Published::Created),
             (normal("topology version 2"), Published::Created),
@@ -394,7 +380,7 @@ mod tests {
         let (writer, calls) = server();
         for note in ["a", "b", "c"] {
             writer
-                .publish(&said(EventType::Normal, "Joined", note), at(0))
+                .publish(&said(EventKind::Normal, "Joined", note), at(0))
                 .await
                 .unwrap();
         }
@@ -417,7 +403,7 @@ mod tests {
     #[tokio::test]
     async fn a_warning_said_again_after_the_window_is_a_new_event() {
         let (writer, calls) = server();
-        let warning = said(EventType::Warning, "PodsRejected", "quota exceeded");
+        let warning = said(EventKind::Warning, "PodsRejected", "quota exceeded");
         let window = REPEAT_WINDOW.as_secs();
         for second in [0, window - 1, 2 * window - 2] {
             writer.publish(&warning, at(second)).await.unwrap();
@@ -438,7 +424,7 @@ mod tests {
     #[tokio::test]
     async fn only_the_newest_warnings_are_remembered() {
         let (writer, calls) = server();
-        let warning = |i: usize| said(EventType::Warning, "Preempted", &format!("member {i}"));
+        let warning = |i: usize| said(EventKind::Warning, "Preempted", &format!("member {i}"));
         // A tenth of a second apart: which is oldest is never a tie.
         let at =
             |i: usize| Timestamp::from_millisecond(1_700_000_000_000 + 100 * i as i64).unwrap();
@@ -459,7 +445,7 @@ mod tests {
         assert_eq!(calls.lock().len(), REMEMBERED + 3);
         // News is never remembered.
         writer
-            .publish(&said(EventType::Normal, "Joined", "member 1"), later)
+            .publish(&said(EventKind::Normal, "Joined", "member 1"), later)
             .await
             .unwrap();
         assert_eq!(writer.memory.lock().warnings.len(), REMEMBERED);
@@ -469,7 +455,7 @@ mod tests {
     async fn a_repeat_of_an_event_deleted_meanwhile_is_a_new_event() {
         let gone: Arc<Mutex<Vec<String>>> = Arc::default();
         let (writer, calls) = server_without(gone.clone());
-        let warning = said(EventType::Warning, "PodsRejected", "quota exceeded");
+        let warning = said(EventKind::Warning, "PodsRejected", "quota exceeded");
         writer.publish(&warning, at(0)).await.unwrap();
         gone.lock().push("answered".into());
         assert_eq!(

@@ -19,7 +19,7 @@ use parking_lot::Mutex;
 
 use super::cached_pod::CachedPod;
 use super::context::{Context, Stores};
-use super::events::{EventType, EventWriter, NewEvent, Reference};
+use super::events::{EventWriter, NewEvent, Reference};
 use super::labels::{LABEL_JOB, MANAGED_SELECTOR};
 use super::{observe, start_events};
 use crate::planner;
@@ -269,7 +269,7 @@ fn report_undecodable(
     }
     tracing::warn!(error = %error, "a DecentralizedTrainingJob cannot be decoded; leaving it alone");
     let event = NewEvent {
-        type_: EventType::Warning,
+        type_: planner::EventKind::Warning,
         reason: planner::Reason::Undecodable.as_str().into(),
         action: planner::Reason::Undecodable.as_str().into(),
         note: format!(

@@ -17,7 +17,7 @@ use super::cached_pod::CachedPod;
 use super::context::{Context, Live};
 use super::decide::NewPod;
 use super::error::{Error, kube_err};
-use super::events::{self, EventType, NewEvent};
+use super::events::{self, NewEvent};
 use super::labels::LABEL_CLIQUE;
 use super::resources;
 use crate::planner;
@@ -284,10 +284,7 @@ pub(super) async fn record_event(
     }
     let reason = event.reason.as_str().to_string();
     let new = NewEvent {
-        type_: match event.kind {
-            planner::EventKind::Normal => EventType::Normal,
-            planner::EventKind::Warning => EventType::Warning,
-        },
+        type_: event.kind,
         action: event.action.clone().unwrap_or_else(|| reason.clone()),
         reason,
         note,
